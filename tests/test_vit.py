@@ -1,0 +1,109 @@
+import pytest
+import torch
+
+from conftest import randomize_
+from transferbench import create_backbone
+from transferbench.backbones import DynamicTokenNorm, save_checkpoint
+
+
+def test_forward_head_pools_by_hand():
+    img = torch.randn(2, 3, 32, 32)
+    tok = randomize_(create_backbone("mu4", num_classes=5))
+    feats = tok.forward_features(img)
+    assert feats.shape == (2, 1 + 64, 128)
+    torch.testing.assert_close(tok.forward_head(feats, pre_logits=True), feats[:, 0])
+    torch.testing.assert_close(tok(img), feats[:, 0] @ tok.head.weight.T + tok.head.bias)
+    gap = randomize_(create_backbone("mu4", pool="gap"))
+    feats = gap.forward_features(img)
+    torch.testing.assert_close(gap.forward_head(feats, pre_logits=True), feats[:, 1:].mean(1))  # cls excluded
+    nocls = randomize_(create_backbone("mu4", pool="gap", class_token=False))
+    assert nocls.forward_features(img).shape == (2, 64, 128)
+
+
+def test_new_head_is_zero_initialised():
+    m = create_backbone("mu4", num_classes=7)
+    assert m.head.weight.abs().sum() == 0 and m.head.bias.abs().sum() == 0
+    m.reset_classifier(3)
+    assert m.head.weight.shape == (3, 128) and m.head.weight.abs().sum() == 0
+
+
+def test_dtn_blocks_see_patch_tokens_only():
+    m = randomize_(create_backbone("mu4_dtn"))
+    assert m.dtn_layers == 4
+    assert [isinstance(b.norm1, DynamicTokenNorm) for b in m.blocks] == [True] * 4 + [False] * 2
+    lengths = []
+    for b in m.blocks:
+        b.register_forward_pre_hook(lambda mod, args: lengths.append(args[0].shape[1]))
+    img = torch.randn(2, 3, 32, 32)
+    out = m.forward_features(img)
+    assert lengths == [64] * 4 + [65] * 2  # cls concatenated right after the DTN blocks
+    # the cls token cannot influence anything that happens before it joins
+    with torch.no_grad():
+        m.cls_token.add_(5.0)
+    out2 = m.forward_features(img)
+    assert not torch.allclose(out[:, 0], out2[:, 0])
+    before = []
+    m.blocks[4].register_forward_pre_hook(lambda mod, args: before.append(args[0][:, 1:].clone()))
+    m.forward_features(img)
+    m.cls_token.data.sub_(5.0)
+    m.forward_features(img)
+    torch.testing.assert_close(before[0], before[1], rtol=0, atol=0)
+
+
+def test_wrong_input_size_says_how_to_fix_it():
+    m = create_backbone("mu4")
+    with pytest.raises(ValueError, match=r"built for \(32, 32\).*img_size=\(48, 48\)"):
+        m(torch.randn(1, 3, 48, 48))
+
+
+def test_rectangular_images():
+    m = randomize_(create_backbone("mu4_dtn", img_size=(32, 48)))
+    assert m.grid_size == (8, 12) and m.dtn_norms[0].grid == (8, 12)
+    assert m.forward_features(torch.randn(1, 3, 32, 48)).shape == (1, 97, 128)
+
+
+def test_pos_embed_resizes_bilinearly_by_hand(tmp_path):
+    # a 2x2 grid holding x-ramps [0, 1] upsampled to 4x4 with half-pixel centres:
+    # source coordinates (i + .5) / 2 - .5 = -.25, .25, .75, 1.25 -> 0, .25, .75, 1 after clamping
+    m = create_backbone("mu4", img_size=8)
+    with torch.no_grad():
+        ramp = torch.tensor([0.0, 1.0, 0.0, 1.0])  # row-major 2x2: x = 0, 1 in each row
+        m.pos_embed[0, 1:] = ramp[:, None] * torch.arange(1, 129)[None, :]
+        m.pos_embed[0, 0] = 7.0
+    path = save_checkpoint(m, tmp_path / "m.safetensors")
+    big = create_backbone("mu4", img_size=16, checkpoint=path)
+    pe = big.pos_embed[0, 1:, 0].view(4, 4)
+    torch.testing.assert_close(pe, torch.tensor([[0.0, 0.25, 0.75, 1.0]] * 4))
+    torch.testing.assert_close(big.pos_embed[0, 1:, 9].view(4, 4), 10 * pe)  # every channel alike
+    assert (big.pos_embed[0, 0] == 7.0).all()  # the cls position is not resampled
+
+
+def test_high_res_dtn_rebuilds_R_and_keeps_weights(tmp_path):
+    m = randomize_(create_backbone("mu4_dtn"))
+    path = save_checkpoint(m, tmp_path / "dtn.safetensors")
+    hi = create_backbone("mu4_dtn", img_size=48, checkpoint=path)
+    assert hi.dtn_norms[0].rel_pos.shape == (144, 144, 3)
+    torch.testing.assert_close(hi.blocks[0].norm1.pos_weight, m.blocks[0].norm1.pos_weight)
+    assert hi.forward_features(torch.randn(1, 3, 48, 48)).shape == (1, 145, 128)
+
+
+def test_drop_path_only_in_training():
+    m = randomize_(create_backbone("mu4", drop_path_rate=0.5, drop_rate=0.1))
+    img = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(m(img), m(img))  # eval: deterministic
+    m.train()
+    torch.manual_seed(1)
+    a = m.forward_features(img)
+    torch.manual_seed(2)
+    assert not torch.allclose(a, m.forward_features(img))
+    assert m.blocks[0].drop_path1.__class__.__name__ == "Identity"  # linear rule: 0 for the first block
+    assert m.blocks[-1].drop_path1.drop_prob == pytest.approx(0.5)
+
+
+def test_bf16_autocast_close_to_fp32():
+    m = randomize_(create_backbone("mu4_dpn_dtn", num_classes=10), scale=0.02)
+    img = torch.randn(2, 3, 32, 32)
+    ref = m.forward_features(img)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m.forward_features(img)
+    assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max()

@@ -1,0 +1,111 @@
+"""Backbone names: `{size}{patch}[_{stem}][_dtn]`, e.g. `b32`, `b32_dpn`, `s16_dtn`, `mu4_dpn_dtn`.
+
+Sizes are the ViT paper's (Dosovitskiy et al. Table 1; ti from DeiT) plus `mu`, a CPU size for the
+embedded offline suite. Backbones outside the grammar register with `register_backbone`.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from .stems import STEMS
+
+
+@dataclass(frozen=True)
+class Size:
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    img_size: int  # default input resolution
+
+
+SIZES: dict[str, Size] = {
+    "mu": Size(128, 6, 4, 512, 32),
+    "ti": Size(192, 12, 3, 768, 224),
+    "s": Size(384, 12, 6, 1536, 224),
+    "b": Size(768, 12, 12, 3072, 224),
+    "l": Size(1024, 24, 16, 4096, 224),
+}
+GRAMMAR = "{size}{patch}[_{stem}][_dtn]"
+_NAME = re.compile(r"(?P<size>[a-z]+?)(?P<patch>\d+)(?:_(?P<stem>[a-z]+))?")
+_LISTED = ["ti16", "s16", "s32", "b16", "b32", "l16", "mu4", "mu8"]
+_EXTRA: dict[str, Callable[..., nn.Module]] = {}
+
+
+class UnknownBackboneError(ValueError):
+    """A backbone name that neither the grammar nor a registered plugin knows."""
+
+
+def register_backbone(name: str):
+    """Decorator registering `fn(*, img_size=None, num_classes=0, **overrides) -> nn.Module` as `name`."""
+    def wrap(fn):
+        if name in _EXTRA:
+            raise ValueError(f"backbone {name!r} is registered twice")
+        _EXTRA[name] = fn
+        return fn
+    return wrap
+
+
+def list_backbones() -> list[str]:
+    """The canonical names (every valid grammar name works too) and registered extras."""
+    names = []
+    for base in _LISTED:
+        names += [base, f"{base}_dpn", f"{base}_dtn"]
+    names += [f"b32_{stem}" for stem in STEMS if stem and stem != "dpn"]
+    return names + sorted(_EXTRA)
+
+
+def parse_name(name: str) -> dict:
+    """Name -> VisionTransformer keyword arguments (architecture + default img_size)."""
+    dtn = name.endswith("_dtn")
+    m = _NAME.fullmatch(name[:-4] if dtn else name)
+    if not m or m["size"] not in SIZES or int(m["patch"]) < 1 or (m["stem"] or "") not in STEMS:
+        raise _unknown(name)
+    size = SIZES[m["size"]]
+    return dict(img_size=size.img_size, patch_size=int(m["patch"]), embed_dim=size.embed_dim,
+                depth=size.depth, num_heads=size.num_heads, mlp_dim=size.mlp_dim, stem=m["stem"] or "",
+                dtn_layers=size.depth - 2 if dtn else 0)  # DTN paper: LN kept in the last 2 blocks
+
+
+def _unknown(name: str) -> UnknownBackboneError:
+    close = difflib.get_close_matches(name, list_backbones(), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return UnknownBackboneError(
+        f"unknown backbone {name!r}: {hint}names follow {GRAMMAR} with size in {'/'.join(SIZES)}, "
+        f"stem in {'/'.join(s for s in STEMS if s)} (see list_backbones())")
+
+
+def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoint=None, **overrides) -> nn.Module:
+    """Build backbone `name`; with `checkpoint` (transferbench/timm .safetensors, timm .pth, big_vision
+    .npz) load its weights, resizing position embeddings when `img_size` differs from the checkpoint's.
+
+    `overrides` go to VisionTransformer: pool ('tok'|'gap'), class_token, drop_rate, drop_path_rate,
+    attn_drop_rate, dtn_layers, act ('gelu'|'gelu_tanh'), in_chans, ...
+    """
+    from .checkpoint import load_checkpoint, read_checkpoint
+    from .vit import VisionTransformer
+
+    if name in _EXTRA:
+        if checkpoint is not None:
+            raise ValueError(f"backbone {name!r} is a plugin; load its weights with load_checkpoint(model, path)")
+        return _EXTRA[name](img_size=img_size, num_classes=num_classes, **overrides)
+    kwargs = parse_name(name)
+    ckpt = read_checkpoint(checkpoint) if checkpoint is not None else None
+    if ckpt is not None:
+        # What the weights fix but their shapes do not show (pool, cls token, activation) comes from the
+        # checkpoint unless the caller overrides it; the rest is checked against the name when loading.
+        kwargs.update({k: ckpt.config[k] for k in ("pool", "class_token", "act") if k in ckpt.config})
+        if ckpt.img_size is not None:
+            kwargs["img_size"] = ckpt.img_size
+    kwargs.update(overrides)
+    if img_size is not None:
+        kwargs["img_size"] = img_size
+    model = VisionTransformer(num_classes=num_classes, name=name, **kwargs)
+    if ckpt is not None:
+        load_checkpoint(model, ckpt)
+    return model

@@ -1,0 +1,184 @@
+"""Vision Transformer with pluggable stems (Dual PatchNorm + ablations) and Dynamic Token Normalization.
+
+Module names and the timm API (`forward_features`, `forward_head`, `reset_classifier`) match
+timm's VisionTransformer, so its state dicts load after one reshape of the conv stem.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, trunc_normal_
+from torch import nn
+
+from .dtn import DynamicTokenNorm
+from .stems import NORM_EPS, STEMS, PatchEmbed
+
+ACTIVATIONS = {"gelu": partial(nn.GELU, approximate="none"),  # timm
+               "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # flax's nn.gelu, so big_vision weights
+
+
+def to_2tuple(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)  # fused q, k, v
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = ACTIVATIONS[act]()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; `norm_layer` is LayerNorm, or DynamicTokenNorm in DTN blocks."""
+
+    def __init__(self, dim, num_heads, mlp_dim, norm_layer, act="gelu", drop=0.0, attn_drop=0.0, drop_path=0.0):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads, attn_drop=attn_drop, proj_drop=drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, mlp_dim, act=act, drop=drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """ViT (Dosovitskiy et al.) whose stem and normaliser are the subject of the benchmark.
+
+    stem: a key of `stems.STEMS` ('' baseline, 'dpn', 'pre', 'post', 'postpos', 'rms', 'nolearn',
+    'onlylearn'). dtn_layers: the first `dtn_layers` blocks use DynamicTokenNorm and see patch
+    tokens only; the cls token joins right after them (DTN paper App. A.1).
+    pool: 'tok' (cls token) or 'gap' (mean of patch tokens after the final norm, as big_vision).
+    """
+
+    def __init__(self, *, img_size=224, patch_size=16, in_chans=3, num_classes=0, embed_dim=768,
+                 depth=12, num_heads=12, mlp_dim=None, stem="", dtn_layers=0, pool="tok",
+                 class_token=True, act="gelu", drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
+                 dtn_eps=1e-5, name=None):
+        super().__init__()
+        img_size = to_2tuple(img_size)
+        if img_size[0] % patch_size or img_size[1] % patch_size:
+            fit = tuple(-(-s // patch_size) * patch_size for s in img_size)
+            raise ValueError(f"img_size {img_size} is not a multiple of patch size {patch_size}; "
+                             f"pass img_size={fit if fit[0] != fit[1] else fit[0]}")
+        if stem not in STEMS:
+            raise ValueError(f"unknown stem {stem!r}; choose one of {sorted(STEMS)}")
+        if pool not in ("tok", "gap"):
+            raise ValueError(f"unknown pool {pool!r}; choose 'tok' (cls token) or 'gap' (mean of patch tokens)")
+        if pool == "tok" and not class_token:
+            raise ValueError("pool='tok' needs class_token=True; use pool='gap' for a model without a cls token")
+        if not 0 <= dtn_layers <= depth:
+            raise ValueError(f"dtn_layers={dtn_layers} must lie in [0, depth={depth}]")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown act {act!r}; choose one of {sorted(ACTIVATIONS)}")
+        mlp_dim = mlp_dim or 4 * embed_dim
+        self.name = name
+        self.config = dict(patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
+                           num_heads=num_heads, mlp_dim=mlp_dim, stem=stem, dtn_layers=dtn_layers,
+                           pool=pool, class_token=class_token, act=act, dtn_eps=dtn_eps)
+        self.img_size, self.patch_size = img_size, patch_size
+        self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.num_classes, self.pool, self.dtn_layers = num_classes, pool, dtn_layers
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        num_patches = self.grid_size[0] * self.grid_size[1]
+
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, stem)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        ln = partial(nn.LayerNorm, eps=NORM_EPS)
+        dtn = partial(DynamicTokenNorm, num_heads=num_heads, grid=self.grid_size, eps=dtn_eps)
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth grows with depth
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, mlp_dim, dtn if i < dtn_layers else ln, act=act, drop=drop_rate,
+                  attn_drop=attn_drop_rate, drop_path=dpr[i]) for i in range(depth)])
+        self.norm = ln(embed_dim)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes else nn.Identity()
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if isinstance(self.head, nn.Linear):  # zero-init head, as big_vision and the VTAB protocol
+            nn.init.zeros_(self.head.weight)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """New zero-initialised head (timm's name for it)."""
+        self.num_classes = num_classes
+        ref = self.pos_embed
+        self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype) if num_classes else nn.Identity()
+        if num_classes:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    @property
+    def dtn_norms(self) -> list[DynamicTokenNorm]:
+        return [m for m in self.modules() if isinstance(m, DynamicTokenNorm)]
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W), pixels as the checkpoint was trained (big_vision: [-1, 1]) ->
+        tokens (B, prefix + N, D) after the final norm."""
+        if tuple(x.shape[-2:]) != self.img_size:
+            raise ValueError(f"input is {tuple(x.shape[-2:])} px but this backbone was built for {self.img_size}; "
+                             f"resize the input or create_backbone(..., img_size={tuple(x.shape[-2:])})")
+        x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens:]
+        if self.patch_embed.norm_after_pos:  # 'postpos' stem: LN after adding the position embedding
+            x = self.patch_embed.norm(x)
+        x = self.pos_drop(x)
+        for i, block in enumerate(self.blocks):
+            if i == self.dtn_layers:
+                x = self._prepend_cls(x)
+            x = block(x)
+        if self.dtn_layers == len(self.blocks):
+            x = self._prepend_cls(x)
+        return self.norm(x)
+
+    def _prepend_cls(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cls_token is None:
+            return x
+        cls = (self.cls_token + self.pos_embed[:, :1]).to(x.dtype)
+        return torch.cat([cls.expand(x.shape[0], -1, -1), x], dim=1)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0] if self.pool == "tok" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))

@@ -1,0 +1,271 @@
+"""Weights in and out: our safetensors format, and converters from timm and big_vision.
+
+Every reader returns a `Checkpoint` in transferbench's state-dict names and layouts. Pickles are
+never executed: `.pth` files load with `torch.load(weights_only=True)`. Keys a converter does not
+understand keep their original names, so the strict key check lists them as unexpected.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+log = logging.getLogger("transferbench")
+FORMAT = "transferbench"
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+_UNCHECKED = ("pool",)  # weights do not depend on it: a 'tok' checkpoint may be pooled with 'gap'
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or does not fit the backbone it is loaded into."""
+
+
+@dataclass
+class Checkpoint:
+    state_dict: dict[str, torch.Tensor]
+    source: str  # transferbench | timm | big_vision
+    path: str = ""
+    config: dict = field(default_factory=dict)  # architecture facts the file states
+    img_size: tuple[int, int] | None = None
+    name: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
+    """Write `model`'s weights as safetensors with its name, img size, classes and config in the
+    header. Atomic (temp file + rename): a killed run never leaves a torn checkpoint."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"save_checkpoint writes safetensors; name the file '{path.stem}.safetensors'")
+    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    meta.update(format=FORMAT, format_version="1", name=getattr(model, "name", None) or "",
+                img_size=json.dumps(list(model.img_size)), num_classes=str(model.num_classes),
+                config=json.dumps(model.config, sort_keys=True))
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """Read any supported file into transferbench names: ours or timm's `.safetensors`, timm
+    `.pth/.pt/.bin`, big_vision `.npz`."""
+    if isinstance(path, Checkpoint):
+        return path
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {p} does not exist (give a .safetensors, .pth or big_vision .npz file)")
+    if p.suffix == ".npz":
+        with np.load(p, allow_pickle=False) as npz:
+            ckpt = convert_big_vision({k: npz[k] for k in npz.files})
+    elif p.suffix == ".safetensors":
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            sd = {k: f.get_tensor(k) for k in f.keys()}
+        if meta.get("format") == FORMAT:
+            ckpt = Checkpoint(sd, FORMAT, config=json.loads(meta["config"]),
+                              img_size=tuple(json.loads(meta["img_size"])), name=meta.get("name") or None,
+                              metadata=meta)
+        else:
+            ckpt = convert_timm(sd)
+    elif p.suffix in _TORCH_SUFFIXES:
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - the unpickler's message says which global it refused
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"refusing to load {p}: it is not a plain tensor state dict "
+                                  f"(weights_only=True: {first}); re-save it as a state dict or safetensors") from None
+        ckpt = convert_timm(obj)
+    else:
+        raise CheckpointError(f"unsupported checkpoint type {p.suffix!r} for {p}; "
+                              f"use .safetensors, {'/'.join(_TORCH_SUFFIXES)} or big_vision .npz")
+    ckpt.path = str(p)
+    return ckpt
+
+
+def load_checkpoint(model: nn.Module, path) -> Checkpoint:
+    """Load a checkpoint into `model` strictly, resizing position embeddings to its grid. A head of
+    a different size (or none in `model`) is not loaded: `model` keeps its zero-initialised head."""
+    ckpt = read_checkpoint(path)
+    where = f"checkpoint {ckpt.path or '(in memory)'}" + (f" (saved from {ckpt.name!r})" if ckpt.name else "")
+    differ = [f"{k}: checkpoint {v!r} vs backbone {model.config[k]!r}" for k, v in ckpt.config.items()
+              if k in model.config and k not in _UNCHECKED and model.config[k] != v]
+    if differ:
+        raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(differ)}")
+    sd = dict(ckpt.state_dict)
+    own = model.state_dict()
+    if "pos_embed" in sd and sd["pos_embed"].shape != own["pos_embed"].shape and ckpt.img_size:
+        old_grid = [s // model.patch_size for s in ckpt.img_size]
+        log.info("resizing pos_embed from grid %s to %s (bilinear)", old_grid, list(model.grid_size))
+        sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"].float(), list(model.grid_size), old_grid,
+                                                 num_prefix_tokens=model.num_prefix_tokens,
+                                                 interpolation="bilinear", antialias=False)
+    head = [k for k in sd if k.startswith("head.")]
+    if head and any(k not in own or own[k].shape != sd[k].shape for k in head):
+        log.info("not loading the checkpoint's head (%s): the backbone has num_classes=%d",
+                 tuple(sd["head.weight"].shape) if "head.weight" in sd else "?", model.num_classes)
+        for k in head:
+            del sd[k]
+        own = {k: v for k, v in own.items() if not k.startswith("head.")}
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
+              if k in sd and sd[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"{label} [{_few(items)}]" for label, items in
+                 (("missing", missing), ("unexpected", unexpected), ("shape checkpoint vs backbone", shapes)) if items]
+        raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(parts)}")
+    model.load_state_dict(sd, strict=not head)
+    return ckpt
+
+
+def _few(items: list[str], n: int = 6) -> str:
+    return ", ".join(items[:n]) + (f", ... +{len(items) - n} more" if len(items) > n else "")
+
+
+# --- timm ----------------------------------------------------------------------------------------
+
+def convert_timm(sd) -> Checkpoint:
+    """timm VisionTransformer state dict -> ours. The only layout change is the conv stem:
+    (D, C, p, p) -> Linear over (p1 p2 c), i.e. `permute(0, 2, 3, 1).flatten(1)`."""
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"expected a state dict, got {type(sd).__name__}")
+    for key in ("state_dict", "model", "state_dict_ema"):  # training-script wrappers
+        if key in sd and isinstance(sd[key], dict):
+            sd = sd[key]
+            break
+    sd = {re.sub(r"^module\.", "", k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
+        raise CheckpointError("not a timm ViT state dict: no patch_embed.proj.weight / pos_embed")
+    w = sd["patch_embed.proj.weight"]
+    if w.ndim == 4:
+        sd["patch_embed.proj.weight"] = w.permute(0, 2, 3, 1).flatten(1)
+        patch, in_chans = w.shape[-1], w.shape[1]
+    else:
+        patch, in_chans = None, None
+    cls = "cls_token" in sd
+    pos = sd["pos_embed"]
+    grid = _square_grid(pos.shape[1], cls)
+    if grid is None:
+        raise CheckpointError(f"cannot infer a square patch grid from pos_embed {tuple(pos.shape)}")
+    if cls and grid * grid == pos.shape[1]:  # timm no_embed_class: the cls token gets no position
+        sd["pos_embed"] = torch.cat([pos.new_zeros(1, 1, pos.shape[-1]), pos], dim=1)
+    depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+    config = dict(embed_dim=pos.shape[-1], depth=depth, class_token=cls)
+    if "blocks.0.mlp.fc1.weight" in sd:
+        config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    if patch:
+        config.update(patch_size=patch, in_chans=in_chans)
+    return Checkpoint(sd, "timm", config=config, img_size=(grid * patch,) * 2 if patch else None)
+
+
+def _square_grid(tokens: int, cls: bool) -> int | None:
+    """Grid side of a position table that may or may not hold a cls position."""
+    for n in ((tokens - 1, tokens) if cls else (tokens,)):
+        g = int(round(n ** 0.5))
+        if n > 0 and g * g == n:
+            return g
+    return None
+
+
+# --- big_vision ----------------------------------------------------------------------------------
+
+def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """big_vision ViT `.npz` (flax names joined by '/') -> ours.
+
+    Covers `models/vit.py` (conv `embedding`, `cls`, `pos_embedding`, `Transformer/encoderblock_{i}`,
+    scanned `Transformer/encoderblock`, and the original ViT repo's `posembed_input`,
+    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3` names) and
+    naflex's Dense `embedding` with the Dual PatchNorm `patchln_pre`/`patchln_post` LayerNorms.
+    big_vision's MLP uses flax's tanh-approximated GELU, so the config says act='gelu_tanh'.
+    """
+    prefix = next((p for p in ("", "params/", "opt/target/", "params/img/") if f"{p}embedding/kernel" in arrays), None)
+    if prefix is None:
+        raise CheckpointError("not a big_vision ViT .npz: no 'embedding/kernel' array")
+    rest = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
+    take = rest.pop
+    sd: dict[str, torch.Tensor] = {}
+
+    kernel = take("embedding/kernel")
+    if kernel.ndim == 4:  # conv (p, p, C, D): its HWC flattening is our (p1 p2 c)
+        patch, in_chans = kernel.shape[0], kernel.shape[2]
+    else:  # naflex Dense over flattened (p p 3) patches
+        in_chans = 3
+        patch = int(round((kernel.shape[0] / in_chans) ** 0.5))
+    width = kernel.shape[-1]
+    sd["patch_embed.proj.weight"] = t(kernel.reshape(-1, width).T)
+    sd["patch_embed.proj.bias"] = t(take("embedding/bias"))
+    for flax_name, ours in (("patchln_pre", "patch_embed.norm_pre"), ("patchln_post", "patch_embed.norm")):
+        if f"{flax_name}/scale" in rest:
+            sd[f"{ours}.weight"], sd[f"{ours}.bias"] = t(take(f"{flax_name}/scale")), t(take(f"{flax_name}/bias"))
+    stem = {(True, True): "dpn", (True, False): "pre", (False, True): "post", (False, False): ""}[
+        ("patch_embed.norm_pre.weight" in sd, "patch_embed.norm.weight" in sd)]
+
+    cls = "cls" in rest
+    if cls:
+        sd["cls_token"] = t(take("cls")).reshape(1, 1, width)
+    pe = next((take(k) for k in ("pos_embedding", "Transformer/posembed_input/pos_embedding") if k in rest), None)
+    if pe is None:
+        raise CheckpointError("big_vision .npz has no learnt pos_embedding (sincos2d models are not supported)")
+    pe = t(pe).reshape(1, -1, width)  # naflex stores a (G, G, D) grid
+    grid = _square_grid(pe.shape[1], cls)
+    if grid is None:
+        raise CheckpointError(f"cannot infer a square patch grid from pos_embedding {tuple(pe.shape)}")
+    if cls and grid * grid == pe.shape[1]:  # big_vision adds posemb before concatenating cls
+        pe = torch.cat([pe.new_zeros(1, 1, width), pe], dim=1)
+    sd["pos_embed"] = pe
+
+    scanned = "Transformer/encoderblock/LayerNorm_0/scale" in rest
+    if scanned:
+        depth = rest["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+    else:
+        depth = len({m[1] for k in rest if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
+    num_heads = None
+    for i in range(depth):
+        blk = "Transformer/encoderblock/" if scanned else f"Transformer/encoderblock_{i}/"
+        # scanned arrays stack all blocks: slice them now, drop them after the last block
+        get = (lambda n, b=blk, i=i: rest[b + n][i]) if scanned else (lambda n, b=blk: take(b + n))
+        ln2 = "LayerNorm_1" if f"{blk}LayerNorm_1/scale" in rest else "LayerNorm_2"
+        mlp = "MlpBlock_0" if f"{blk}MlpBlock_0/Dense_0/kernel" in rest else "MlpBlock_3"
+        att = "MultiHeadDotProductAttention_0" if f"{blk}MultiHeadDotProductAttention_0/out/bias" in rest \
+            else "MultiHeadDotProductAttention_1"
+        q, k, v = (get(f"{att}/{n}/kernel") for n in ("query", "key", "value"))  # (D, H, hd)
+        num_heads = q.shape[1]
+        o = f"blocks.{i}."
+        sd[o + "norm1.weight"], sd[o + "norm1.bias"] = t(get("LayerNorm_0/scale")), t(get("LayerNorm_0/bias"))
+        sd[o + "attn.qkv.weight"] = t(np.concatenate([a.reshape(width, -1).T for a in (q, k, v)]))
+        sd[o + "attn.qkv.bias"] = t(np.concatenate([get(f"{att}/{n}/bias").reshape(-1) for n in ("query", "key", "value")]))
+        sd[o + "attn.proj.weight"] = t(get(f"{att}/out/kernel").reshape(-1, width).T)  # (H, hd, D)
+        sd[o + "attn.proj.bias"] = t(get(f"{att}/out/bias"))
+        sd[o + "norm2.weight"], sd[o + "norm2.bias"] = t(get(f"{ln2}/scale")), t(get(f"{ln2}/bias"))
+        for j in (0, 1):
+            sd[o + f"mlp.fc{j + 1}.weight"] = t(get(f"{mlp}/Dense_{j}/kernel").T)
+            sd[o + f"mlp.fc{j + 1}.bias"] = t(get(f"{mlp}/Dense_{j}/bias"))
+    if scanned:
+        for key in [k for k in rest if k.startswith("Transformer/encoderblock/")]:
+            del rest[key]
+    sd["norm.weight"], sd["norm.bias"] = t(take("Transformer/encoder_norm/scale")), t(take("Transformer/encoder_norm/bias"))
+    if "head/kernel" in rest:
+        sd["head.weight"], sd["head.bias"] = t(take("head/kernel").T), t(take("head/bias"))
+    sd.update({k: t(v) for k, v in rest.items()})  # unconverted (MAP head, pre_logits, ...): reported as unexpected
+    config = dict(embed_dim=width, depth=depth, num_heads=num_heads, patch_size=patch, in_chans=in_chans,
+                  stem=stem, class_token=cls, pool="tok" if cls else "gap", act="gelu_tanh")
+    if depth:
+        config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    return Checkpoint(sd, "big_vision", config=config, img_size=(grid * patch,) * 2)

@@ -131,6 +131,13 @@ def test_even_neighbourhood_peaks_between_tokens():
     torch.testing.assert_close(P[3, t, [t, t + 1, t + 6, t + 7]], P[3, t, t].expand(4))
 
 
+def test_factored_P_is_the_full_softmax():
+    m = _random_dtn(dim=12, heads=3, grid=(3, 5))
+    p_rows, p_cols = m.factored_weights()
+    kron = torch.stack([torch.kron(p_rows[h], p_cols[h]) for h in range(3)])
+    torch.testing.assert_close(kron, m.positional_weights(), atol=1e-7, rtol=1e-6)
+
+
 def test_batch_is_vectorised_not_mixed():
     m = _random_dtn(dim=16, heads=4, grid=(4, 4))
     x = torch.randn(5, 16, 16)
@@ -152,8 +159,9 @@ def test_set_grid_rebuilds_R_and_keeps_parameters():
     m = _random_dtn(dim=12, heads=3, grid=(3, 4))
     before = {k: v.clone() for k, v in m.state_dict().items()}
     m.set_grid((6, 8))
-    assert m.rel_pos.shape == (48, 48, 3)
-    assert "rel_pos" not in m.state_dict()  # R is derived, not a weight
+    assert m.rel_rows.shape == (6, 6) and m.rel_cols.shape == (8, 8)
+    assert m.positional_weights().shape == (3, 48, 48)
+    assert not {"rel_rows", "rel_cols"} & set(m.state_dict())  # R is derived, not a weight
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, before[k])
     x = torch.randn(1, 48, 12)
@@ -170,3 +178,14 @@ def test_wrong_token_count_is_a_clear_error():
 def test_parameter_count_is_2C_plus_5H():
     m = DynamicTokenNorm(384, 6, (14, 14))
     assert sum(p.numel() for p in m.parameters()) == 2 * 384 + 2 * 6 + 3 * 6
+
+
+def test_constant_token_has_finite_gradients():
+    # a token with zero LN variance (e.g. a flat image patch): the fused norm must not divide by zero
+    m = _random_dtn(dim=8, heads=2, grid=(2, 2))
+    x = torch.randn(1, 4, 8)
+    x[0, 1] = 3.0
+    x.requires_grad_()
+    m(x).square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())

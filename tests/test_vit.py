@@ -82,7 +82,7 @@ def test_high_res_dtn_rebuilds_R_and_keeps_weights(tmp_path):
     m = randomize_(create_backbone("mu4_dtn"))
     path = save_checkpoint(m, tmp_path / "dtn.safetensors")
     hi = create_backbone("mu4_dtn", img_size=48, checkpoint=path)
-    assert hi.dtn_norms[0].rel_pos.shape == (144, 144, 3)
+    assert hi.dtn_norms[0].grid == (12, 12) and hi.dtn_norms[0].positional_weights().shape == (4, 144, 144)
     torch.testing.assert_close(hi.blocks[0].norm1.pos_weight, m.blocks[0].norm1.pos_weight)
     assert hi.forward_features(torch.randn(1, 3, 48, 48)).shape == (1, 145, 128)
 

@@ -116,7 +116,8 @@ def load_checkpoint(model: nn.Module, path) -> Checkpoint:
                                                  num_prefix_tokens=model.num_prefix_tokens,
                                                  interpolation="bilinear", antialias=False)
     head = [k for k in sd if k.startswith("head.")]
-    if head and any(k not in own or own[k].shape != sd[k].shape for k in head):
+    drop_head = bool(head) and any(k not in own or own[k].shape != sd[k].shape for k in head)
+    if drop_head:
         log.info("not loading the checkpoint's head (%s): the backbone has num_classes=%d",
                  tuple(sd["head.weight"].shape) if "head.weight" in sd else "?", model.num_classes)
         for k in head:
@@ -130,7 +131,7 @@ def load_checkpoint(model: nn.Module, path) -> Checkpoint:
         parts = [f"{label} [{_few(items)}]" for label, items in
                  (("missing", missing), ("unexpected", unexpected), ("shape checkpoint vs backbone", shapes)) if items]
         raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(parts)}")
-    model.load_state_dict(sd, strict=not head)
+    model.load_state_dict(sd, strict=not drop_head)  # keys checked above; only a dropped head may be absent
     return ckpt
 
 

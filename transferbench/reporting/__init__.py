@@ -1,0 +1,1 @@
+"""Records store, statistics, tables, leaderboard, plots and the regression verdict."""

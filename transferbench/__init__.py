@@ -1,5 +1,11 @@
 """transferbench: does this change to a ViT's stem or normaliser transfer? Answered with statistics."""
-from .backbones import create_backbone, list_backbones
 
 __version__ = "0.1.0"
 __all__ = ["create_backbone", "list_backbones", "__version__"]
+
+
+def __getattr__(name):  # lazy: `transferbench --help` should not wait for torch
+    if name in ("create_backbone", "list_backbones"):
+        from . import backbones
+        return getattr(backbones, name)
+    raise AttributeError(f"module 'transferbench' has no attribute {name!r}")

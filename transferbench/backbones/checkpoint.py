@@ -20,13 +20,15 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 
+from ..errors import UserError
+
 log = logging.getLogger("transferbench")
 FORMAT = "transferbench"
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 _UNCHECKED = ("pool",)  # weights do not depend on it: a 'tok' checkpoint may be pooled with 'gap'
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be read, or does not fit the backbone it is loaded into."""
 
 

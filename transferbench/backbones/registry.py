@@ -1,17 +1,18 @@
 """Backbone names: `{size}{patch}[_{stem}][_dtn]`, e.g. `b32`, `b32_dpn`, `s16_dtn`, `mu4_dpn_dtn`.
 
 Sizes are the ViT paper's (Dosovitskiy et al. Table 1; ti from DeiT) plus `mu`, a CPU size for the
-embedded offline suite. Backbones outside the grammar register with `register_backbone`.
+embedded offline suite. Backbones come in families found through the `transferbench.backbones` entry
+point (this grammar is the built-in family `vit`); `register_backbone` adds one name in-process.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import nn
 
+from ..errors import UserError, close_matches
+from ..plugins import load_group
 from .stems import STEMS
 
 
@@ -34,38 +35,89 @@ SIZES: dict[str, Size] = {
 GRAMMAR = "{size}{patch}[_{stem}][_dtn]"
 _NAME = re.compile(r"(?P<size>[a-z]+?)(?P<patch>\d+)(?:_(?P<stem>[a-z]+))?")
 _LISTED = ["ti16", "s16", "s32", "b16", "b32", "l16", "mu4", "mu8"]
-_EXTRA: dict[str, Callable[..., nn.Module]] = {}
+_EXTRA: dict[str, "_Single"] = {}
 
 
-class UnknownBackboneError(ValueError):
-    """A backbone name that neither the grammar nor a registered plugin knows."""
+class UnknownBackboneError(UserError):
+    """A backbone name that no installed backbone family knows."""
+
+
+class ViTFamily:
+    """The built-in family: every name of the grammar (registered as entry point `vit`)."""
+
+    def names(self) -> list[str]:
+        names = []
+        for base in _LISTED:
+            names += [base, f"{base}_dpn", f"{base}_dtn"]
+        return names + [f"b32_{stem}" for stem in STEMS if stem and stem != "dpn"]
+
+    def accepts(self, name: str) -> bool:
+        try:
+            parse_name(name, _raise=False)
+            return True
+        except KeyError:
+            return False
+
+    def create(self, name, *, img_size=None, num_classes=0, checkpoint=None, **overrides):
+        return _create_vit(name, img_size=img_size, num_classes=num_classes, checkpoint=checkpoint, **overrides)
+
+
+VIT = ViTFamily()
+
+
+class _Single:
+    """A family of one name, made by `register_backbone`."""
+
+    def __init__(self, name, fn):
+        self.name, self.fn = name, fn
+
+    def names(self):
+        return [self.name]
+
+    def accepts(self, name):
+        return name == self.name
+
+    def create(self, name, *, img_size=None, num_classes=0, checkpoint=None, **overrides):
+        if checkpoint is not None:
+            raise UserError(f"backbone {name!r} is a plugin without checkpoint support; "
+                            "load weights with load_checkpoint(model, path)")
+        return self.fn(img_size=img_size, num_classes=num_classes, **overrides)
 
 
 def register_backbone(name: str):
-    """Decorator registering `fn(*, img_size=None, num_classes=0, **overrides) -> nn.Module` as `name`."""
+    """Decorator registering `fn(*, img_size=None, num_classes=0, **overrides) -> nn.Module` as `name`
+    in this process. Packages register families through the `transferbench.backbones` entry point."""
     def wrap(fn):
-        if name in _EXTRA:
+        if name in _EXTRA or any(f.accepts(name) for f in _families()):
             raise ValueError(f"backbone {name!r} is registered twice")
-        _EXTRA[name] = fn
+        _EXTRA[name] = _Single(name, fn)
         return fn
     return wrap
 
 
+def _families() -> list:
+    """Installed families (entry points; the built-in grammar among them), then in-process ones."""
+    return [f() if isinstance(f, type) else f for f in load_group("transferbench.backbones").values()] + list(_EXTRA.values())
+
+
 def list_backbones() -> list[str]:
-    """The canonical names (every valid grammar name works too) and registered extras."""
-    names = []
-    for base in _LISTED:
-        names += [base, f"{base}_dpn", f"{base}_dtn"]
-    names += [f"b32_{stem}" for stem in STEMS if stem and stem != "dpn"]
-    return names + sorted(_EXTRA)
+    """The canonical names of every family (any valid grammar name works too)."""
+    return [n for fam in _families() for n in fam.names()]
 
 
-def parse_name(name: str) -> dict:
+def find_family(name: str):
+    for fam in _families():
+        if fam.accepts(name):
+            return fam
+    raise _unknown(name)
+
+
+def parse_name(name: str, _raise: bool = True) -> dict:
     """Name -> VisionTransformer keyword arguments (architecture + default img_size)."""
     dtn = name.endswith("_dtn")
     m = _NAME.fullmatch(name[:-4] if dtn else name)
     if not m or m["size"] not in SIZES or int(m["patch"]) < 1 or (m["stem"] or "") not in STEMS:
-        raise _unknown(name)
+        raise _unknown(name) if _raise else KeyError(name)
     size = SIZES[m["size"]]
     return dict(img_size=size.img_size, patch_size=int(m["patch"]), embed_dim=size.embed_dim,
                 depth=size.depth, num_heads=size.num_heads, mlp_dim=size.mlp_dim, stem=m["stem"] or "",
@@ -73,11 +125,9 @@ def parse_name(name: str) -> dict:
 
 
 def _unknown(name: str) -> UnknownBackboneError:
-    close = difflib.get_close_matches(name, list_backbones(), n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(close)}? " if close else ""
     return UnknownBackboneError(
-        f"unknown backbone {name!r}: {hint}names follow {GRAMMAR} with size in {'/'.join(SIZES)}, "
-        f"stem in {'/'.join(s for s in STEMS if s)} (see list_backbones())")
+        f"unknown backbone {name!r}{close_matches(name, list_backbones())}; names follow {GRAMMAR} with size in "
+        f"{'/'.join(SIZES)}, stem in {'/'.join(s for s in STEMS if s)} (see `transferbench list backbones`)")
 
 
 def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoint=None, **overrides) -> nn.Module:
@@ -87,13 +137,14 @@ def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoin
     `overrides` go to VisionTransformer: pool ('tok'|'gap'), class_token, drop_rate, drop_path_rate,
     attn_drop_rate, dtn_layers, act ('gelu'|'gelu_tanh'), in_chans, ...
     """
+    return find_family(name).create(name, img_size=img_size, num_classes=num_classes, checkpoint=checkpoint,
+                                    **overrides)
+
+
+def _create_vit(name, *, img_size=None, num_classes=0, checkpoint=None, **overrides) -> nn.Module:
     from .checkpoint import load_checkpoint, read_checkpoint
     from .vit import VisionTransformer
 
-    if name in _EXTRA:
-        if checkpoint is not None:
-            raise ValueError(f"backbone {name!r} is a plugin; load its weights with load_checkpoint(model, path)")
-        return _EXTRA[name](img_size=img_size, num_classes=num_classes, **overrides)
     kwargs = parse_name(name)
     ckpt = read_checkpoint(checkpoint) if checkpoint is not None else None
     if ckpt is not None:

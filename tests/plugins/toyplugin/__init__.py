@@ -1,0 +1,52 @@
+"""A synthetic adapter used only by the harness tests, installed as a plugin (see the .dist-info beside it).
+
+Its metric is a closed form of (backbone, dataset, lr, seed): the harness tests know what every
+record must hold without training anything.
+"""
+import math
+import time
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from transferbench.adapters import Adapter, plan_select_then_final
+from transferbench.engine.runner import check_finite
+
+
+class ToyDataset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    group: str | None = None
+    version: str = ""
+    offset: float
+
+
+def toy_accuracy(backbone: str, offset: float, lr: float, seed: int, split: str, dataset: str) -> float:
+    bonus = 2.0 if "_dpn" in backbone else 1.0 if "_dtn" in backbone else 0.0
+    noise = np.random.default_rng([seed, len(dataset), ord(dataset[0]), 0 if split == "val" else 1]).normal()
+    return 60.0 + bonus + offset - 15.0 * (math.log10(lr) + 2.0) ** 2 + noise
+
+
+class ToyAdapter(Adapter):
+    name = "toy"
+    dataset_schema = ToyDataset
+
+    def plan(self, task, backbone, results):
+        return plan_select_then_final(task, backbone, results)
+
+    def run(self, cell, ctx):
+        hp = cell.hparams
+        if hp.get("fail_on") == cell.dataset:
+            raise RuntimeError(f"toy failure on {cell.dataset}")
+        loss = 1.0
+        for step in ctx.progress(range(hp["steps"]), desc=f"{cell.dataset} lr={hp['lr']}"):
+            time.sleep(hp["delay"])
+            loss = loss * (10.0 if hp["lr"] >= 1.0 else 0.5)
+            if hp["lr"] >= 1.0 and step == hp["steps"] - 1:
+                loss = float("inf")
+            check_finite(loss, step=step)
+        offset = cell.dataset_config["offset"]
+        split = "val" if cell.stage == "select" else "test"
+        return {split: {"accuracy": toy_accuracy(cell.backbone, offset, hp["lr"], cell.seed, split, cell.dataset)},
+                "info": {"final_loss": loss}}
+

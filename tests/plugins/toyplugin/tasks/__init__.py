@@ -1,0 +1,1 @@
+"""Task specs of the toy plugin."""

@@ -1,0 +1,99 @@
+"""Task adapters: each plans cells from a resolved task and runs one cell into metrics.
+
+An adapter is a class registered under the `transferbench.adapters` entry point (built-in ones too):
+
+    class MyAdapter(Adapter):
+        name = "mytask"
+        def plan(self, task, backbone, results):     # -> cells; called again as records arrive
+            ...
+        def run(self, cell, ctx):                   # -> {"val": {...}, "test": {...}, "info": {...}}
+            ...
+
+`plan` is called repeatedly until it yields no unfinished cell, so a protocol with stages (sweep on
+train -> val, then the chosen setting on trainval -> test) yields its second stage once
+`results.best(first_stage_cells)` has an answer.
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import UserError, close_matches
+from ..plugins import load_group
+from .spec import SpecError, Task, TaskSpec
+
+
+class Adapter:
+    name: ClassVar[str] = ""
+    # validates each dataset entry's adapter-specific fields (tfds name, splits, classes, ...)
+    dataset_schema: ClassVar[type[BaseModel] | None] = None
+
+    def validate(self, spec: TaskSpec, source: str = "<spec>") -> None:
+        if self.dataset_schema is None:
+            return
+        for i, ds in enumerate(spec.datasets):
+            try:
+                self.dataset_schema.model_validate(ds.model_dump())
+            except ValidationError as err:
+                e = err.errors()[0]
+                loc = ".".join(str(p) for p in e["loc"])
+                raise SpecError(f"{source}: datasets.{i}.{loc}: {e['msg']} (dataset {ds.name!r})") from None
+
+    def plan(self, task: Task, backbone, results) -> Iterable:
+        raise NotImplementedError
+
+    def run(self, cell, ctx) -> dict:
+        raise NotImplementedError
+
+
+def plan_select_then_final(task: Task, backbone, results) -> list:
+    """The common two-stage protocol. Per dataset and per setting of the swept-but-not-selected keys
+    (report axes): stage 'select' runs every `select` setting x seed (train -> val); once all are
+    finished, stage 'final' runs the winner x seed (trainval -> test). Without `select` keys only the
+    'final' cells exist."""
+    from ..engine.cells import make_cell
+
+    select = task.select_keys()
+    cells = []
+    for ds in task.datasets:
+        by_axes: dict[str, list[dict]] = {}
+        for hp in task.grid():
+            axes = {k: v for k, v in hp.items() if k not in select}
+            by_axes.setdefault(repr(sorted(axes.items())), []).append(hp)
+        for settings in by_axes.values():
+            if not select:
+                cells += [make_cell(task, ds, backbone, hp, seed, "final") for hp in settings for seed in task.seeds]
+                continue
+            stage1 = [make_cell(task, ds, backbone, hp, seed, "select") for hp in settings for seed in task.seeds]
+            cells += stage1
+            best = results.best(stage1)
+            if best is not None:
+                hp = next(h for h in settings if all(h[k] == v for k, v in best.items()))
+                cells += [make_cell(task, ds, backbone, hp, seed, "final") for seed in task.seeds]
+    return cells
+
+
+def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, sets=()) -> Task:
+    """Load a task spec, let its adapter validate the datasets, resolve suite and overrides."""
+    from .spec import installed_specs, load_task, resolve
+
+    spec = load_task(name_or_path)
+    get_adapter(spec.adapter).validate(spec, str(installed_specs().get(name_or_path, name_or_path)))
+    return resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
+
+
+def list_adapters() -> list[str]:
+    return sorted(load_group("transferbench.adapters"))
+
+
+def get_adapter(name: str) -> Adapter:
+    adapters = load_group("transferbench.adapters")
+    if name not in adapters:
+        known = ", ".join(sorted(adapters)) or "none installed"
+        raise UserError(f"no adapter {name!r}{close_matches(name, adapters)}; installed: {known}")
+    obj = adapters[name]
+    return obj() if isinstance(obj, type) else obj
+
+
+__all__ = ["Adapter", "get_adapter", "list_adapters", "plan_select_then_final", "prepare_task"]

@@ -1,0 +1,208 @@
+"""Task specs: YAML files validated with pydantic, resolved against a suite and command-line overrides.
+
+A spec names its adapter, protocol version, metric (and whether higher is better), the seeds, fixed
+hyper-parameters (`hparams`), swept ones (`sweep`; those in `select` are chosen by mean validation
+metric, the others become report axes such as few-shot `shots`), datasets, and suites (a dataset
+subset and a hyper-parameter profile, e.g. `embedded`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import UserError, close_matches
+from ..plugins import load_group
+
+
+class SpecError(UserError):
+    """A task spec that does not validate; the message has the file, the field path and what is allowed."""
+
+
+class DatasetSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")  # adapter-specific fields (tfds name, splits, classes, ...)
+    name: str
+    group: str | None = None
+    version: str = ""  # data generator / export version; part of the cell key
+
+
+class SuiteSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+    datasets: list[str] | None = None
+    seeds: list[int] | None = None
+    hparams: dict[str, Any] = Field(default_factory=dict)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    backbones: list[str] | None = None
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: str
+    adapter: str
+    description: str = ""
+    protocol_version: str
+    metric: str
+    mode: Literal["max", "min"] = "max"
+    select: list[str] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    hparams: dict[str, Any] = Field(default_factory=dict)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    groups: list[str] = Field(default_factory=list)
+    datasets: list[DatasetSpec]
+    suites: dict[str, SuiteSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        names = [d.name for d in self.datasets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dataset names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+        for d in self.datasets:
+            if self.groups and d.group not in self.groups:
+                raise ValueError(f"dataset {d.name!r} has group {d.group!r}; allowed: {self.groups}")
+        for suite_name, suite in self.suites.items():
+            for ds in suite.datasets or []:
+                if ds not in names:
+                    raise ValueError(f"suite {suite_name!r} lists unknown dataset {ds!r}{close_matches(ds, names)}")
+        sweep_keys = set(self.sweep) | {k for s in self.suites.values() for k in s.sweep}
+        for key in self.select:
+            if key not in sweep_keys:
+                raise ValueError(f"select names {key!r}, which is not swept; swept: {sorted(sweep_keys)}")
+        return self
+
+
+def _format(err: ValidationError, source: str) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    if e["type"] == "extra_forbidden":
+        model = SuiteSpec if e["loc"][0] == "suites" else TaskSpec
+        msg = f"unknown field; allowed: {', '.join(model.model_fields)}"
+    else:
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] not in ("value_error", "missing"):
+            msg += f" (got {e['input']!r})"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> TaskSpec:
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format(err, source)) from None
+
+
+def load_spec_file(path) -> TaskSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a task spec is a YAML mapping")
+    return parse_spec(data, str(path))
+
+
+def installed_specs() -> dict[str, Path]:
+    """task name -> YAML file, from every `transferbench.tasks` entry point (a package of *.yaml)."""
+    found: dict[str, Path] = {}
+    for module in load_group("transferbench.tasks").values():
+        for entry in sorted(files(module).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith((".yaml", ".yml")):
+                found.setdefault(Path(entry.name).stem, Path(str(entry)))
+    return found
+
+
+def list_tasks() -> list[str]:
+    return sorted(installed_specs())
+
+
+def load_task(name_or_path: str) -> TaskSpec:
+    """An installed task by name, or a spec file by path."""
+    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
+        if not Path(name_or_path).is_file():
+            raise SpecError(f"task spec {name_or_path} does not exist")
+        return load_spec_file(name_or_path)
+    specs = installed_specs()
+    if name_or_path not in specs:
+        known = ", ".join(sorted(specs)) or "none installed"
+        raise UserError(f"unknown task {name_or_path!r}{close_matches(name_or_path, specs)}; tasks: {known} "
+                        "(or give a path to a spec .yaml)")
+    spec = load_spec_file(specs[name_or_path])
+    if spec.task != name_or_path:
+        raise SpecError(f"{specs[name_or_path]}: task is {spec.task!r} but the file is named {name_or_path!r}")
+    return spec
+
+
+@dataclass(frozen=True)
+class Task:
+    """A spec resolved against a suite and overrides: what a run plans cells from."""
+    spec: TaskSpec
+    suite: str
+    datasets: tuple[DatasetSpec, ...]
+    seeds: tuple[int, ...]
+    hparams: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)
+    backbones: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.task
+
+    def grid(self) -> list[dict]:
+        """Every hyper-parameter setting: fixed values merged with one combination of the sweep."""
+        keys = sorted(self.sweep)
+        return [{**self.hparams, **dict(zip(keys, combo))} for combo in itertools.product(*(self.sweep[k] for k in keys))]
+
+    def select_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.spec.select if k in self.sweep)
+
+
+def _parse_value(text: str):
+    value = yaml.safe_load(text)
+    if isinstance(value, str) and "," in value:  # lr=0.001,0.01 -> a list
+        value = [yaml.safe_load(v) for v in value.split(",")]
+    return value
+
+
+def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=None, sets=()) -> Task:
+    """Apply a suite (default: 'default' when the spec has one, else everything), a dataset filter,
+    seeds and `key=value` overrides of hparams or sweeps."""
+    if suite is None:
+        suite = "default" if "default" in spec.suites else ""
+    if suite and suite not in spec.suites:
+        known = ", ".join(spec.suites) or "none"
+        raise UserError(f"task {spec.task!r} has no suite {suite!r}{close_matches(suite, spec.suites)}; suites: {known}")
+    s = spec.suites.get(suite, SuiteSpec())
+    by_name = {d.name: d for d in spec.datasets}
+    chosen = [by_name[n] for n in s.datasets] if s.datasets else list(spec.datasets)
+    if datasets:
+        names = [d.name for d in chosen]
+        for n in datasets:
+            if n not in names:
+                raise UserError(f"task {spec.task!r} (suite {suite or 'all'}) has no dataset {n!r}"
+                                f"{close_matches(n, names)}; datasets: {', '.join(names)}")
+        chosen = [d for d in chosen if d.name in datasets]
+    hparams = {**spec.hparams, **s.hparams}
+    sweep = {**spec.sweep, **s.sweep}
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set expects key=value, got {item!r}")
+        value = _parse_value(text)
+        if key in sweep:
+            sweep[key] = value if isinstance(value, list) else [value]
+        elif key in hparams:
+            hparams[key] = value
+        else:
+            known = sorted(set(hparams) | set(sweep))
+            raise UserError(f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
+                            f"{close_matches(key, known)}; known: {', '.join(known)}")
+    return Task(spec, suite, tuple(chosen), tuple(seeds if seeds is not None else (s.seeds or spec.seeds)),
+                hparams, sweep, tuple(s.backbones) if s.backbones else None)
+

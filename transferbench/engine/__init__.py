@@ -1,0 +1,1 @@
+"""Fine-tune loop, feature extraction, cells and executors."""

@@ -1,0 +1,104 @@
+"""From records to results: pick hyper-parameters by mean validation metric, report the test metric.
+
+Records group by (task, dataset, backbone, hyper-parameters other than the selected ones). Within a
+group, the setting of the `select` keys (e.g. the learning rate) with the best mean validation metric
+over seeds wins, and the group's test metric at that setting, per seed, is the result. Hyper-parameters
+that vary across a task's records without being selected (few-shot `shots`) become report columns.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .stats import Estimate, mean_ci
+
+
+def canon(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _value(rec: dict, split: str):
+    return (rec.get("metrics") or {}).get(split, {}).get(rec["metric"]) if rec["status"] == "ok" else None
+
+
+def select_best(records: list[dict], select: tuple | list, mode: str) -> dict | None:
+    """The `select` setting with the best mean validation metric over seeds (None if none has one).
+    Ties go to the first setting in sorted order, so the choice is deterministic."""
+    by_setting = defaultdict(list)
+    for r in records:
+        v = _value(r, "val")
+        if v is not None:
+            by_setting[canon({k: r["hparams"][k] for k in select})].append(v)
+    if not by_setting:
+        return None
+    sign = 1 if mode == "max" else -1
+    best = max(sorted(by_setting), key=lambda s: sign * float(np.mean(by_setting[s])))
+    return json.loads(best)
+
+
+@dataclass
+class Entry:
+    task: str
+    protocol_version: str
+    dataset: str
+    column: str
+    group: str | None
+    order: int
+    axes: dict
+    backbone: str
+    metric: str
+    mode: str
+    selected: dict
+    per_seed: dict  # seed -> test metric
+    estimate: Estimate | None
+    counts: dict = field(default_factory=dict)  # status -> number of cells
+    note: str = ""
+
+
+def task_axes(records: list[dict]) -> list[str]:
+    """Hyper-parameters (not selected) whose values differ between a task's records."""
+    values = defaultdict(set)
+    for r in records:
+        for k, v in r["hparams"].items():
+            if k not in r.get("select", []):
+                values[k].add(canon({"v": v}))
+    return sorted(k for k, vs in values.items() if len(vs) > 1)
+
+
+def aggregate(records: list[dict]) -> list[Entry]:
+    entries = []
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r["task"]].append(r)
+    for task, recs in sorted(by_task.items()):
+        axes = task_axes(recs)
+        groups = defaultdict(list)
+        for r in recs:
+            select = tuple(r.get("select", []))
+            rest = {k: v for k, v in r["hparams"].items() if k not in select}
+            groups[(r["dataset"], r["backbone"], canon(rest))].append(r)
+        for (dataset, backbone, _), grp in sorted(groups.items(), key=lambda kv: (kv[1][0]["order"], kv[0])):
+            first = grp[0]
+            select = tuple(first.get("select", []))
+            counts = {s: sum(r["status"] == s for r in grp) for s in ("ok", "diverged", "failed")}
+            axis_values = {k: first["hparams"][k] for k in axes if k in first["hparams"]}
+            column = dataset + (" (" + ", ".join(f"{k}={v}" for k, v in axis_values.items()) + ")" if axis_values else "")
+            chosen = select_best(grp, select, first["mode"]) if select else {}
+            note = ""
+            if chosen is None:
+                settings = {canon({k: r["hparams"][k] for k in select}) for r in grp}
+                chosen = json.loads(settings.pop()) if len(settings) == 1 else None
+                note = "" if chosen is not None else f"no validation metric to select {', '.join(select)}"
+            per_seed = {}
+            if chosen is not None:
+                finals = [r for r in grp if all(r["hparams"][k] == v for k, v in chosen.items())
+                          and _value(r, "test") is not None]
+                for r in sorted(finals, key=lambda r: r.get("finished_at", "")):
+                    per_seed[int(r["seed"])] = float(_value(r, "test"))  # the latest record of a seed wins
+            entries.append(Entry(task, first["protocol_version"], dataset, column, first.get("group"), first["order"],
+                                 axis_values, backbone, first["metric"], first["mode"], chosen or {}, per_seed,
+                                 mean_ci(list(per_seed.values())) if per_seed else None, counts, note))
+    return entries

@@ -1,0 +1,99 @@
+"""Records: one JSON file per finished cell, written atomically (temp file + fsync + rename).
+
+Layout: `OUT/<task>/<dataset>/<key>.json`. A record holds the cell's identity and report fields, the
+metrics per split (`{"val": {"accuracy": 71.2}, "test": {...}}`), status (ok | diverged | failed),
+reason, seconds and environment. Readers ignore temp files, so a killed writer never leaves a torn
+record behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from filelock import FileLock, Timeout
+
+from ..errors import UserError
+
+FINISHED = ("ok", "diverged")  # a rerun skips these; failed cells are tried again
+_TMP = ".tmp"
+
+
+class RecordStore:
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def path(self, cell) -> Path:
+        return self.root / cell.task / cell.dataset / f"{cell.key}.json"
+
+    def get(self, cell) -> dict | None:
+        p = self.path(cell)
+        try:
+            return json.loads(p.read_text())
+        except FileNotFoundError:
+            return None
+
+    def finished(self, cell) -> bool:
+        rec = self.get(cell)
+        return rec is not None and rec["status"] in FINISHED
+
+    def write(self, record: dict, cell) -> Path:
+        p = self.path(cell)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}{_TMP}{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        return p
+
+    def lock(self, cell) -> FileLock:
+        """An OS lock per cell (released by the kernel if its holder is killed): two runs into one
+        folder never compute or write the same cell at once."""
+        d = self.root / ".locks"
+        d.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(d / f"{cell.key}.lock"))
+
+    def remove_stale_temps(self) -> int:
+        """Temp files whose writer is gone (killed mid-write). Returns how many were removed."""
+        removed = 0
+        for p in self.root.rglob(f".*.json{_TMP}*"):
+            pid = p.name.rsplit(_TMP, 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                p.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_records(dirs: Iterable) -> list[dict]:
+    """Every record under the given folders (recursively), in a stable order."""
+    out = []
+    for d in dirs:
+        d = Path(d)
+        if not d.is_dir():
+            raise UserError(f"records folder {d} does not exist (give the --out folder of a `transferbench run`)")
+        for p in sorted(d.rglob("*.json")):
+            if p.name.startswith("."):
+                continue
+            try:
+                rec = json.loads(p.read_text())
+            except json.JSONDecodeError as e:
+                raise UserError(f"{p} is not a valid record ({e}); delete it and rerun to recompute that cell") from None
+            if isinstance(rec, dict) and "key" in rec and "status" in rec:
+                out.append(rec)
+    return out
+
+
+__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records"]

@@ -1,0 +1,224 @@
+"""transferbench command line: list, run, report, leaderboard, regress."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import UserError
+
+EXAMPLES = """\
+examples:
+  transferbench list backbones
+  transferbench list tasks
+  transferbench run vtab --backbone b32,b32_dpn --out runs/vtab
+  transferbench run vtab --suite embedded --backbone mu4,mu4_dpn --seeds 0,1 --set steps=100
+  transferbench report runs/vtab --reference b32
+  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
+  transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22 --threshold 0.5
+"""
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="transferbench", formatter_class=fmt, epilog=EXAMPLES,
+        description="Does a change to a ViT's stem or normaliser transfer? Runs task adapters over "
+                    "backbones into resumable records and reports means with 95% confidence intervals.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ls = sub.add_parser("list", help="list backbones, tasks, suites or adapters", formatter_class=fmt,
+                        epilog="examples:\n  transferbench list backbones\n  transferbench list suites")
+    ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters"])
+
+    run = sub.add_parser(
+        "run", help="run a task's cells (skips finished ones)", formatter_class=fmt,
+        description="Plan and run every cell of TASK for each backbone. Each finished cell writes one record "
+                    "under --out; a rerun skips finished cells (ok or diverged) and retries failed ones, so an "
+                    "interrupted run resumes where it stopped.",
+        epilog="examples:\n  transferbench run vtab --backbone b32,b32_dpn\n"
+               "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
+               "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n\n"
+               "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)")
+    run.add_argument("task", help="an installed task (`transferbench list tasks`) or a spec .yaml")
+    run.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: the suite's)")
+    run.add_argument("--suite", "-s", help="dataset subset and hyper-parameter profile (`transferbench list suites`)")
+    run.add_argument("--datasets", "-d", type=_csv, help="comma-separated subset of the suite's datasets")
+    run.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the spec's)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a hyper-parameter or sweep, e.g. --set steps=100 --set lr=0.01,0.03 (repeatable)")
+    run.add_argument("--out", "-o", default="runs", type=Path, help="records folder (default: runs)")
+    run.add_argument("--force", action="store_true", help="recompute cells that already have a record")
+    run.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--reference", help="backbone to compare against in the closing table")
+
+    rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
+                         description="One table per task: rows are backbones, columns datasets and group means, "
+                                     "cells mean ± 95% CI over seeds; with --reference, paired differences and "
+                                     "significant improvements in bold.",
+                         epilog="examples:\n  transferbench report runs/vtab --reference b32\n"
+                                "  transferbench report runs/ --format csv -o table.csv")
+    rep.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    rep.add_argument("--reference", "-r", help="backbone for paired differences and bolding")
+    rep.add_argument("--format", "-f", default="md", choices=["md", "csv", "json"])
+    rep.add_argument("--task", "-t", type=_csv, help="only these tasks")
+    rep.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
+
+    lb = sub.add_parser("leaderboard", help="write the markdown leaderboard and Δ plots", formatter_class=fmt,
+                        epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md")
+    lb.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    lb.add_argument("--output", "-o", type=Path, default=Path("results/LEADERBOARD.md"))
+    lb.add_argument("--reference", "-r", help="reference backbone (default: the plain one the others modify)")
+
+    rg = sub.add_parser(
+        "regress", help="compare two records folders; exit 1 on regression", formatter_class=fmt,
+        description="Match cells of --current against --baseline and flag each metric that gets worse by more "
+                    "than max(--threshold, the baseline's seed-to-seed std). Prints a markdown report; exits 1 on "
+                    "a regression, 0 otherwise.",
+        epilog="example:\n  transferbench regress --baseline nightly/old --current nightly/new --threshold 0.5")
+    rg.add_argument("--baseline", required=True, type=Path)
+    rg.add_argument("--current", required=True, type=Path)
+    rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
+    rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
+    rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
+    return p
+
+
+def cmd_list(args) -> int:
+    from tabulate import tabulate
+    if args.what == "backbones":
+        print(tabulate(_backbone_rows(), ["backbone", "width", "depth", "heads", "patch", "stem", "dtn blocks",
+                                          "params (M, no head)"], tablefmt="github"))
+    elif args.what == "adapters":
+        from .adapters import list_adapters
+        print("\n".join(list_adapters()) or "no adapters installed")
+    else:
+        from .adapters.spec import installed_specs, load_spec_file
+        specs = {n: load_spec_file(p) for n, p in installed_specs().items()}
+        if not specs:
+            print("no tasks installed")
+        elif args.what == "tasks":
+            print(tabulate([[n, s.adapter, len(s.datasets), ", ".join(s.suites) or "-", s.description]
+                            for n, s in specs.items()], ["task", "adapter", "datasets", "suites", "description"],
+                           tablefmt="github"))
+        else:
+            print(tabulate([[n, name, len(suite.datasets or s.datasets), suite.description]
+                            for n, s in specs.items() for name, suite in s.suites.items()],
+                           ["task", "suite", "datasets", "description"], tablefmt="github"))
+    return 0
+
+
+def _backbone_rows():
+    import torch
+
+    from .backbones import create_backbone, list_backbones
+    rows = []
+    for name in list_backbones():
+        with torch.device("meta"):  # shapes only
+            m = create_backbone(name)
+        cfg = getattr(m, "config", {})
+        rows.append([name, cfg.get("embed_dim"), cfg.get("depth"), cfg.get("num_heads"), cfg.get("patch_size"),
+                     cfg.get("stem") or "-", cfg.get("dtn_layers"), f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}"])
+    return rows
+
+
+def cmd_run(args) -> int:
+    from .adapters import prepare_task
+    from .engine.cells import resolve_backbone
+    from .engine.runner import run_task
+    from .reporting.aggregate import aggregate
+    from .reporting.records import load_records
+    from .reporting.tables import build_tables, render
+
+    task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
+    names = args.backbone or list(task.backbones or [])
+    if not names:
+        raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
+                        f"{task.name!r} names no default backbones")
+    backbones = [resolve_backbone(b) for b in names]
+    if args.reference and args.reference not in names:
+        raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
+    print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
+          f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {args.out}", file=sys.stderr)
+    summary = run_task(task, backbones, args.out, force=args.force, device=args.device,
+                       show_progress=not args.no_progress)
+    print(f"{task.name}: {summary.line()}", file=sys.stderr)
+    for f in summary.failures:
+        print(f"  failed: {f}", file=sys.stderr)
+    records = [r for r in load_records([args.out / task.name]) if r["backbone"] in names] \
+        if (args.out / task.name).is_dir() else []
+    if records:
+        print(render(build_tables(aggregate(records), reference=args.reference)))
+    return 1 if summary.failed else 0
+
+
+def cmd_report(args) -> int:
+    from .reporting.aggregate import aggregate
+    from .reporting.records import load_records
+    from .reporting.tables import build_tables, render
+
+    records = load_records(args.dirs)
+    if args.task:
+        records = [r for r in records if r["task"] in args.task]
+    if not records:
+        raise UserError(f"no records under {', '.join(map(str, args.dirs))} (run `transferbench run` first)")
+    text = render(build_tables(aggregate(records), reference=args.reference), args.format)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from .engine.runner import environment
+    from .reporting.leaderboard import write_leaderboard
+
+    out = write_leaderboard(args.dirs, args.output, reference=args.reference, git_sha=environment()["git_sha"])
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_regress(args) -> int:
+    from .reporting.records import load_records
+    from .reporting.regress import compare, report
+
+    comparisons, missing, new = compare(load_records([args.baseline]), load_records([args.current]), args.threshold)
+    text = report(comparisons, missing, new, args.threshold)
+    print(text)
+    if args.output:
+        args.output.write_text(text)
+    regressed = any(c.verdict == "regressed" for c in comparisons)
+    return 1 if regressed or (args.fail_on_missing and missing) else 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "leaderboard": cmd_leaderboard,
+                "regress": cmd_regress}[args.command](args)
+    except UserError as e:
+        print(f"transferbench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("transferbench: interrupted; finished cells are saved, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

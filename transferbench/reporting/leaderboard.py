@@ -1,0 +1,77 @@
+"""The markdown leaderboard (per task: table, paired differences, protocol version, date, git sha) and
+PNG plots of each backbone's difference from the reference with 95% error bars."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .aggregate import aggregate
+from .records import load_records
+from .tables import TaskTable, build_tables, to_markdown
+
+
+def default_reference(backbones: list[str]) -> str | None:
+    """The one plain backbone (no stem, no DTN: 'mu4', 'b32@ckpt') that the others modify, if any."""
+    plain = [b for b in backbones if "_" not in b.partition("@")[0]]
+    return plain[0] if len(plain) == 1 else None
+
+
+def plot_deltas(t: TaskTable, path: Path) -> Path | None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    others = [b for b in t.rows if b != t.reference]
+    if not t.reference or not others:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(t.columns) + 2), 3.6))
+    width = 0.8 / len(others)
+    for i, b in enumerate(others):
+        xs, ys, errs = [], [], []
+        for j, col in enumerate(t.columns):
+            v = t.rows[b].get(col)
+            if v is not None and v.delta is not None:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ys.append(v.delta.mean)
+                errs.append(v.delta.ci or 0.0)
+        ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, label=b)
+    ax.axhline(0, color="grey", lw=0.8)
+    for j in range(len(t.columns) - len(t.group_columns), len(t.columns)):
+        ax.axvspan(j - 0.5, j + 0.5, color="0.93", zorder=0)  # group means on a grey background
+    ax.set_xticks(range(len(t.columns)))
+    ax.set_xticklabels(t.columns, rotation=30, ha="right")
+    ax.set_ylabel(f"Δ {t.metric} vs {t.reference}")
+    ax.set_title(f"{t.task}: paired difference, 95% CI over seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None) -> Path:
+    records = load_records(dirs)
+    entries = aggregate(records)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = ["# transferbench leaderboard", "",
+             f"Generated {now}" + (f" at git {git_sha[:12]}" if git_sha else "") +
+             f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", ""]
+    for task in sorted({e.task for e in entries}):
+        ents = [e for e in entries if e.task == task]
+        backbones = sorted({e.backbone for e in ents})
+        (t,) = build_tables(ents, reference=reference if reference in backbones else default_reference(backbones))
+        recs = [r for r in records if r["task"] == t.task]
+        shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
+        devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
+        lines += [f"## {t.task}", "",
+                  f"Protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
+                  f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
+                  f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", "",
+                  to_markdown(t, title=False)]
+        png = plot_deltas(t, out.parent / f"{out.stem}_{t.task}.png")
+        if png:
+            lines += [f"![Δ vs {t.reference}]({png.name})", ""]
+    out.write_text("\n".join(lines))
+    return out

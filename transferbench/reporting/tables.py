@@ -1,0 +1,177 @@
+"""Tables: one per task, a row per backbone, a column per dataset (+ group means), `mean ± ci`.
+
+With a reference backbone, a cell is bold when its paired per-seed difference from the reference is a
+significant improvement (95% interval excludes 0 on the better side) — the DPN paper's Table 3 rule —
+and a second table gives the differences themselves.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tabulate import tabulate
+
+from ..errors import UserError, close_matches
+from .aggregate import Entry
+from .stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
+
+ALL = "mean"  # the column averaging every dataset of a task
+
+
+@dataclass
+class Cellv:
+    estimate: Estimate | None
+    delta: Estimate | None = None
+    better: bool = False  # significantly better than the reference
+    worse: bool = False
+
+
+@dataclass
+class TaskTable:
+    task: str
+    protocol_versions: list[str]
+    metric: str
+    mode: str
+    columns: list[str]  # dataset columns, then group means
+    group_columns: list[str]
+    rows: dict[str, dict[str, Cellv]] = field(default_factory=dict)  # backbone -> column -> value
+    seeds: dict[str, str] = field(default_factory=dict)  # backbone -> "3" or "2-3"
+    reference: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
+    if delta is None or not delta.excludes_zero:
+        return False, False
+    better = (delta.mean > 0) == (mode == "max")
+    return better, not better
+
+
+def build_tables(entries: list[Entry], reference: str | None = None) -> list[TaskTable]:
+    by_task = defaultdict(list)
+    for e in entries:
+        by_task[e.task].append(e)
+    tables = []
+    for task, ents in by_task.items():
+        backbones = sorted({e.backbone for e in ents})
+        if reference is not None and reference not in backbones:
+            raise UserError(f"--reference {reference!r} has no results for task {task!r}"
+                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+        order = sorted({(e.order, e.column, e.dataset, e.group) for e in ents})
+        columns = [c for _, c, _, _ in order]
+        # suite means need >= 2 datasets; with report axes (few-shot shots) datasets are not averaged
+        axes = any(e.axes for e in ents)
+        members = defaultdict(list)
+        for _, col, _, g in order:
+            members[g].append(col)
+        groups = [] if axes else [g for g in members if g and len(members[g]) > 1]
+        if len(groups) == 1 and len(members[groups[0]]) == len(columns):
+            groups = []  # one group holding everything: its mean is the overall mean
+        group_columns = groups + ([ALL] if len(columns) > 1 and not axes else [])
+        first = ents[0]
+        t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
+                      columns + group_columns, group_columns, reference=reference)
+        cell_of = {(e.backbone, e.column): e for e in ents}
+        rows = ([reference] if reference else []) + [b for b in backbones if b != reference]
+        for b in rows:
+            row = {}
+            ns = set()
+            for col in columns:
+                e = cell_of.get((b, col))
+                if e is None:
+                    continue
+                ref = cell_of.get((reference, col)) if reference and b != reference else None
+                delta = paired_difference(e.per_seed, ref.per_seed) if ref else None
+                row[col] = Cellv(e.estimate, delta, *_judge(delta, first.mode))
+                if e.estimate:
+                    ns.add(e.estimate.n)
+                if e.note:
+                    t.notes.append(f"{b} / {col}: {e.note}")
+            for g in group_columns:
+                members = [c for _, c, _, grp in order if g == ALL or grp == g]
+                if not all(col in row and row[col].estimate for col in members):
+                    continue  # a backbone missing a dataset has no comparable suite mean
+                per = {c: cell_of[(b, c)].per_seed for c in members}
+                est = bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()})
+                delta = None
+                if reference and b != reference and all((reference, c) in cell_of for c in members):
+                    delta = paired_suite_difference(per, {c: cell_of[(reference, c)].per_seed for c in members})
+                row[g] = Cellv(est, delta, *_judge(delta, first.mode))
+            t.rows[b] = row
+            t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
+        tables.append(t)
+    return tables
+
+
+def _fmt(e: Estimate | None, signed=False) -> str:
+    if e is None:
+        return "—"
+    mean = f"{e.mean:+.1f}" if signed else f"{e.mean:.1f}"
+    return mean if e.ci is None else f"{mean} ± {e.ci:.1f}"
+
+
+def to_markdown(t: TaskTable, title: bool = True) -> str:
+    direction = "higher is better" if t.mode == "max" else "lower is better"
+    head = ["backbone", *t.columns, "seeds"]
+    body = []
+    for b, row in t.rows.items():
+        cells = []
+        for col in t.columns:
+            v = row.get(col)
+            text = _fmt(v.estimate) if v else "—"
+            cells.append(f"**{text}**" if v and v.better else text)
+        body.append([b + (" (ref)" if b == t.reference else ""), *cells, t.seeds[b]])
+    out = [f"### {t.task} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
+        else [f"{t.metric} ({direction})", ""]
+    out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
+    if t.reference and len(t.rows) > 1:
+        body = []
+        for b, row in t.rows.items():
+            if b == t.reference:
+                continue
+            cells = []
+            for col in t.columns:
+                v = row.get(col)
+                text = _fmt(v.delta, signed=True) if v else "—"
+                cells.append(f"**{text}**" if v and (v.better or v.worse) else text)
+            body.append([b, *cells])
+        out += [f"Paired difference vs {t.reference} (same seeds); bold = 95% interval excludes 0.", "",
+                tabulate(body, ["backbone", *t.columns], tablefmt="github", disable_numparse=True), ""]
+    out.append("Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
+               " within each dataset); bold: significantly better than the reference." if t.reference else
+               "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
+               " within each dataset).")
+    out += [f"- note: {n}" for n in t.notes]
+    return "\n".join(out) + "\n"
+
+
+def to_rows(t: TaskTable) -> list[dict]:
+    rows = []
+    for b, row in t.rows.items():
+        for col, v in row.items():
+            e, d = v.estimate, v.delta
+            rows.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
+                         "backbone": b, "column": col, "kind": "group" if col in t.group_columns else "dataset",
+                         "mean": e.mean if e else None, "ci": e.ci if e else None, "n": e.n if e else 0,
+                         "reference": t.reference, "delta": d.mean if d else None, "delta_ci": d.ci if d else None,
+                         "better": v.better, "worse": v.worse})
+    return rows
+
+
+def render(tables: list[TaskTable], fmt: str = "md") -> str:
+    if fmt == "md":
+        return "\n".join(to_markdown(t) for t in tables)
+    rows = [r for t in tables for r in to_rows(t)]
+    if fmt == "json":
+        return json.dumps(rows, indent=1)
+    if fmt == "csv":
+        buf = io.StringIO()
+        if rows:
+            w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        return buf.getvalue()
+    raise UserError(f"unknown format {fmt!r}; choose md, csv or json")

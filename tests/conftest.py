@@ -16,3 +16,15 @@ def randomize_(model: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> to
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale)
     return model.eval()
+
+
+# The toy adapter and its task specs are installed as a plugin: a .dist-info on the path is all
+# importlib.metadata needs, exactly as for a pip-installed package.
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+PLUGINS = str(Path(__file__).parent / "plugins")
+if PLUGINS not in sys.path:
+    sys.path.insert(0, PLUGINS)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGINS, os.environ.get("PYTHONPATH")) if p)

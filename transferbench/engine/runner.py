@@ -207,7 +207,7 @@ def _run_cell(adapter, cell, ctx: CellContext, store: RecordStore, summary: RunS
               "argv": sys.argv[1:]}
     if tb:
         record["traceback"] = tb
-    store.write(record, cell)
+    store.write(record)
     return status
 
 

@@ -25,7 +25,10 @@ class RecordStore:
         self.root = Path(root)
 
     def path(self, cell) -> Path:
-        return self.root / cell.task / cell.dataset / f"{cell.key}.json"
+        return self._path(cell.task, cell.dataset, cell.key)
+
+    def _path(self, task: str, dataset: str, key: str) -> Path:
+        return self.root / task / dataset / f"{key}.json"
 
     def get(self, cell) -> dict | None:
         p = self.path(cell)
@@ -38,8 +41,8 @@ class RecordStore:
         rec = self.get(cell)
         return rec is not None and rec["status"] in FINISHED
 
-    def write(self, record: dict, cell) -> Path:
-        p = self.path(cell)
+    def write(self, record: dict) -> Path:
+        p = self._path(record["task"], record["dataset"], record["key"])
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}{_TMP}{os.getpid()}")
         with open(tmp, "w") as f:

@@ -1,0 +1,201 @@
+import copy
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from transferbench.adapters import prepare_task
+from transferbench.cli import main
+from transferbench.engine.cells import resolve_backbone
+from transferbench.engine.runner import run_task
+from transferbench.reporting.aggregate import aggregate
+from transferbench.reporting.leaderboard import default_reference
+from transferbench.reporting.records import RecordStore, load_records
+from transferbench.reporting.regress import compare
+from transferbench.reporting.tables import build_tables, render
+
+
+@pytest.fixture(scope="module")
+def toy_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    task = prepare_task("toy", sets=["lr=0.001,0.01"])
+    run_task(task, [resolve_backbone(b) for b in ("mu4", "mu4_dpn", "mu4_dtn")], out, show_progress=False)
+    shots = prepare_task("toyshots")
+    run_task(shots, [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, show_progress=False)
+    return out
+
+
+def table(out, task="toy", reference="mu4"):
+    (t,) = [t for t in build_tables(aggregate(load_records([out])), reference=reference) if t.task == task]
+    return t
+
+
+def test_cells_are_t_intervals_of_the_selected_test_values(toy_runs):
+    t = table(toy_runs)
+    e = {(x.backbone, x.dataset): x for x in aggregate(load_records([toy_runs]))}
+    vals = list(e[("mu4_dpn", "beta")].per_seed.values())
+    low, high = scipy.stats.t.interval(0.95, 2, loc=np.mean(vals), scale=scipy.stats.sem(vals))
+    cell = t.rows["mu4_dpn"]["beta"]
+    assert cell.estimate.mean == pytest.approx(np.mean(vals)) and cell.estimate.ci == pytest.approx((high - low) / 2)
+    # the toy gives dpn exactly +2 over mu4 on every seed: a significant paired improvement, bold
+    assert cell.delta.mean == pytest.approx(2.0) and cell.better
+    md = render([t])
+    assert f"**{np.mean(vals):.1f} ± {(high - low) / 2:.1f}**" in md
+
+
+def test_group_columns_and_seed_counts(toy_runs):
+    t = table(toy_runs)
+    # natural holds alpha and beta; structured only gamma (a one-dataset group is not averaged)
+    assert t.columns == ["alpha", "beta", "gamma", "natural", "mean"]
+    nat = t.rows["mu4"]["natural"].estimate
+    e = {x.dataset: x for x in aggregate(load_records([toy_runs])) if x.backbone == "mu4" and x.task == "toy"}
+    assert nat.mean == pytest.approx((np.mean(list(e["alpha"].per_seed.values())) +
+                                      np.mean(list(e["beta"].per_seed.values()))) / 2)
+    assert t.seeds == {"mu4": "3", "mu4_dpn": "3", "mu4_dtn": "3"}
+
+
+def test_unselected_sweep_becomes_columns(toy_runs):
+    t = table(toy_runs, task="toyshots")
+    assert t.columns == ["alpha (shots=1)", "alpha (shots=5)"]  # no suite means across shot counts
+
+
+def test_worse_is_not_bold(toy_runs):
+    t = table(toy_runs, reference="mu4_dpn")
+    v = t.rows["mu4"]["alpha"]
+    assert v.delta.mean == pytest.approx(-2.0) and v.worse and not v.better
+    assert "**" not in render([t]).split("Paired difference")[0].split("| mu4 ")[1].split("\n")[0]
+
+
+def test_single_seed_shows_no_interval(tmp_path):
+    run_task(prepare_task("toy", suite="quick", seeds=[0]), [resolve_backbone("mu4")], tmp_path, show_progress=False)
+    md = render(build_tables(aggregate(load_records([tmp_path]))))
+    row = next(line for line in md.splitlines() if line.startswith("| mu4"))
+    assert "±" not in row and row.split("|")[-2].strip() == "1"
+
+
+def test_csv_and_json(toy_runs):
+    rows = json.loads(render([table(toy_runs)], "json"))
+    dpn_alpha = next(r for r in rows if r["backbone"] == "mu4_dpn" and r["column"] == "alpha")
+    assert dpn_alpha["n"] == 3 and dpn_alpha["better"] and dpn_alpha["delta"] == pytest.approx(2.0)
+    parsed = list(csv.DictReader(io.StringIO(render([table(toy_runs)], "csv"))))
+    assert len(parsed) == len(rows) and float(parsed[0]["mean"]) == pytest.approx(rows[0]["mean"])
+
+
+def test_report_cli(toy_runs, capsys):
+    assert main(["report", str(toy_runs), "--reference", "mu4", "--task", "toy"]) == 0
+    out = capsys.readouterr().out
+    assert "### toy — accuracy (higher is better), protocol v1" in out and "Paired difference vs mu4" in out
+    assert main(["report", str(toy_runs), "--reference", "mu5"]) == 2
+    assert "did you mean mu4" in capsys.readouterr().err
+
+
+def test_leaderboard(toy_runs, tmp_path):
+    out = tmp_path / "results" / "LEADERBOARD.md"
+    assert main(["leaderboard", str(toy_runs), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "## toy" in text and "## toyshots" in text and "Protocol v1" in text and "git" in text
+    assert "![Δ vs mu4](LEADERBOARD_toy.png)" in text  # mu4 is the plain backbone the others modify
+    png = out.parent / "LEADERBOARD_toy.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert default_reference(["mu4@x", "mu4_dpn@x", "mu4_dtn@x"]) == "mu4@x"
+    assert default_reference(["mu4", "s16", "mu4_dpn"]) is None
+
+
+# --- regression verdict ------------------------------------------------------------------------------
+
+def shifted(records, dataset, backbone, shift):
+    out = copy.deepcopy(records)
+    for r in out:
+        if r["dataset"] == dataset and r["backbone"] == backbone and r["status"] == "ok":
+            for split in r["metrics"].values():
+                split["accuracy"] += shift
+    return out
+
+
+def write(records, root):
+    store = RecordStore(root)
+    for r in records:
+        store.write(r)
+    return root
+
+
+def test_regress_flags_a_real_drop_only(toy_runs, tmp_path, capsys):
+    base = [r for r in load_records([toy_runs]) if r["task"] == "toy"]
+    # the toy's seed std is about 1 point: -3 regresses, +3 improves, -0.6 is within the noise
+    cur = shifted(shifted(shifted(base, "alpha", "mu4", -3.0), "beta", "mu4", +3.0), "gamma", "mu4", -0.6)
+    comparisons, missing, new = compare(base, cur, threshold=0.5)
+    verdict = {(c.dataset, c.backbone, c.split, c.setting.split()[0]): c.verdict for c in comparisons}
+    assert verdict[("alpha", "mu4", "test", "final")] == "regressed"
+    assert verdict[("beta", "mu4", "test", "final")] == "improved"
+    assert verdict[("gamma", "mu4", "test", "final")] == "unchanged"
+    assert verdict[("alpha", "mu4_dpn", "test", "final")] == "unchanged"
+    noise = next(c for c in comparisons if (c.dataset, c.backbone, c.split) == ("gamma", "mu4", "test"))
+    seeds = [r["metrics"]["test"]["accuracy"] for r in base if r["dataset"] == "gamma" and r["backbone"] == "mu4"
+             and r["stage"] == "final"]
+    assert noise.tolerance == pytest.approx(max(0.5, np.std(seeds, ddof=1)))
+    assert missing == [] and new == []
+    b, c = write(base, tmp_path / "base"), write(cur, tmp_path / "cur")
+    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    out = capsys.readouterr().out
+    assert "**REGRESSION**" in out and "## Regressions" in out and "## Improvements" in out
+    ok = write(shifted(base, "gamma", "mu4", -0.6), tmp_path / "ok")
+    assert main(["regress", "--baseline", str(b), "--current", str(ok)]) == 0
+    assert "**OK**" in capsys.readouterr().out
+
+
+def test_regress_reports_missing_cells(toy_runs, tmp_path, capsys):
+    base = [r for r in load_records([toy_runs]) if r["task"] == "toy"]
+    cur = [r for r in base if r["dataset"] != "gamma"]
+    _, missing, new = compare(base, cur)
+    assert {k[1] for k in missing} == {"gamma"} and new == []
+    b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
+    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 0
+    assert "## Missing from current" in capsys.readouterr().out
+    assert main(["regress", "--baseline", str(b), "--current", str(c), "--fail-on-missing"]) == 1
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "toi", "--backbone", "mu4"], "unknown task 'toi'; did you mean toy"),
+    (["run", "toy", "--backbone", "mu4_dpm"], "unknown backbone 'mu4_dpm'; did you mean mu4_dpn"),
+    (["run", "toy", "--backbone", "mu4", "--datasets", "alfa"], "no dataset 'alfa'; did you mean alpha?"),
+    (["run", "toy"], "give --backbone"),
+    (["report", "/nonexistent/runs"], "records folder /nonexistent/runs does not exist"),
+])
+def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("transferbench: error: ")
+
+
+def test_cli_run_prints_the_table_and_resumes(tmp_path, capsys):
+    argv = ["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(tmp_path), "--no-progress",
+            "--reference", "mu4"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert "8 ok, 0 diverged, 0 failed, 0 skipped" in cap.err and "| mu4_dpn" in cap.out
+    assert main(argv) == 0
+    assert "0 ok, 0 diverged, 0 failed, 8 skipped" in capsys.readouterr().err
+
+
+def test_cli_help_teaches(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "transferbench run vtab --backbone b32,b32_dpn" in out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "NAME@CHECKPOINT" in capsys.readouterr().out
+
+
+def test_cli_lists(capsys):
+    assert main(["list", "tasks"]) == 0 and "toyshots" in capsys.readouterr().out
+    assert main(["list", "suites"]) == 0 and "quick" in capsys.readouterr().out
+    assert main(["list", "backbones"]) == 0
+    out = capsys.readouterr().out
+    b16 = next(line for line in out.splitlines() if line.startswith("| b16 "))
+    assert "85.8" in b16  # ViT-B/16 without its 1000-class head: 86.57M - 0.77M

@@ -1,0 +1,139 @@
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transferbench.adapters import get_adapter, prepare_task
+from transferbench.adapters.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
+from transferbench.engine.cells import RANDOM_INIT, Cell, resolve_backbone
+from transferbench.errors import UserError
+
+TOY = Path(__file__).parent / "plugins" / "toyplugin" / "tasks" / "toy.yaml"
+
+
+def toy_dict():
+    return yaml.safe_load(TOY.read_text())
+
+
+def test_plugin_tasks_are_found_through_entry_points():
+    assert {"toy", "toyshots"} <= set(list_tasks())
+    assert type(get_adapter("toy")).__name__ == "ToyAdapter"
+
+
+def test_resolve_default_suite_and_grid():
+    t = prepare_task("toy")
+    assert t.suite == "default" and [d.name for d in t.datasets] == ["alpha", "beta", "gamma"]
+    assert t.seeds == (0, 1, 2) and t.select_keys() == ("lr",)
+    assert [hp["lr"] for hp in t.grid()] == [0.001, 0.01, 0.1, 3.0]
+    assert all(hp["steps"] == 3 for hp in t.grid())
+
+
+def test_suite_and_overrides():
+    t = prepare_task("toy", suite="quick")
+    assert [d.name for d in t.datasets] == ["alpha"] and t.seeds == (0, 1) and t.sweep == {"lr": [0.01]}
+    t = prepare_task("toy", datasets=["gamma"], seeds=[5], sets=["lr=0.02,0.2", "steps=7"])
+    assert [d.name for d in t.datasets] == ["gamma"] and t.seeds == (5,)
+    assert t.sweep["lr"] == [0.02, 0.2] and t.hparams["steps"] == 7
+    assert prepare_task("toy", sets=["lr=0.5"]).sweep["lr"] == [0.5]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(suite="quik"), "no suite 'quik'; did you mean quick?"),
+    (dict(datasets=["alfa"]), "no dataset 'alfa'; did you mean alpha?"),
+    (dict(sets=["stpes=3"]), "no hyper-parameter 'stpes'; did you mean steps?"),
+    (dict(sets=["steps"]), "--set expects key=value"),
+])
+def test_bad_choices_are_one_line_with_close_matches(kwargs, message):
+    with pytest.raises(UserError) as e:
+        prepare_task("toy", **kwargs)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_task():
+    with pytest.raises(UserError, match=r"unknown task 'toi'; did you mean toy"):
+        prepare_task("toi")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(mode="maximum"), "toy.yaml: mode: Input should be 'max' or 'min' (got 'maximum')"),
+    (lambda d: d.update(metrc="x"), "toy.yaml: metrc: unknown field; allowed: task, adapter, description"),
+    (lambda d: d.pop("metric"), "toy.yaml: metric: Field required"),
+    (lambda d: d["datasets"][1].update(group="naturel"), "group 'naturel'; allowed: ['natural', 'structured']"),
+    (lambda d: d.update(select=["wd"]), "select names 'wd', which is not swept; swept: ['lr']"),
+    (lambda d: d["suites"]["quick"].update(datasets=["alpah"]), "unknown dataset 'alpah'; did you mean alpha?"),
+    (lambda d: d["suites"]["quick"].update(sweeps={}), "suites.quick.sweeps: unknown field; allowed: description"),
+    (lambda d: d["seeds"].append("x"), "toy.yaml: seeds.3: Input should be a valid integer"),
+])
+def test_bad_spec_names_file_field_and_allowed_values(tmp_path, edit, message):
+    d = toy_dict()
+    edit(d)
+    p = tmp_path / "toy.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(SpecError) as e:
+        load_spec_file(p)
+    assert message in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_adapter_validates_its_dataset_fields(tmp_path):
+    d = toy_dict()
+    del d["datasets"][2]["offset"]
+    p = tmp_path / "toy.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(SpecError, match=r"toy.yaml: datasets.2.offset: Field required \(dataset 'gamma'\)"):
+        prepare_task(str(p))
+
+
+def test_cell_key_hashes_identity_only():
+    t = prepare_task("toy")
+    bb = resolve_backbone("mu4_dpn")
+    assert bb.sha256 == RANDOM_INIT and bb.checkpoint is None
+    from transferbench.engine.cells import make_cell
+    c = make_cell(t, t.datasets[0], bb, t.grid()[1], seed=2, stage="select")
+    ident = {"task": "toy", "dataset": "alpha", "backbone": "mu4_dpn", "checkpoint_sha256": RANDOM_INIT,
+             "hparams": {"delay": 0.0, "lr": 0.01, "steps": 3}, "seed": 2, "protocol_version": "1",
+             "stage": "select", "data_version": "", "dataset_config": {"offset": 5.0}}
+    expected = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+    assert c.key == expected
+    # report fields are not identity; every identity field is
+    from dataclasses import replace
+    assert replace(c, group="other", order=9, suite="quick").key == c.key
+    for field, value in [("seed", 3), ("stage", "final"), ("hparams", {"lr": 0.1}), ("checkpoint_sha256", "ab"),
+                         ("protocol_version", "2"), ("data_version", "v2"), ("dataset_config", {"offset": 1.0})]:
+        assert replace(c, **{field: value}).key != c.key, field
+
+
+def test_backbone_with_checkpoint_is_hashed(tmp_path):
+    from transferbench.backbones import create_backbone, save_checkpoint
+    p = save_checkpoint(create_backbone("mu8"), tmp_path / "m.safetensors")
+    ref = resolve_backbone(f"mu8@{p}")
+    assert ref.name == "mu8" and ref.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+    with pytest.raises(UserError, match="checkpoint .*nope.safetensors does not exist"):
+        resolve_backbone(f"mu8@{tmp_path}/nope.safetensors")
+
+
+def test_wheel_ships_task_specs_and_entry_points(tmp_path):
+    repo = Path(__file__).parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(repo)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("transferbench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "transferbench/tasks/__init__.py" in names
+    assert {f"transferbench/tasks/{p.name}" for p in (repo / "tasks").glob("*.yaml")} <= names
+    sources = {str(p.relative_to(repo)) for p in (repo / "transferbench").rglob("*.py")}
+    assert sources <= names, sources - names  # every module of the package is packaged
+    ep = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(ep).decode()
+    assert "[transferbench.tasks]" in text and "builtin = transferbench.tasks" in text
+    assert "vit = transferbench.backbones.registry:VIT" in text
+
+
+def test_parse_spec_round_trip():
+    spec = parse_spec(toy_dict(), "toy")
+    assert spec.metric == "accuracy" and spec.mode == "max" and spec.groups == ["natural", "structured"]
+    assert isinstance(Cell.IDENTITY, tuple) and resolve(spec, suite="").suite == ""

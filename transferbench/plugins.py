@@ -6,8 +6,6 @@ from importlib.metadata import entry_points
 
 from .errors import UserError
 
-GROUPS = ("transferbench.adapters", "transferbench.backbones", "transferbench.tasks")
-
 
 @lru_cache(maxsize=None)
 def load_group(group: str) -> dict[str, object]:
@@ -24,7 +22,3 @@ def load_group(group: str) -> dict[str, object]:
         raise UserError(f"no {group} entry points: transferbench is not installed; run `pip install -e .`")
     return found
 
-
-def refresh() -> None:
-    """Forget loaded plugins (after installing one in this process, and in tests)."""
-    load_group.cache_clear()

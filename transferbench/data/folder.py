@@ -1,0 +1,127 @@
+"""The image-folder format (the PyTorch community's VTAB export), also used by the embedded suite.
+
+    <root>/<dataset>/
+        train800.txt  val200.txt  train800val200.txt  test.txt    # lines: "relative/path label"
+        images/...                                                # PNG (lossless)
+        MANIFEST.sha256                                           # "<sha256>  <relative/path>" per file
+        info.json                                                 # classes, sizes, source, version
+
+Opening a split verifies the sha256 of its list and of every image it names.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..errors import UserError
+
+SPLITS = ("train800", "val200", "train800val200", "test")
+MANIFEST = "MANIFEST.sha256"
+INFO = "info.json"
+
+
+class DataMissingError(UserError):
+    """A dataset that is not where we looked; the message says where and how to prepare it."""
+
+
+class CorruptDataError(UserError):
+    """A file whose sha256 differs from the manifest."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_folder_dataset(root, name: str, splits: dict[str, Sequence[tuple[np.ndarray, int]]], info: dict) -> Path:
+    """Write `splits` ({'train800': [(uint8 HxW or HxWx3, label), ...], 'val200': ..., 'test': ...}) as PNGs
+    plus lists, manifest and info. `train800val200` is written as train800 followed by val200. The folder
+    appears atomically (written aside, then renamed)."""
+    root = Path(root)
+    final = root / name
+    tmp = root / f".{name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "images").mkdir(parents=True)
+    lists: dict[str, list[str]] = {}
+    for split, items in splits.items():
+        lines = []
+        for i, (img, label) in enumerate(items):
+            rel = f"images/{split}/{i:05d}.png"
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.asarray(img, dtype=np.uint8)).save(tmp / rel, optimize=False, compress_level=1)
+            lines.append(f"{rel} {int(label)}")
+        lists[split] = lines
+    if "train800" in lists and "val200" in lists:
+        lists["train800val200"] = lists["train800"] + lists["val200"]
+    for split, lines in lists.items():
+        (tmp / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    info = {**info, "name": name, "sizes": {s: len(v) for s, v in lists.items()}}
+    (tmp / INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
+    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
+    (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.relative_to(tmp).as_posix()}\n" for p in files))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def read_info(root, name: str) -> dict:
+    p = Path(root) / name / INFO
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+class FolderDataset(torch.utils.data.Dataset):
+    """(image, label) pairs of one split; images as RGB PIL passed through `transform`."""
+
+    def __init__(self, root, name: str, split: str, transform: Callable | None = None, *, verify: bool = True,
+                 prepare_hint: str = ""):
+        self.dir = Path(root) / name
+        self.name, self.split, self.transform = name, split, transform
+        lst = self.dir / f"{split}.txt"
+        if not lst.is_file():
+            where = self.dir if not self.dir.is_dir() else lst
+            raise DataMissingError(f"dataset {name!r} split {split!r} not found: looked for {where}"
+                                   + (f"; prepare it with `{prepare_hint}`" if prepare_hint else ""))
+        rows = [line.rsplit(" ", 1) for line in lst.read_text().splitlines() if line.strip()]
+        self.paths = [r[0] for r in rows]
+        self.labels = np.array([int(r[1]) for r in rows], dtype=np.int64)
+        self.info = read_info(root, name)
+        self.num_classes = int(self.info.get("num_classes", self.labels.max() + 1 if len(self.labels) else 0))
+        if verify:
+            self.verify([lst.name, *self.paths])
+
+    def verify(self, rel_paths) -> None:
+        manifest = self.dir / MANIFEST
+        if not manifest.is_file():
+            raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {self.name!r}; re-export it")
+        expected = dict(reversed(line.split("  ", 1)) for line in manifest.read_text().splitlines() if line)
+        for rel in dict.fromkeys(rel_paths):
+            p = self.dir / rel
+            if rel not in expected:
+                raise CorruptDataError(f"{p} is not in {manifest}; re-export dataset {self.name!r}")
+            if not p.is_file():
+                raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {self.name!r}")
+            if sha256_file(p) != expected[rel]:
+                raise CorruptDataError(f"{p} does not match its sha256 in {manifest}: the file changed; "
+                                       f"re-export dataset {self.name!r}")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def image(self, i: int) -> Image.Image:
+        with Image.open(self.dir / self.paths[i]) as im:
+            return im.convert("RGB")  # grayscale tiled to 3 channels
+
+    def __getitem__(self, i: int):
+        img = self.image(i)
+        return (self.transform(img) if self.transform else img), int(self.labels[i])

@@ -1,0 +1,70 @@
+"""tfds datasets through `tfds.data_source`: random access over prepared ArrayRecord files, no TensorFlow
+at run time. Split strings are resolved by transferbench (data.splits) on indices."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .folder import DataMissingError
+from .splits import resolve_split
+
+PREPARE = ("prepare it once with TensorFlow installed: pip install 'transferbench[tfds]' tensorflow && "
+           "python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='{dir}').download_and_prepare()\"")
+
+
+def data_dir(explicit=None) -> str:
+    """--data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets (tfds's own order)."""
+    return str(Path(explicit or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets").expanduser())
+
+
+def _split_names(spec: str) -> list[str]:
+    return list(dict.fromkeys(part.split("[")[0].strip() for part in spec.split("+")))
+
+
+class TfdsDataset(torch.utils.data.Dataset):
+    """Examples of `split` (a tfds split string, e.g. 'train[:800]+train[45000:45200]') as (image, label).
+
+    label_fn maps the example dict (numpy values) to an int; default `example['label']`.
+    """
+
+    def __init__(self, name: str, split: str, transform: Callable | None = None, *,
+                 label_fn: Callable[[dict], int] | None = None, image_key: str = "image", data_dir_=None):
+        import tensorflow_datasets as tfds
+
+        self.name, self.split, self.transform = name, split, transform
+        self.label_fn = label_fn or (lambda ex: int(ex["label"]))
+        self.image_key = image_key
+        where = data_dir(data_dir_)
+        self.sources = {}
+        for s in _split_names(split):
+            try:
+                self.sources[s] = tfds.data_source(name, split=s, data_dir=where, download=False)  # never at run time
+            except Exception as e:  # noqa: BLE001 - tfds raises several types for "not prepared"
+                raise DataMissingError(
+                    f"tfds dataset {name!r} split {s!r} is not prepared under {where} (searched --data-dir, "
+                    f"TFDS_DATA_DIR, ~/tensorflow_datasets; {type(e).__name__}); "
+                    + PREPARE.format(name=name, dir=where)) from None
+        parts = resolve_split(split, {s: len(src) for s, src in self.sources.items()})
+        self.index = [(s, int(i)) for s, idx in parts for i in idx]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def example(self, i: int) -> dict:
+        s, j = self.index[i]
+        return self.sources[s][j]
+
+    def __getitem__(self, i: int):
+        ex = self.example(i)
+        img = np.asarray(ex[self.image_key])
+        if img.ndim == 3 and img.shape[-1] == 1:
+            img = img[..., 0]
+        if img.dtype != np.uint8:  # dSprites stores {0, 1}
+            img = (img * 255).astype(np.uint8) if img.max() <= 1 else img.astype(np.uint8)
+        pil = Image.fromarray(img).convert("RGB")  # grayscale tiled to 3 channels
+        return (self.transform(pil) if self.transform else pil), int(self.label_fn(ex))

@@ -28,3 +28,15 @@ PLUGINS = str(Path(__file__).parent / "plugins")
 if PLUGINS not in sys.path:
     sys.path.insert(0, PLUGINS)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGINS, os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(scope="session")
+def suite_home(tmp_path_factory):
+    """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 25 s)."""
+    from transferbench.data import embedded
+    home = tmp_path_factory.mktemp("tbhome")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRANSFERBENCH_HOME", str(home))
+    embedded.ensure()
+    yield home
+    mp.undo()

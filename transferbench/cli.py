@@ -12,7 +12,8 @@ examples:
   transferbench list backbones
   transferbench list tasks
   transferbench run vtab --backbone b32,b32_dpn --out runs/vtab
-  transferbench run vtab --suite embedded --backbone mu4,mu4_dpn --seeds 0,1 --set steps=100
+  transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded
+  transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded --seeds 0,1
   transferbench report runs/vtab --reference b32
   transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
   transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22 --threshold 0.5
@@ -63,6 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--reference", help="backbone to compare against in the closing table")
+
+    pt = sub.add_parser(
+        "pretrain", help="pretrain backbones upstream (writes checkpoints for NAME@embedded)", formatter_class=fmt,
+        description="Run task `pretrain` (DPN App. C, the AugReg recipe; numbers in tasks/pretrain.yaml) for each "
+                    "backbone into $TRANSFERBENCH_HOME/pretrain. Backbones written NAME@embedded elsewhere resolve to "
+                    "these checkpoints (and pretrain on demand when one is missing).",
+        epilog="examples:\n  transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded\n"
+               "  transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded")
+    pt.add_argument("--backbone", "-b", type=_csv, required=True, help="comma-separated backbone names")
+    pt.add_argument("--suite", "-s", default="embedded", help="pretraining data and profile (default: embedded)")
+    pt.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a hyper-parameter; note that it changes the cell, so NAME@embedded will not use it")
+    pt.add_argument("--force", action="store_true", help="pretrain again even if a checkpoint exists")
+    pt.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    pt.add_argument("--no-progress", action="store_true")
 
     rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
                          description="One table per task: rows are backbones, columns datasets and group means, "
@@ -164,6 +180,13 @@ def cmd_run(args) -> int:
     return 1 if summary.failed else 0
 
 
+def cmd_pretrain(args) -> int:
+    from .data.embedded import home
+    args.task, args.datasets, args.seeds, args.reference = "pretrain", None, None, None
+    args.out = home() / "pretrain"
+    return cmd_run(args)
+
+
 def cmd_report(args) -> int:
     from .reporting.aggregate import aggregate
     from .reporting.records import load_records
@@ -209,8 +232,8 @@ def cmd_regress(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "leaderboard": cmd_leaderboard,
-                "regress": cmd_regress}[args.command](args)
+        return {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "report": cmd_report,
+                "leaderboard": cmd_leaderboard, "regress": cmd_regress}[args.command](args)
     except UserError as e:
         print(f"transferbench: error: {e}", file=sys.stderr)
         return 2

@@ -170,6 +170,17 @@ def _parse_value(text: str):
     return value
 
 
+def _with_generator_version(ds: DatasetSpec) -> DatasetSpec:
+    """Embedded sets carry their generator's version (part of every cell key), from its one home."""
+    if getattr(ds, "source", None) != "embedded" or ds.version:
+        return ds
+    from ..data import embedded
+    if ds.name not in embedded.VERSIONS:
+        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no such set; "
+                        f"sets: {', '.join(embedded.VERSIONS)}")
+    return ds.model_copy(update={"version": embedded.version(ds.name)})
+
+
 def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=None, sets=()) -> Task:
     """Apply a suite (default: 'default' when the spec has one, else everything), a dataset filter,
     seeds and `key=value` overrides of hparams or sweeps."""
@@ -188,6 +199,7 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
                 raise UserError(f"task {spec.task!r} (suite {suite or 'all'}) has no dataset {n!r}"
                                 f"{close_matches(n, names)}; datasets: {', '.join(names)}")
         chosen = [d for d in chosen if d.name in datasets]
+    chosen = [_with_generator_version(d) for d in chosen]
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
     for item in sets:

@@ -44,10 +44,43 @@ def resolve_backbone(spec: str) -> BackboneRef:
     find_family(name)  # unknown names fail here with close matches
     if not checkpoint:
         return BackboneRef(spec, name, None, RANDOM_INIT)
+    if checkpoint in PRETRAINED:
+        path = pretrained_checkpoint(name, checkpoint)
+        return BackboneRef(spec, name, str(path), file_sha256(path))
     if not Path(checkpoint).is_file():
         raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist "
-                        "(NAME@PATH takes a .safetensors, .pth or big_vision .npz file)")
+                        f"(NAME@PATH takes a .safetensors, .pth or big_vision .npz file; NAME@embedded "
+                        f"pretrains on the embedded suite)")
     return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint))
+
+
+PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights
+PRETRAIN_SETS: tuple = ()  # --set overrides for that suite (tests shorten it; users keep the spec's)
+
+
+def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path:
+    """The checkpoint of task `pretrain` (suite `source`) for backbone `name`, pretraining it first
+    when its record is missing (a record that exists is reused, as for any cell)."""
+    from ..adapters import get_adapter, prepare_task
+    from ..data.embedded import home
+    from ..reporting.records import RecordStore
+    from .runner import Results, run_task
+
+    task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
+    out = home() / "pretrain"
+    ref = BackboneRef(name, name, None, RANDOM_INIT)
+    run_task(task, [ref], out, show_progress=show_progress)
+    store = RecordStore(out)
+    (cell,) = [c for c in get_adapter("pretrain").plan(task, ref, Results(store)) if c.stage == "final"]
+    rec = store.get(cell)
+    if rec is None or rec["status"] != "ok":
+        why = rec["reason"] if rec else "no record"
+        raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
+    path = Path(rec["info"]["checkpoint"])
+    if not path.is_file() or file_sha256(path) != rec["info"]["checkpoint_sha256"]:
+        raise UserError(f"checkpoint {path} of {name}@{source} is missing or changed; delete {store.path(cell)} "
+                        f"and rerun to pretrain again")
+    return path
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+import math
+
+import pytest
+import torch
+
+from transferbench.adapters.pretrain import _loss, bf16_enabled, cosine_lr
+from transferbench.backbones import create_backbone
+from transferbench.engine import cells
+from transferbench.engine.cells import resolve_backbone
+from transferbench.errors import UserError
+from transferbench.reporting.records import load_records
+
+SHORT = ("steps=3", "batch=8", "warmup_steps=1")
+
+
+def test_warmup_then_cosine_by_hand():
+    lr = lambda s: cosine_lr(s, base=1e-3, warmup=10, total=110)  # noqa: E731
+    assert lr(0) == pytest.approx(1e-4) and lr(9) == pytest.approx(1e-3)
+    assert lr(10) == pytest.approx(1e-3) and lr(60) == pytest.approx(5e-4) and lr(110) == pytest.approx(0.0)
+
+
+def test_sigmoid_cross_entropy_by_hand():
+    logits = torch.zeros(2, 4)
+    # every class at p = 1/2: each of the 4 binary terms costs ln 2, summed over classes
+    assert float(_loss(logits, torch.tensor([0, 3]), "sigmoid")) == pytest.approx(4 * math.log(2))
+    assert float(_loss(logits, torch.tensor([0, 3]), "softmax")) == pytest.approx(math.log(4))
+
+
+def test_bf16_setting():
+    assert bf16_enabled("on", "cpu") and not bf16_enabled("off", "cpu")
+    flags = open("/proc/cpuinfo").read()
+    assert bf16_enabled("auto", "cpu") == ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
+    monkeypatch.setattr(cells, "PRETRAIN_SETS", SHORT)
+    ref = resolve_backbone("mu8@embedded")
+    recs = load_records([suite_home / "pretrain"])
+    assert len(recs) == 1 and recs[0]["status"] == "ok" and recs[0]["backbone"] == "mu8"
+    assert ref.checkpoint == recs[0]["info"]["checkpoint"] and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
+    assert 0 <= recs[0]["metrics"]["test"]["accuracy"] <= 100
+    assert recs[0]["data_version"] == "upstream-v2"  # the generator's version joins the cell key
+    again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
+    assert again == ref and [r["run_id"] for r in load_records([suite_home / "pretrain"])] == [recs[0]["run_id"]]
+    m = create_backbone("mu8", checkpoint=ref.checkpoint, num_classes=10)
+    assert m.head.weight.abs().sum() == 0  # the 32-class upstream head is not carried over
+    with open(ref.checkpoint, "r+b") as f:  # a changed checkpoint is caught, not silently used
+        f.seek(-3, 2)
+        f.write(b"xyz")
+    with pytest.raises(UserError, match="missing or changed"):
+        resolve_backbone("mu8@embedded")

@@ -49,3 +49,20 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
         f.write(b"xyz")
     with pytest.raises(UserError, match="missing or changed"):
         resolve_backbone("mu8@embedded")
+
+
+def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeypatch):
+    import tensorflow_datasets as tfds
+
+    from transferbench.adapters import prepare_task
+    from transferbench.engine.runner import run_task
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    task = prepare_task("pretrain", sets=["steps=2", "batch=4", "warmup_steps=1", "resolution=32"])
+    assert [d.name for d in task.datasets] == ["imagenet2012"] and task.hparams["loss"] == "sigmoid"
+    with tfds.testing.mock_data(num_examples=200):
+        s = run_task(task, [resolve_backbone("mu8")], tmp_path / "runs", show_progress=False)
+    assert (s.ok, s.failed) == (1, 0), s.failures
+    (rec,) = load_records([tmp_path / "runs"])
+    # train[99%:] of 200 mock examples = 2 test images; a 1000-class head from the tfds feature info
+    assert rec["metrics"]["test"]["accuracy"] in (0.0, 50.0, 100.0)
+    assert create_backbone("mu8", checkpoint=rec["info"]["checkpoint"], num_classes=1000).head.weight.abs().sum() > 0

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from ..data import embedded
 from ..data.folder import FolderDataset
 from ..data.transforms import eval_transform, train_transform
+from ..errors import UserError
 from . import Adapter, plan_select_then_final
 
 
@@ -84,9 +85,14 @@ class PretrainAdapter(Adapter):
         torch.manual_seed(cell.seed)
         rng = np.random.default_rng(cell.seed)
         train, test = load_split(cell, "train"), load_split(cell, "test")
-        big = parse_name(cell.backbone)["embed_dim"] >= SIZES["b"].embed_dim  # AugReg regularises B and L only
+        name = cell.backbone.partition("@")[0]  # the spec may name a checkpoint to continue from
+        try:
+            big = parse_name(name)["embed_dim"] >= SIZES["b"].embed_dim  # AugReg regularises B and L only
+        except UserError:
+            big = False  # a plugin backbone: no size to go by
         reg = dict(drop_rate=hp["dropout_b_l"], drop_path_rate=hp["dropout_b_l"]) if big else {}
-        model = create_backbone(cell.backbone, img_size=hp["resolution"], num_classes=train.num_classes, **reg)
+        model = create_backbone(name, img_size=hp["resolution"], num_classes=train.num_classes,
+                                checkpoint=cell.checkpoint, **reg)
         model.to(ctx.device).train()
         decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
         rest = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
@@ -94,11 +100,13 @@ class PretrainAdapter(Adapter):
                                  {"params": rest, "weight_decay": 0.0}], lr=hp["lr"], betas=(0.9, hp["beta2"]))
         use_bf16 = bf16_enabled(hp["bf16"], ctx.device)
         tf = train_transform(hp["resolution"], hp["augment"])
+        fetch = _examples(train)
         started, seen, loss_value = time.time(), 0, float("nan")
         for step in ctx.progress(range(hp["steps"]), desc=f"pretrain {cell.backbone}"):
             idx = rng.integers(0, len(train), hp["batch"])
-            x = torch.stack([tf(train.image(int(i))) for i in idx]).to(ctx.device)
-            y = torch.as_tensor(train.labels[idx], device=ctx.device)
+            images, labels = zip(*(fetch(int(i)) for i in idx))
+            x = torch.stack([tf(im) for im in images]).to(ctx.device)
+            y = torch.as_tensor(labels, device=ctx.device)
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(step, base=hp["lr"], warmup=hp["warmup_steps"], total=hp["steps"])
             with torch.autocast(device_type=ctx.device.split(":")[0], dtype=torch.bfloat16, enabled=use_bf16):
@@ -121,6 +129,15 @@ class PretrainAdapter(Adapter):
                          "bf16": use_bf16}}
 
 
+def _examples(dataset):
+    """i -> (image, label) for the transforms: image folders are decoded once into uint8 CHW tensors;
+    tfds sources are read lazily (PIL images)."""
+    if hasattr(dataset, "array"):
+        arr = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
+        return lambda i: (arr[i], int(dataset.labels[i]))
+    return lambda i: dataset[i]
+
+
 def _loss(logits: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "sigmoid":  # AugReg: sigmoid cross-entropy on one-hot targets, summed over classes
         target = F.one_hot(y, logits.shape[-1]).float()
@@ -133,11 +150,12 @@ def evaluate(model, dataset, resolution: int, device: str, bf16: bool, batch: in
     """Top-1 accuracy in percent."""
     model.eval()
     tf = eval_transform(resolution)
+    fetch = _examples(dataset)
     correct = 0
     for start in range(0, len(dataset), batch):
-        idx = range(start, min(start + batch, len(dataset)))
-        x = torch.stack([tf(dataset.image(i)) for i in idx]).to(device)
+        images, labels = zip(*(fetch(i) for i in range(start, min(start + batch, len(dataset)))))
+        x = torch.stack([tf(im) for im in images]).to(device)
         with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
             pred = model(x).argmax(-1).cpu().numpy()
-        correct += int((pred == dataset.labels[list(idx)]).sum())
+        correct += int((pred == np.asarray(labels)).sum())
     return 100.0 * correct / len(dataset)

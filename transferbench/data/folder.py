@@ -118,6 +118,13 @@ class FolderDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    def array(self) -> np.ndarray:
+        """Every image decoded once, as uint8 (N, H, W, 3) (same-size images only): training loops
+        that revisit images many times skip the PNG decoding."""
+        if not hasattr(self, "_array"):
+            self._array = np.stack([np.asarray(self.image(i)) for i in range(len(self))])
+        return self._array
+
     def image(self, i: int) -> Image.Image:
         with Image.open(self.dir / self.paths[i]) as im:
             return im.convert("RGB")  # grayscale tiled to 3 channels

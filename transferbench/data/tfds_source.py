@@ -51,6 +51,9 @@ class TfdsDataset(torch.utils.data.Dataset):
                     + PREPARE.format(name=name, dir=where)) from None
         parts = resolve_split(split, {s: len(src) for s, src in self.sources.items()})
         self.index = [(s, int(i)) for s, idx in parts for i in idx]
+        features = next(iter(self.sources.values())).dataset_info.features
+        # the 'label' feature's classes; tasks with a label_fn (VTAB structured) state their own
+        self.num_classes = int(getattr(features["label"], "num_classes", 0)) if "label" in features else 0
 
     def __len__(self) -> int:
         return len(self.index)

@@ -31,6 +31,12 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _execution_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
+    p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -60,9 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="override a hyper-parameter or sweep, e.g. --set steps=100 --set lr=0.01,0.03 (repeatable)")
     run.add_argument("--out", "-o", default="runs", type=Path, help="records folder (default: runs)")
-    run.add_argument("--force", action="store_true", help="recompute cells that already have a record")
-    run.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _execution_options(run)
     run.add_argument("--reference", help="backbone to compare against in the closing table")
 
     pt = sub.add_parser(
@@ -76,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--suite", "-s", default="embedded", help="pretraining data and profile (default: embedded)")
     pt.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="override a hyper-parameter; note that it changes the cell, so NAME@embedded will not use it")
-    pt.add_argument("--force", action="store_true", help="pretrain again even if a checkpoint exists")
-    pt.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    pt.add_argument("--no-progress", action="store_true")
+    _execution_options(pt)
 
     rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
                          description="One table per task: rows are backbones, columns datasets and group means, "

@@ -26,6 +26,14 @@ def test_folder_round_trip_and_lists(tmp_path):
     assert lines == ["images/train800/00000.png 0", "images/train800/00001.png 1"]
 
 
+def test_png_round_trip_is_lossless(tmp_path):
+    rng = np.random.default_rng(0)
+    rgb, gray = rng.integers(0, 256, (17, 23, 3), dtype=np.uint8), rng.integers(0, 256, (9, 9), dtype=np.uint8)
+    write_folder_dataset(tmp_path, "noise", {"train800": [(rgb, 3)], "val200": [(gray, 1)], "test": []}, {})
+    assert np.array_equal(np.asarray(FolderDataset(tmp_path, "noise", "train800").image(0)), rgb)
+    assert np.array_equal(np.asarray(FolderDataset(tmp_path, "noise", "val200").image(0))[..., 1], gray)
+
+
 def test_a_changed_byte_fails_with_the_file_named(tmp_path):
     tiny(tmp_path)
     png = tmp_path / "tiny" / "images" / "test" / "00000.png"

@@ -14,6 +14,7 @@ examples:
   transferbench run vtab --backbone b32,b32_dpn --out runs/vtab
   transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded
   transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded --seeds 0,1
+  transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k
   transferbench report runs/vtab --reference b32
   transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
   transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22 --threshold 0.5
@@ -81,6 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="override a hyper-parameter; note that it changes the cell, so NAME@embedded will not use it")
     _execution_options(pt)
+
+    data = sub.add_parser("data", help="prepare data: export VTAB to image folders", formatter_class=fmt)
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    ex = data_sub.add_parser(
+        "export-vtab", formatter_class=fmt, help="write VTAB-1k from prepared tfds data as image folders",
+        description="Write each VTAB task's train800 / val200 / test (and train800val200) from prepared tfds data "
+                    "into the image-folder format: PNG (lossless), split lists, sha256 manifest, info.json.",
+        epilog="examples:\n  transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k\n"
+               "  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k")
+    ex.add_argument("--data-dir", help="tfds data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
+    ex.add_argument("--out", "-o", required=True, type=Path, help="folder to write <task>/ into")
+    ex.add_argument("--tasks", type=_csv, help="comma-separated VTAB tasks (default: all 19)")
+    ex.add_argument("--limit", type=int, help="at most this many examples per split (a quick look, not the protocol)")
+    ex.add_argument("--no-progress", action="store_true")
 
     rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
                          description="One table per task: rows are backbones, columns datasets and group means, "
@@ -189,6 +204,18 @@ def cmd_pretrain(args) -> int:
     return cmd_run(args)
 
 
+def cmd_data(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .data.vtab import export_vtab, task
+    for name in args.tasks or []:
+        task(name)  # unknown names fail before any work, with close matches
+    progress = None if args.no_progress else (lambda it, **kw: tqdm(it, leave=False, **kw))
+    for path in export_vtab(args.out, args.tasks, data_dir=args.data_dir, limit=args.limit, progress=progress):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_report(args) -> int:
     from .reporting.aggregate import aggregate
     from .reporting.records import load_records
@@ -234,7 +261,7 @@ def cmd_regress(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "report": cmd_report,
+        return {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "data": cmd_data, "report": cmd_report,
                 "leaderboard": cmd_leaderboard, "regress": cmd_regress}[args.command](args)
     except UserError as e:
         print(f"transferbench: error: {e}", file=sys.stderr)

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -44,10 +44,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_folder_dataset(root, name: str, splits: dict[str, Sequence[tuple[np.ndarray, int]]], info: dict) -> Path:
-    """Write `splits` ({'train800': [(uint8 HxW or HxWx3, label), ...], 'val200': ..., 'test': ...}) as PNGs
-    plus lists, manifest and info. `train800val200` is written as train800 followed by val200. The folder
-    appears atomically (written aside, then renamed)."""
+def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.ndarray, int]]], info: dict) -> Path:
+    """Write `splits` ({'train800': [(uint8 HxW or HxWx3, label), ...], 'val200': ..., 'test': ...}; any
+    iterables, consumed once) as PNGs plus lists, manifest and info. `train800val200` is written as train800
+    followed by val200. The folder appears atomically (written aside, then renamed)."""
     root = Path(root)
     final = root / name
     tmp = root / f".{name}.tmp{os.getpid()}"

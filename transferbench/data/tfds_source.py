@@ -45,9 +45,10 @@ class TfdsDataset(torch.utils.data.Dataset):
             try:
                 self.sources[s] = tfds.data_source(name, split=s, data_dir=where, download=False)  # never at run time
             except Exception as e:  # noqa: BLE001 - tfds raises several types for "not prepared"
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 raise DataMissingError(
-                    f"tfds dataset {name!r} split {s!r} is not prepared under {where} (searched --data-dir, "
-                    f"TFDS_DATA_DIR, ~/tensorflow_datasets; {type(e).__name__}); "
+                    f"tfds dataset {name!r} split {s!r} cannot be read from {where} (searched --data-dir, "
+                    f"TFDS_DATA_DIR, ~/tensorflow_datasets; tfds says: {why}); "
                     + PREPARE.format(name=name, dir=where)) from None
         parts = resolve_split(split, {s: len(src) for s, src in self.sources.items()})
         self.index = [(s, int(i)) for s, idx in parts for i in idx]

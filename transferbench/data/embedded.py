@@ -59,16 +59,21 @@ def ensure(names=None, seed: int = 0) -> Path:
         for name in names or (*DOWNSTREAM, "upstream"):
             if name not in VERSIONS:
                 raise KeyError(name)
-            if read_info(root, name).get("generator_version") != VERSIONS[name] or read_info(root, name).get("seed") != seed:
+            info = read_info(root, name)
+            if info.get("generator_version") != VERSIONS[name] or info.get("seed") != seed:
                 _GENERATORS[name](root, seed)
     return root
 
 
-def _split(items: list, rng: np.random.Generator, n_test: int = N_TEST) -> dict:
-    order = rng.permutation(len(items))
-    items = [items[i] for i in order]
+def _slices(items: list) -> dict:
+    """train800, val200 and up to N_TEST test items, in the order given."""
     return {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL],
-            "test": items[N_TRAIN + N_VAL:N_TRAIN + N_VAL + n_test]}
+            "test": items[N_TRAIN + N_VAL:N_TRAIN + N_VAL + N_TEST]}
+
+
+def _split(items: list, rng: np.random.Generator) -> dict:
+    order = rng.permutation(len(items))
+    return _slices([items[i] for i in order])
 
 
 def _info(name: str, seed: int, num_classes: int, source: str, **extra) -> dict:
@@ -150,8 +155,7 @@ def gen_dsprites(root: Path, seed: int) -> None:
     order = np.random.default_rng([seed, 5]).permutation(n)
     for name, key, num_values in (("dsprites_loc", "x", DSPRITES_POSITIONS), ("dsprites_ori", "ori", DSPRITES_ORIENTATIONS)):
         items = [(imgs[i], binned(int(latents[key][i]), num_values)) for i in order]
-        splits = {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL], "test": items[N_TRAIN + N_VAL:]}
-        write_folder_dataset(root, name, splits, _info(name, seed, 16, "procedural dSprites-style sprites",
+        write_folder_dataset(root, name, _slices(items), _info(name, seed, 16, "procedural dSprites-style sprites",
                                                        label=f"floor({key} / ({num_values}/16))"))
 
 
@@ -201,8 +205,7 @@ def gen_clevr(root: Path, seed: int) -> None:
     for name, label in (("clevr_count", lambda s: clevr_count_label(s[1])),
                         ("clevr_dist", lambda s: clevr_dist_label([o[1] for o in s[0]]))):
         items = [(imgs[i], label(scenes[i])) for i in range(n)]
-        splits = {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL], "test": items[N_TRAIN + N_VAL:]}
-        write_folder_dataset(root, name, splits, _info(name, seed, 8 if name == "clevr_count" else 6,
+        write_folder_dataset(root, name, _slices(items), _info(name, seed, 8 if name == "clevr_count" else 6,
                                                        "procedural CLEVR-style scenes"))
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,11 +28,8 @@ def file_sha256(path) -> str:
 
 @lru_cache(maxsize=64)
 def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from ..data.folder import sha256_file  # size and mtime only key the cache
+    return sha256_file(Path(path))
 
 
 def resolve_backbone(spec: str) -> BackboneRef:
@@ -110,9 +106,9 @@ class Cell:
 
     @property
     def key(self) -> str:
+        from ..reporting.aggregate import canon
         ident = {k: getattr(self, k) for k in self.IDENTITY}
-        blob = json.dumps(ident, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+        return hashlib.sha256(canon(ident).encode()).hexdigest()[:20]
 
     def to_dict(self) -> dict:
         d = asdict(self)

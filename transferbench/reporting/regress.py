@@ -8,12 +8,13 @@ deviation).
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 from tabulate import tabulate
+
+from .aggregate import canon
 
 
 @dataclass
@@ -33,8 +34,7 @@ class Comparison:
 
 
 def _key(r: dict) -> tuple:
-    hp = json.dumps(r["hparams"], sort_keys=True, default=str)
-    return (r["task"], r["dataset"], r["backbone"], r.get("stage", ""), hp, r["protocol_version"])
+    return (r["task"], r["dataset"], r["backbone"], r.get("stage", ""), canon(r["hparams"]), r["protocol_version"])
 
 
 def _index(records: list[dict]) -> dict:

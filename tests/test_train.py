@@ -1,0 +1,110 @@
+"""The shared training loop: schedule and SGD momentum by hand, gradient accumulation and the
+out-of-memory retry against the whole-batch step, and seeded batch streams that do not depend on the
+number of workers."""
+import numpy as np
+import pytest
+import torch
+
+from transferbench.data.transforms import train_transform
+from transferbench.engine.train import _EpochSampler, fit, train_batches
+
+
+class Scalar(torch.nn.Module):
+    """logits = w * x (one weight), so every update can be followed by hand."""
+
+    def __init__(self, w=0.0, fail_above=None):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(float(w)))
+        self.fail_above, self.sizes = fail_above, []
+
+    def forward(self, x):
+        self.sizes.append(len(x))
+        if self.fail_above and len(x) > self.fail_above:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB")
+        return self.w * x
+
+
+def mse(pred, y):
+    return ((pred - y) ** 2).mean()
+
+
+def batches(xs, ys):
+    return iter([(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)) for x, y in zip(xs, ys)])
+
+
+def test_sgd_momentum_warmup_cosine_and_clip_by_hand():
+    # 3 steps, warm-up 2, base lr 0.1: lrs 0.05, 0.1, then cosine at (2-2)/(3-2)=0 -> 0.1
+    m = Scalar(0.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = [[1.0, 3.0]] * 3, [[2.0, 6.0]] * 3  # the best w is 2
+    fit(m, batches(xs, ys), opt, steps=3, base_lr=0.1, warmup=2, clip=None, loss_fn=mse, device="cpu", bf16=False)
+    w, buf = 0.0, 0.0
+    for lr in (0.05, 0.1, 0.1):
+        grad = np.mean([2 * (w * x - y) * x for x, y in zip([1.0, 3.0], [2.0, 6.0])])  # d/dw mean (wx - y)^2
+        buf = 0.9 * buf + grad
+        w -= lr * buf
+    assert m.w.item() == pytest.approx(w, rel=1e-6)
+
+    m = Scalar(0.0)  # clip 1.0: the first gradient (-20) is scaled to norm 1
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    fit(m, batches(xs[:1], ys[:1]), opt, steps=1, base_lr=0.1, warmup=1, clip=1.0, loss_fn=mse, device="cpu", bf16=False)
+    assert m.w.item() == pytest.approx(0.1 * 1.0)
+
+
+def test_micro_batches_and_oom_retry_give_the_whole_batch_step():
+    xs, ys = [[1.0, 2.0, 3.0, 4.0, 5.0]] * 2, [[1.0, 0.0, 2.0, 5.0, 3.0]] * 2
+    results = {}
+    for label, micro, fail in (("whole", None, None), ("micro2", 2, None), ("oom", None, 2)):
+        m = Scalar(0.5, fail_above=fail)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        out = fit(m, batches(xs, ys), opt, steps=2, base_lr=0.01, warmup=1, clip=None, loss_fn=mse, device="cpu",
+                  bf16=False, micro_batch=micro)
+        results[label] = (m.w.item(), out, m.sizes)
+    assert results["micro2"][0] == pytest.approx(results["whole"][0], rel=1e-6)
+    assert results["oom"][0] == pytest.approx(results["whole"][0], rel=1e-6)
+    assert results["micro2"][2] == [2, 2, 1, 2, 2, 1]  # 5 examples as 2 + 2 + 1
+    assert results["oom"][1]["micro_batch"] == 2  # 5 failed, 2 fits; the second step starts at 2
+    assert results["oom"][2] == [5, 2, 2, 1, 2, 2, 1]
+    assert results["whole"][1]["final_loss"] == pytest.approx(results["micro2"][1]["final_loss"], rel=1e-6)
+
+    other = Scalar(0.5, fail_above=None)
+    opt = torch.optim.SGD(other.parameters(), lr=0.01)
+
+    def broken(pred, y):
+        raise RuntimeError("a bug, not memory")
+    with pytest.raises(RuntimeError, match="a bug"):  # only out-of-memory errors are retried
+        fit(other, batches(xs, ys), opt, steps=1, base_lr=0.01, warmup=1, clip=None, loss_fn=broken, device="cpu",
+            bf16=False)
+
+
+def test_epoch_sampler_shuffles_without_repeats_then_repeats():
+    items = list(_EpochSampler(5, seed=3, total=12))
+    idx = [i for i, _ in items]
+    assert sorted(idx[:5]) == sorted(idx[5:10]) == [0, 1, 2, 3, 4]  # each epoch a permutation
+    assert idx[:5] != idx[5:10]  # a new order each epoch
+    assert len(items) == 12 and len({s for _, s in items}) == 12  # every example draw has its own seed
+    assert items == list(_EpochSampler(5, seed=3, total=12)) and items != list(_EpochSampler(5, seed=4, total=12))
+
+
+class Images(torch.utils.data.Dataset):
+    def __init__(self, n=10):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, 256, (n, 3, 12, 12), generator=g, dtype=torch.uint8)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], i
+
+
+def test_batches_do_not_depend_on_workers_or_global_seed():
+    tf = train_transform(8, "crop_flip")  # random crops and flips: seeded per example
+    torch.manual_seed(123)
+    a = list(train_batches(Images(), tf, batch=4, steps=5, seed=7, workers=0))
+    torch.manual_seed(999)
+    b = list(train_batches(Images(), tf, batch=4, steps=5, seed=7, workers=2))
+    c = list(train_batches(Images(), tf, batch=4, steps=5, seed=8, workers=0))
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert not all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
+    assert a[0][0].shape == (4, 3, 8, 8) and float(a[0][0].min()) >= -1 and float(a[0][0].max()) <= 1

@@ -1,0 +1,190 @@
+"""The training loop the adapters share: seeded batch streams, warm-up + cosine schedule, gradient
+accumulation, bf16 autocast where the hardware has it, clipping, and batched evaluation.
+
+Determinism: every training example is transformed under its own seed, drawn from (cell seed, epoch,
+position), so a cell's metrics are the same for any number of DataLoader workers and any micro-batch
+size (up to float summation order) on the same machine.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .runner import check_finite
+
+
+def bf16_enabled(setting, device: str) -> bool:
+    """'auto': bf16 autocast where the hardware has bf16 matrix units (CUDA with bf16, or a CPU with
+    AVX512-BF16 / AMX); elsewhere bf16 is emulated and slower than fp32."""
+    if setting in (True, "true", "on"):
+        return True
+    if setting in (False, "false", "off"):
+        return False
+    if setting != "auto":
+        raise ValueError(f"bf16 must be auto, on or off, got {setting!r}")
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast(device: str, enabled: bool):
+    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=enabled)
+
+
+def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from `base` to 0 at `total`."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return 0.5 * base * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def examples(dataset) -> Callable[[int], tuple]:
+    """i -> (image, label). Image folders are decoded once into a uint8 NCHW tensor (fast random access
+    for small sets); other datasets (tfds) are read lazily as PIL images."""
+    if hasattr(dataset, "array"):
+        arr = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
+        labels = np.asarray(dataset.labels)
+        return lambda i: (arr[i], int(labels[i]))
+    return lambda i: dataset[i]
+
+
+class _Seeded(torch.utils.data.Dataset):
+    """Maps (index, seed) to (transform(image), label) with the transform's randomness seeded per
+    example. Workers and the main process produce the same tensors."""
+
+    def __init__(self, dataset, transform):
+        self.dataset, self.transform, self.fetch = dataset, transform, None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item):
+        if self.fetch is None:  # built lazily: in a worker, after the fork
+            self.fetch = examples(self.dataset)
+        i, seed = item
+        image, label = self.fetch(i)
+        if seed is not None:
+            torch.manual_seed(seed)
+        return self.transform(image), label
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """Successive seeded permutations of the dataset (shuffle + repeat), each index with its example seed."""
+
+    def __init__(self, n: int, seed: int, total: int):
+        self.n, self.seed, self.total = n, seed, total
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self):
+        epoch, given = 0, 0
+        while given < self.total:
+            rng = np.random.default_rng([self.seed, epoch])
+            order, seeds = rng.permutation(self.n), rng.integers(0, 2**62, self.n)
+            for i, s in zip(order.tolist(), seeds.tolist()):
+                if given == self.total:
+                    return
+                yield i, s
+                given += 1
+            epoch += 1
+
+
+def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0) -> Iterator:
+    """`steps` batches of (images, labels) from the shuffled, repeated dataset."""
+    sampler = _EpochSampler(len(dataset), seed, batch * steps)
+    loader = torch.utils.data.DataLoader(_Seeded(dataset, transform), batch_size=batch, sampler=sampler,
+                                         num_workers=workers, persistent_workers=False,
+                                         prefetch_factor=4 if workers else None)
+    return iter(loader)
+
+
+def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0) -> Iterator:
+    class _Plain(_Seeded):
+        def __getitem__(self, i):
+            return super().__getitem__((i, None))
+    return iter(torch.utils.data.DataLoader(_Plain(dataset, transform), batch_size=batch, shuffle=False,
+                                            num_workers=workers))
+
+
+def _is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(err)
+
+
+def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
+        loss_fn: Callable, device: str, bf16: bool, micro_batch: int | None = None, progress=None,
+        desc: str = "train") -> dict:
+    """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
+    examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
+    halves the micro-batch and retries the step, so a batch of 512 fits where it can."""
+    model.train()
+    steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
+    loss_value, micro = float("nan"), micro_batch
+    for step in steps_iter:
+        x, y = next(batches)
+        lr = cosine_lr(step, base=base_lr, warmup=warmup, total=steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        while True:
+            size = micro or len(x)
+            try:
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for start in range(0, len(x), size):
+                    xb, yb = x[start:start + size].to(device), y[start:start + size].to(device)
+                    with autocast(device, bf16):
+                        logits = model(xb)
+                    loss = loss_fn(logits.float(), yb)
+                    check_finite(loss.detach(), step=step)
+                    (loss * (len(xb) / len(x))).backward()
+                    total += float(loss.detach()) * len(xb) / len(x)
+                break
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+                if not _is_oom(err) or size == 1:
+                    raise
+                micro = max(1, size // 2)
+                optimizer.zero_grad(set_to_none=True)
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        loss_value = total
+    return {"final_loss": loss_value, "micro_batch": micro or 0}
+
+
+@torch.inference_mode()
+def predict(model, batches: Iterator, device: str, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted class, label) over every batch."""
+    model.eval()
+    preds, labels = [], []
+    for x, y in batches:
+        with autocast(device, bf16):
+            preds.append(model(x.to(device)).argmax(-1).cpu().numpy())
+        labels.append(np.asarray(y))
+    return np.concatenate(preds), np.concatenate(labels)
+
+
+def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0) -> float:
+    """Top-1 accuracy in percent."""
+    pred, label = predict(model, eval_batches(dataset, transform, batch=batch, workers=workers), device, bf16)
+    return 100.0 * float((pred == label).mean())
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)
+
+
+def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """AugReg's loss: sigmoid cross-entropy on one-hot targets, summed over classes, mean over examples."""
+    target = F.one_hot(y, logits.shape[-1]).float()
+    return F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(y)

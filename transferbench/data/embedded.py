@@ -11,8 +11,8 @@ Downstream sets, each train800 / val200 / test:
   photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
                 held-out strip of each photograph)
 Upstream set, for pretraining:
-  upstream      32 procedural glyph classes (random strokes) under random affine jitter, stroke width,
-                and colours always legible against a shaded, noisy background (32x32)
+  upstream      32 procedural glyph classes (random strokes) under random affine jitter and stroke
+                width, light tinted strokes on a dark tinted ground (32x32)
 
 Changing a generator bumps its version, which is part of every cell key that uses the set.
 """
@@ -31,7 +31,7 @@ from .labels import (CLEVR_DIST_THRESHOLDS, DSPRITES_ORIENTATIONS, DSPRITES_POSI
                      clevr_dist_label)
 
 VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1", "clevr_count": "1",
-            "clevr_dist": "1", "photos": "1", "upstream": "2"}
+            "clevr_dist": "1", "photos": "1", "upstream": "3"}
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
 N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
 N_UPSTREAM, N_UPSTREAM_TEST = 12000, 1000
@@ -225,8 +225,11 @@ def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
 
 
 def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
-    theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(0.55, 0.9) * size
-    shift = rng.uniform(-0.12, 0.12, 2) * size + size / 2
+    """Light strokes on a dark ground (one polarity, as handwriting scans), random tints, under random
+    rotation, scale, shift and stroke width. Version 2 also inverted the polarity and added shaded,
+    noisy grounds; a mu ViT did not leave chance level on it in 48k images (see issue 5's note)."""
+    theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(0.6, 0.9) * size
+    shift = rng.uniform(-0.1, 0.1, 2) * size + size / 2
     c, s = math.cos(theta), math.sin(theta)
     rot = np.array([[c, -s], [s, c]], np.float32) * scale
     a, b = segs[:, :2] @ rot.T + shift, segs[:, 2:] @ rot.T + shift
@@ -235,12 +238,9 @@ def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32) -> 
     ab = b - a
     t = np.clip(((p - a) * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-6), 0, 1)
     dist = np.linalg.norm(p - (a + t[..., None] * ab), axis=-1).min(1).reshape(size, size)
-    ink = np.clip(rng.uniform(1.2, 2.4) - dist + 0.5, 0, 1)[..., None]
-    bg0 = rng.uniform(0, 255, 3)
-    fg = np.clip(255 - bg0 + rng.normal(0, 30, 3), 0, 255)  # always legible: far from the background
-    ramp = (u * math.cos(rng.uniform(0, 6.3)) + v * math.sin(rng.uniform(0, 6.3)))[..., None] / size
-    bg = bg0 + rng.uniform(-40, 40, 3) * ramp + rng.normal(0, rng.uniform(0, 12), (size, size, 1))
-    return np.clip(bg * (1 - ink) + fg * ink, 0, 255).astype(np.uint8)
+    ink = np.clip(rng.uniform(1.0, 2.0) * size / 32 - dist + 0.5, 0, 1)[..., None]
+    ground, colour = rng.uniform(0, 60, 3), rng.uniform(170, 255, 3)
+    return np.clip(ground * (1 - ink) + colour * ink, 0, 255).astype(np.uint8)
 
 
 def gen_upstream(root: Path, seed: int, num_classes: int = 32) -> None:
@@ -250,7 +250,7 @@ def gen_upstream(root: Path, seed: int, num_classes: int = 32) -> None:
     items = [(render_glyph(classes[k], rng), int(k)) for k in labels]
     write_folder_dataset(root, "upstream", {"train": items[:N_UPSTREAM], "test": items[N_UPSTREAM:]},
                          _info("upstream", seed, num_classes, "procedural glyphs: random strokes, affine jitter, "
-                               "random colours and textured backgrounds"))
+                               "light tinted strokes on dark tinted grounds"))
 
 
 _GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,

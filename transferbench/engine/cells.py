@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -52,11 +53,14 @@ def resolve_backbone(spec: str) -> BackboneRef:
 
 PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights
 PRETRAIN_SETS: tuple = ()  # --set overrides for that suite (tests shorten it; users keep the spec's)
+# checkpoints of the pretrain task that ship with the package, named {backbone}-{dataset}-{cell key}
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
 
 
 def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path:
-    """The checkpoint of task `pretrain` (suite `source`) for backbone `name`, pretraining it first
-    when its record is missing (a record that exists is reused, as for any cell)."""
+    """The checkpoint of task `pretrain` (suite `source`) for backbone `name`: the one shipped in
+    transferbench/weights when its cell key matches (same profile, data and protocol version), else
+    the record's, pretraining first when the record is missing (a record is reused, as for any cell)."""
     from ..adapters import get_adapter, prepare_task
     from ..data.embedded import home
     from ..reporting.records import RecordStore
@@ -65,9 +69,15 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
     task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
     out = home() / "pretrain"
     ref = BackboneRef(name, name, None, RANDOM_INIT)
-    run_task(task, [ref], out, show_progress=show_progress)
     store = RecordStore(out)
     (cell,) = [c for c in get_adapter("pretrain").plan(task, ref, Results(store)) if c.stage == "final"]
+    shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
+    if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
+        return shipped
+    if show_progress:
+        print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
+              f"(the record under {out} is reused afterwards)", file=sys.stderr)
+    run_task(task, [ref], out, show_progress=show_progress)
     rec = store.get(cell)
     if rec is None or rec["status"] != "ok":
         why = rec["reason"] if rec else "no record"

@@ -36,6 +36,19 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
     p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--data-dir", help="where datasets are: a tfds data dir (default: $TFDS_DATA_DIR, else "
+                                      "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per cell (default 0: "
+                                                          "load in the main process; results do not depend on it)")
+    p.add_argument("--micro-batch", type=int, help="largest chunk of a batch run at once (gradient accumulation; "
+                                                   "default: the whole batch, halved automatically on out-of-memory)")
+
+
+def _check_execution_options(args) -> None:
+    if args.workers < 0:
+        raise UserError(f"--workers must be >= 0, got {args.workers}")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise UserError(f"--micro-batch must be >= 1, got {args.micro_batch}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,9 +181,9 @@ def _backbone_rows():
 
 
 def cmd_run(args) -> int:
-    from .adapters import prepare_task
+    from .adapters import get_adapter, prepare_task
     from .engine.cells import resolve_backbone
-    from .engine.runner import run_task
+    from .engine.runner import CellContext, run_task
     from .reporting.aggregate import aggregate
     from .reporting.records import load_records
     from .reporting.tables import build_tables, render
@@ -180,12 +193,17 @@ def cmd_run(args) -> int:
     if not names:
         raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
                         f"{task.name!r} names no default backbones")
+    _check_execution_options(args)
+    adapter = get_adapter(task.spec.adapter)
+    if hasattr(adapter, "check_data"):  # missing data stops the run before any pretraining or cell
+        adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
     backbones = [resolve_backbone(b) for b in names]
     if args.reference and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
     print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
           f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {args.out}", file=sys.stderr)
-    summary = run_task(task, backbones, args.out, force=args.force, device=args.device,
+    summary = run_task(task, backbones, args.out, force=args.force, device=args.device, data_dir=args.data_dir,
+                       workers=args.workers, micro_batch=args.micro_batch,
                        show_progress=not args.no_progress)
     print(f"{task.name}: {summary.line()}", file=sys.stderr)
     for f in summary.failures:

@@ -175,10 +175,11 @@ def _with_generator_version(ds: DatasetSpec) -> DatasetSpec:
     if getattr(ds, "source", None) != "embedded" or ds.version:
         return ds
     from ..data import embedded
-    if ds.name not in embedded.VERSIONS:
-        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no such set; "
+    name = getattr(ds, "set", None) or ds.name  # `set:` names the embedded set when the dataset's name differs
+    if name not in embedded.VERSIONS:
+        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no set {name!r}; "
                         f"sets: {', '.join(embedded.VERSIONS)}")
-    return ds.model_copy(update={"version": embedded.version(ds.name)})
+    return ds.model_copy(update={"version": embedded.version(name)})
 
 
 def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=None, sets=()) -> Task:

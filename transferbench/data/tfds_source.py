@@ -2,6 +2,7 @@
 at run time. Split strings are resolved by transferbench (data.splits) on indices."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Callable
@@ -41,8 +42,11 @@ class TfdsDataset(torch.utils.data.Dataset):
         self.image_key = image_key
         where = data_dir(data_dir_)
         self.sources = {}
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
         for s in _split_names(split):
             try:
+                absl_log.setLevel(logging.ERROR)  # tfds warns per variant folder; the error below says it once
                 self.sources[s] = tfds.data_source(name, split=s, data_dir=where, download=False)  # never at run time
             except Exception as e:  # noqa: BLE001 - tfds raises several types for "not prepared"
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -50,6 +54,8 @@ class TfdsDataset(torch.utils.data.Dataset):
                     f"tfds dataset {name!r} split {s!r} cannot be read from {where} (searched --data-dir, "
                     f"TFDS_DATA_DIR, ~/tensorflow_datasets; tfds says: {why}); "
                     + PREPARE.format(name=name, dir=where)) from None
+            finally:
+                absl_log.setLevel(level)
         parts = resolve_split(split, {s: len(src) for s, src in self.sources.items()})
         self.index = [(s, int(i)) for s, idx in parts for i in idx]
         features = next(iter(self.sources.values())).dataset_info.features

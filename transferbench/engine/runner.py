@@ -35,9 +35,14 @@ def check_finite(value, what: str = "loss", step: int | None = None) -> None:
 
 @dataclass
 class CellContext:
-    """What an adapter's `run` gets besides the cell: a device and a progress bar factory."""
+    """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
+    a cell's result (so none is part of its key): device, data directory, DataLoader workers, the
+    largest micro-batch (gradient accumulation; None = the whole batch) and progress bars."""
     device: str
     show_progress: bool = True
+    data_dir: str | None = None
+    workers: int = 0
+    micro_batch: int | None = None
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(iterable, total=total, desc=desc, leave=False, position=1, dynamic_ncols=True,
@@ -122,8 +127,11 @@ def default_device() -> str:
 
 
 def run_task(task, backbones: list, out, *, force: bool = False, executor=None, show_progress: bool = True,
-             device: str | None = None) -> RunSummary:
-    """Plan and run every cell of `task` for `backbones` into the records folder `out`."""
+             device: str | None = None, data_dir: str | None = None, workers: int = 0,
+             micro_batch: int | None = None) -> RunSummary:
+    """Plan and run every cell of `task` for `backbones` into the records folder `out`. An adapter
+    with a `check_data(task, ctx)` method checks its data first (a UserError stops the run before any
+    cell)."""
     from ..adapters import get_adapter
 
     adapter = get_adapter(task.spec.adapter)
@@ -131,7 +139,9 @@ def run_task(task, backbones: list, out, *, force: bool = False, executor=None, 
     store.remove_stale_temps()
     results = Results(store)
     executor = executor or LocalExecutor()
-    ctx = CellContext(device or default_device(), show_progress)
+    ctx = CellContext(device or default_device(), show_progress, data_dir, workers, micro_batch)
+    if hasattr(adapter, "check_data"):
+        adapter.check_data(task, ctx)
     summary = RunSummary(uuid.uuid4().hex[:12])
     attempted: set[str] = set()
     bar = tqdm(total=0, desc=f"{task.name} cells", unit="cell", position=0, dynamic_ncols=True,

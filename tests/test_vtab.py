@@ -1,0 +1,76 @@
+"""The VTAB adapter: select-then-final protocol on the embedded sets (tiny profile), what records hold,
+same seed -> same metrics, missing data as one line, and reading an export-vtab folder."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from transferbench.adapters import prepare_task
+from transferbench.adapters.vtab import config, open_split
+from transferbench.cli import main
+from transferbench.data import embedded
+from transferbench.data.folder import FolderDataset
+from transferbench.data.vtab import export_vtab
+from transferbench.reporting.records import load_records
+
+TINY = ["--set", "steps=3", "--set", "batch=8", "--set", "warmup_steps=1", "--set", "resolution=8",
+        "--set", "lr=0.003,0.3", "--seeds", "0,1", "--no-progress"]
+
+
+def test_sweep_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path):
+    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--out", str(tmp_path)]
+    assert main(args + TINY) == 0
+    recs = load_records([tmp_path / "vtab"])
+    n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))  # 1,797 digits - 1,000
+    assert n_test == 797
+    select = [r for r in recs if r["stage"] == "select"]
+    final = [r for r in recs if r["stage"] == "final"]
+    assert len(select) == 4 and len(final) == 2 and all(r["status"] == "ok" for r in recs)
+    mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in select if r["hparams"]["lr"] == lr])
+                for lr in (0.003, 0.3)}
+    best = max(sorted(mean_val), key=lambda lr: mean_val[lr])
+    assert {r["hparams"]["lr"] for r in final} == {best} and sorted(r["seed"] for r in final) == [0, 1]
+    for r in recs:  # the record holds what was used: overrides, the protocol's fixed numbers, the data
+        hp = r["hparams"]
+        assert (hp["steps"], hp["batch"], hp["resolution"], hp["momentum"], hp["clip"]) == (3, 8, 8, 0.9, 1.0)
+        assert r["dataset_config"]["set"] == "digits" and r["data_version"] == "digits-v1"
+        train_n, eval_n = (1000, n_test) if r["stage"] == "final" else (800, 200)
+        assert (r["info"]["train_examples"], r["info"]["eval_examples"]) == (train_n, eval_n)
+        acc = r["metrics"]["test" if r["stage"] == "final" else "val"]["accuracy"]
+        assert acc * eval_n / 100 == pytest.approx(round(acc * eval_n / 100))  # a count of correct examples
+
+    # same seed -> same metrics (CPU): recompute every cell and compare
+    again = tmp_path / "again"
+    assert main(args[:-1] + [str(again)] + TINY) == 0
+    key = lambda r: r["key"]  # noqa: E731
+    first = {key(r): r["metrics"] for r in recs}
+    assert {key(r): r["metrics"] for r in load_records([again / "vtab"])} == first
+
+
+def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
+    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_mnist", "--backbone", "mu4", "--out",
+            str(tmp_path)] + TINY
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "0 ok, 0 diverged, 0 failed, 6 skipped" in capsys.readouterr().err
+
+
+def test_missing_data_is_one_line_naming_the_directory(tmp_path, capsys):
+    assert main(["run", "vtab", "--backbone", "b32_dpn", "--data-dir", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(tmp_path) in err and "TFDS_DATA_DIR" in err and "export-vtab" in err and "19 of 19" in err
+
+
+def test_reads_an_export_vtab_folder(tmp_path):
+    with tfds.testing.mock_data(num_examples=50_000):
+        export_vtab(tmp_path, ["cifar100"], limit=6)
+    ds = config("cifar100", prepare_task("vtab").datasets[1].model_dump())
+    train, val = open_split(ds, "train", tmp_path), open_split(ds, "val", tmp_path)
+    trainval = open_split(ds, "trainval", tmp_path)
+    assert len(trainval) == 12 and list(trainval.labels) == list(train.labels) + list(val.labels)
+    assert trainval.array().shape == (12, 32, 32, 3)
+    info = json.loads((tmp_path / "cifar100" / "info.json").read_text())
+    assert info["splits"]["test"] == "test"

@@ -1,0 +1,164 @@
+"""VTAB-1k fine-tuning (DPN §6.1 + App. E; scenic's VTAB config), the 19 tasks of tasks/vtab.yaml and
+the embedded mini-suite, with one protocol:
+
+    stage 'select': for each learning rate in the sweep and each seed, fine-tune on train800 and
+                    measure val200 accuracy;
+    stage 'final':  at the learning rate with the best mean val accuracy, fine-tune on
+                    train800 + val200 and measure test accuracy, per seed.
+
+Fine-tuning: a new zero-initialised head, SGD with momentum, no weight decay, gradient clipping,
+linear warm-up then cosine to 0, per-task augmentation, images resized to the resolution (position
+embeddings are resized to its grid). Every number is a hyper-parameter of the spec, overridable with
+`--set`, and the record holds what was used.
+
+Data: tfds datasets through `tfds.data_source` (`--data-dir`, $TFDS_DATA_DIR, ~/tensorflow_datasets),
+or a folder written by `transferbench data export-vtab` when `--data-dir` points at one, or the
+embedded sets.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from ..data.transforms import AUGMENTATIONS
+from . import Adapter, plan_select_then_final
+
+
+class VtabDataset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    group: str | None = None
+    version: str = ""
+    source: Literal["tfds", "embedded"] = "tfds"
+    tfds: str | None = None  # tfds name:version (source tfds)
+    set: str | None = None  # the embedded set (source embedded), when it differs from `name`
+    train: str  # tfds split string (tfds) or folder split name (embedded)
+    val: str
+    test: str
+    classes: int
+    label: str = "label"  # a rule of transferbench.data.vtab.LABEL_RULES
+    augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]
+
+
+class Joined(torch.utils.data.Dataset):
+    """train800 + val200 of an image folder, keeping the folder's fast decoded-array access."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.labels = np.concatenate([p.labels for p in parts])
+        self.num_classes = parts[0].num_classes
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate([p.array() for p in self.parts])
+
+
+def config(name: str, fields: dict) -> dict:
+    """A dataset entry with the schema's defaults filled in (source tfds, label rule 'label', ...)."""
+    return VtabDataset.model_validate({**fields, "name": name}).model_dump()
+
+
+def is_export(data_dir, name: str) -> bool:
+    """A folder written by `transferbench data export-vtab` (as opposed to a tfds data dir)."""
+    return data_dir is not None and (Path(data_dir).expanduser() / name / "train800.txt").is_file()
+
+
+def open_split(ds: dict, role: str, data_dir=None):
+    """The dataset of role train | val | trainval | test for a resolved dataset config."""
+    from ..data import embedded, vtab
+    from ..data.folder import FolderDataset
+
+    roles = ("train", "val") if role == "trainval" else (role,)
+    if ds["source"] == "embedded" or is_export(data_dir, ds["name"]):
+        if ds["source"] == "embedded":
+            folder = ds.get("set") or ds["name"]
+            root, names = embedded.ensure([folder]), {r: ds[r] for r in roles}
+        else:  # export-vtab wrote train800 / val200 / test
+            folder, root = ds["name"], Path(data_dir).expanduser()
+            names = {r: {"train": "train800", "val": "val200", "test": "test"}[r] for r in roles}
+        parts = [FolderDataset(root, folder, names[r]) for r in roles]
+        return parts[0] if len(parts) == 1 else Joined(parts)
+    from ..data.tfds_source import TfdsDataset
+    split = "+".join(ds[r] for r in roles)
+    return TfdsDataset(ds["tfds"], split, label_fn=vtab.LABEL_RULES[ds["label"]], data_dir_=data_dir)
+
+
+class VtabAdapter(Adapter):
+    name = "vtab"
+    dataset_schema = VtabDataset
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        from ..data.vtab import LABEL_RULES
+        from .spec import SpecError
+        for i, ds in enumerate(spec.datasets):
+            d = ds.model_dump()
+            if d.get("source", "tfds") == "tfds" and not d.get("tfds"):
+                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            if d.get("label", "label") not in LABEL_RULES:
+                raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
+                                f"{', '.join(LABEL_RULES)} (dataset {ds.name!r})")
+
+    def check_data(self, task, ctx) -> None:
+        """Before any cell: every dataset's splits open, or one line says what is missing and where."""
+        from ..data.folder import DataMissingError
+        from ..data.tfds_source import data_dir
+        from ..errors import UserError
+
+        missing = []
+        for ds in task.datasets:
+            cfg = config(ds.name, ds.model_dump())
+            try:
+                for role in ("train", "val", "test"):
+                    open_split(cfg, role, ctx.data_dir)
+            except DataMissingError:
+                missing.append(ds.name)
+        if missing:
+            where = data_dir(ctx.data_dir)
+            raise UserError(
+                f"VTAB data missing for {len(missing)} of {len(task.datasets)} tasks ({', '.join(missing)}): searched "
+                f"{where} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) for prepared tfds data "
+                "and for an export-vtab folder; prepare them with tfds (pip install 'transferbench[tfds]'; "
+                "tfds.builder(NAME).download_and_prepare()) or run `transferbench data export-vtab --out DIR` where "
+                "they are prepared and pass --data-dir DIR; or try `--suite embedded`, which needs no download")
+
+    def plan(self, task, backbone, results):
+        return plan_select_then_final(task, backbone, results)
+
+    def run(self, cell, ctx):
+        from ..backbones import create_backbone
+        from ..data.transforms import eval_transform, train_transform
+        from ..engine.train import accuracy, bf16_enabled, cross_entropy, fit, train_batches
+
+        hp, ds = cell.hparams, config(cell.dataset, cell.dataset_config)
+        final = cell.stage == "final"
+        train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
+        evaluate_on = open_split(ds, "test" if final else "val", ctx.data_dir)
+        torch.manual_seed(cell.seed)
+        model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint)
+        model.reset_classifier(ds["classes"])  # a new zero-initialised head, whatever the checkpoint had
+        model.to(ctx.device)
+        if hp["optimizer"] != "sgd":
+            raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
+        opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"],
+                              weight_decay=hp["weight_decay"])
+        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
+        batches = train_batches(train, train_transform(hp["resolution"], ds["augment"]), batch=hp["batch"],
+                                steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
+        started = time.time()
+        out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
+                  loss_fn=cross_entropy, device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
+                  progress=ctx.progress, desc=f"{cell.dataset} lr={hp['lr']} seed={cell.seed}")
+        train_seconds = time.time() - started
+        acc = accuracy(model, evaluate_on, eval_transform(hp["resolution"]), ctx.device, use_bf16, workers=ctx.workers)
+        return {("test" if final else "val"): {"accuracy": acc},
+                "info": {**out, "train_examples": len(train), "eval_examples": len(evaluate_on), "bf16": use_bf16,
+                         "train_seconds": round(train_seconds, 2),
+                         "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}

@@ -23,9 +23,10 @@ from transferbench.backbones import create_backbone
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.transforms import eval_transform
+from transferbench.adapters import prepare_task
 from transferbench.engine.cells import resolve_backbone
 
-RES = 32
+RES = prepare_task("pretrain", suite="embedded").hparams["resolution"]  # the checkpoints' resolution
 
 
 @torch.inference_mode()

@@ -11,7 +11,8 @@ EXAMPLES = """\
 examples:
   transferbench list backbones
   transferbench list tasks
-  transferbench run vtab --backbone b32,b32_dpn --out runs/vtab
+  transferbench run vtab --suite embedded        # offline mini-VTAB, shipped mu4 checkpoints, ~8 min on 2 cores
+  transferbench run vtab --backbone b32,b32_dpn --reference b32 --data-dir ~/tensorflow_datasets
   transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded
   transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded --seeds 0,1
   transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k

@@ -60,7 +60,9 @@ def build_tables(entries: list[Entry], reference: str | None = None) -> list[Tas
         if reference is not None and reference not in backbones:
             raise UserError(f"--reference {reference!r} has no results for task {task!r}"
                             f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
-        order = sorted({(e.order, e.column, e.dataset, e.group) for e in ents})
+        # dataset order of the spec, then report-axis values by value (shots 1, 5, 10, 25; not as text)
+        order = sorted({(e.order, tuple(sorted(e.axes.items())), e.column, e.dataset, e.group) for e in ents})
+        order = [(o, c, d, g) for o, _, c, d, g in order]
         columns = [c for _, c, _, _ in order]
         # suite means need >= 2 datasets; with report axes (few-shot shots) datasets are not averaged
         axes = any(e.axes for e in ents)

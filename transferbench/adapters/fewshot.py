@@ -1,0 +1,194 @@
+"""Few-shot linear probes on frozen features: big_vision's `fewshot_lsr` evaluator (PROTOCOLS.md).
+
+Per (dataset, shots, seed): take `shots` training examples of every class (`fewshot_indices`), fit a
+closed-form ridge regression on their standardised pre-logits (`ridge_accuracy`) and report test
+accuracy. Features come from the content-addressed cache (engine.features), so every (shots, seed)
+cell of a backbone and dataset reuses one extraction.
+
+The solver: standardise with the few-shot train mean and std (+1e-5), append a constant feature 100.0
+(a nearly unregularised bias), regress 2·onehot − 1 with ridge l2 (default 2**10, the paper's) through
+an eigendecomposition of XᵀX (N >= D) or XXᵀ (N < D), so every further l2 costs one matrix product.
+
+Optional l2 selection (`l2_sweep`, off by default): each candidate is scored by leave-one-out accuracy
+on the shots themselves, in closed form from the same eigendecomposition (prediction without example i
+= (ŷ_i − h_ii·y_i) / (1 − h_ii), H the ridge hat matrix; the standardisation is not refitted). The best
+score wins, ties going to the earlier candidate. With 1 shot a left-out example has no class mate, so
+the default l2 is kept and the record says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from . import Adapter, plan_select_then_final
+
+BIAS = 100.0
+DEFAULT_L2 = 2.0 ** 10
+
+
+def fewshot_indices(labels, shots: int, seed: int) -> np.ndarray:
+    """Indices of `shots` examples per class (fewer where a class has fewer): one
+    `np.random.default_rng(seed)` permutes each class's indices in turn, classes in ascending order,
+    and the first `shots` are taken — big_vision's sampling."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    num_classes = int(labels.max()) + 1 if len(labels) else 0
+    per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    return np.concatenate([idx[:shots] for idx in per_class]) if per_class else np.zeros(0, np.int64)
+
+
+@dataclass
+class Ridge:
+    """One eigendecomposition of a standardised few-shot problem; solve for any l2 cheaply."""
+    mean: np.ndarray
+    std: np.ndarray
+    eigs: np.ndarray
+    lhs: np.ndarray
+    rhs: np.ndarray
+    basis: np.ndarray  # H = basis · diag(hat_scale(l2)) · basisᵀ
+    y: np.ndarray
+    primal: bool  # True: N >= D, eigh of XᵀX
+
+    def weights(self, l2: float) -> np.ndarray:
+        return (self.lhs / (self.eigs + l2)) @ self.rhs
+
+    def design(self, x) -> np.ndarray:
+        x = (np.asarray(x, np.float64) - self.mean) / self.std
+        return np.hstack([x, np.full((len(x), 1), BIAS)])
+
+    def predict(self, x, l2: float = DEFAULT_L2) -> np.ndarray:
+        return np.argmax(self.design(x) @ self.weights(l2), axis=1)
+
+    def loo_accuracy(self, l2: float) -> float:
+        scale = 1.0 / (self.eigs + l2) if self.primal else self.eigs / (self.eigs + l2)
+        fitted = self.basis @ (scale[:, None] * (self.basis.T @ self.y))
+        h = (self.basis ** 2 * scale).sum(1)
+        loo = (fitted - h[:, None] * self.y) / (1.0 - h)[:, None]
+        return float((loo.argmax(1) == self.y.argmax(1)).mean())
+
+
+def ridge_fit(train_x, train_y, num_classes: int) -> Ridge:
+    x = np.asarray(train_x, np.float64)
+    mean = x.mean(0, keepdims=True)
+    std = x.std(0, keepdims=True) + 1e-5
+    x = np.hstack([(x - mean) / std, np.full((len(x), 1), BIAS)])
+    y = 2.0 * np.eye(num_classes)[np.asarray(train_y)] - 1.0
+    n, d = x.shape
+    if n >= d:
+        eigs, q = np.linalg.eigh(x.T @ x)
+        return Ridge(mean, std, eigs, q, q.T @ (x.T @ y), x @ q, y, True)
+    eigs, q = np.linalg.eigh(x @ x.T)
+    return Ridge(mean, std, eigs, x.T @ q, q.T @ y, q, y, False)
+
+
+def ridge_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2: float = DEFAULT_L2) -> float:
+    """Test accuracy (a fraction in [0, 1]) of big_vision's closed-form ridge probe."""
+    pred = ridge_fit(train_x, train_y, num_classes).predict(test_x, l2)
+    return float((pred == np.asarray(test_y)).mean())
+
+
+def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
+    """The candidate with the best leave-one-out accuracy on the shots (ties: the earlier one)."""
+    candidates = [float(c) for c in candidates]
+    if shots < 2:
+        return DEFAULT_L2, "default (1 shot: leave-one-out has no class mate)"
+    scores = [ridge.loo_accuracy(c) for c in candidates]
+    return candidates[int(np.argmax(scores))], "leave-one-out"
+
+
+class FewshotDataset(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    group: str | None = None
+    version: str = ""
+    source: Literal["tfds", "embedded"] = "tfds"
+    tfds: str | None = None
+    set: str | None = None  # the embedded set when it differs from `name`
+    train: str  # the pool the shots are drawn from
+    test: str
+    classes: int | None = None  # default: the dataset's own class count
+
+
+class FewshotAdapter(Adapter):
+    name = "fewshot"
+    dataset_schema = FewshotDataset
+
+    def plan(self, task, backbone, results):
+        return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
+
+    def check_data(self, task, ctx) -> None:
+        from ..data.folder import DataMissingError
+        from ..data.tfds_source import data_dir
+        from ..errors import UserError
+        missing = []
+        for ds in task.datasets:
+            cfg = FewshotDataset.model_validate(ds.model_dump()).model_dump()
+            try:
+                for role in ("train", "test"):
+                    _open(cfg, role, ctx.data_dir)
+            except DataMissingError:
+                missing.append(ds.name)
+        if missing:
+            raise UserError(f"few-shot data missing for {', '.join(missing)}: searched {data_dir(ctx.data_dir)} "
+                            "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets); prepare them with "
+                            "tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare()), "
+                            "or try `--suite embedded`, which needs no download")
+
+    def run(self, cell, ctx):
+        from ..backbones import create_backbone
+        from ..data.transforms import eval_transform
+        from ..engine.features import cache_key, cached, extract
+        from ..engine.train import bf16_enabled
+
+        hp = cell.hparams
+        ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
+        transform = {"resolution": hp["resolution"], "resize_small": hp.get("resize"), "pixels": "[-1,1]",
+                     "bf16": use_bf16}
+        identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
+        model = None
+        hits = {}
+
+        def features(role):
+            nonlocal model
+            data = _open(ds, role, ctx.data_dir)
+
+            def compute():
+                nonlocal model
+                if model is None:
+                    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
+                                            checkpoint=cell.checkpoint)
+                return extract(model, data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
+                               bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
+                               desc=f"features {cell.dataset} {role}")
+            key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,
+                            transform=transform, dataset=identity, split=ds[role])
+            x, y, hits[role] = cached(key, compute)
+            return x, y, getattr(data, "num_classes", 0)
+
+        train_x, train_y, n_cls = features("train")
+        test_x, test_y, _ = features("test")
+        num_classes = ds["classes"] or n_cls or int(max(train_y.max(), test_y.max())) + 1
+        idx = fewshot_indices(train_y, hp["shots"], cell.seed)
+        ridge = ridge_fit(train_x[idx], train_y[idx], num_classes)
+        l2, rule = float(hp.get("l2", DEFAULT_L2)), "fixed"
+        if hp.get("l2_sweep"):
+            l2, rule = select_l2(ridge, hp["l2_sweep"], hp["shots"])
+        acc = float((ridge.predict(test_x, l2) == test_y).mean())
+        return {"test": {"accuracy": 100.0 * acc},
+                "info": {"train_examples": int(len(idx)), "test_examples": int(len(test_y)),
+                         "feature_dim": int(train_x.shape[1]), "l2": l2, "l2_rule": rule,
+                         "solver": "primal" if ridge.primal else "dual", "cache_hit": hits, "bf16": use_bf16}}
+
+
+def _open(ds: dict, role: str, data_dir=None):
+    from ..data import embedded
+    from ..data.folder import FolderDataset
+    if ds["source"] == "embedded":
+        name = ds.get("set") or ds["name"]
+        return FolderDataset(embedded.ensure([name]), name, ds[role])
+    from ..data.tfds_source import TfdsDataset
+    return TfdsDataset(ds["tfds"], ds[role], data_dir_=data_dir)

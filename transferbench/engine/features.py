@@ -1,0 +1,67 @@
+"""Frozen features, extracted once and cached by content.
+
+The cache key hashes everything that determines the features: the backbone name and its weights'
+sha256, the representation (pre-logits), the transform (resolution, resize, pixel range), the dataset
+(name, source, tfds name or embedded set, data version) and the split. Change any one and the cache
+misses; nothing else is needed to trust a hit. Entries are `.npz` files (features float32, labels
+int64) under $TRANSFERBENCH_HOME/features, written atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FEATURES_VERSION = "1"  # bump when extraction itself changes
+
+
+def cache_dir() -> Path:
+    from ..data.embedded import home
+    return home() / "features"
+
+
+def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str) -> str:
+    from ..reporting.aggregate import canon
+    ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": "pre_logits",
+             "transform": transform, "dataset": dataset, "split": split}
+    return hashlib.sha256(canon(ident).encode()).hexdigest()[:24]
+
+
+@torch.inference_mode()
+def extract(model, dataset, transform, *, device: str, bf16: bool, batch: int = 256, workers: int = 0,
+            progress=None, desc: str = "features") -> tuple[np.ndarray, np.ndarray]:
+    """Pre-logits features (B, D) and labels of every example, batched, in order."""
+    from .train import autocast, eval_batches
+    model.eval().to(device)
+    feats, labels = [], []
+    batches = eval_batches(dataset, transform, batch=batch, workers=workers)
+    total = (len(dataset) + batch - 1) // batch
+    for x, y in (progress(batches, total=total, desc=desc) if progress else batches):
+        with autocast(device, bf16):
+            f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
+        feats.append(f.float().cpu().numpy())
+        labels.append(np.asarray(y, dtype=np.int64))
+    return np.concatenate(feats), np.concatenate(labels)
+
+
+def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(features, labels, hit): from the cache, or computed by `compute()` and stored."""
+    path = cache_dir() / f"{key}.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            return z["features"], z["labels"], True
+    feats, labels = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, features=feats.astype(np.float32), labels=labels.astype(np.int64))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return feats.astype(np.float32), labels.astype(np.int64), False

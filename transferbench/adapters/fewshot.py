@@ -48,7 +48,8 @@ class Ridge:
     eigs: np.ndarray
     lhs: np.ndarray
     rhs: np.ndarray
-    basis: np.ndarray  # H = basis · diag(hat_scale(l2)) · basisᵀ
+    x: np.ndarray  # the standardised design, bias column included
+    q: np.ndarray  # eigenvectors of XᵀX (primal) or XXᵀ (dual)
     y: np.ndarray
     primal: bool  # True: N >= D, eigh of XᵀX
 
@@ -59,13 +60,25 @@ class Ridge:
         x = (np.asarray(x, np.float64) - self.mean) / self.std
         return np.hstack([x, np.full((len(x), 1), BIAS)])
 
+    def scores(self, x, l2: float = DEFAULT_L2) -> np.ndarray:
+        """design(x) @ weights(l2) without building the standardised copy of x: the standardisation
+        and the bias feature are folded into the weights."""
+        w = self.weights(l2)
+        w_feat = w[:-1] / self.std.T
+        offset = BIAS * w[-1] - (self.mean / self.std) @ w[:-1]
+        x = np.asarray(x)
+        dtype = np.float32 if x.dtype == np.float32 else np.float64  # float32 features stay float32
+        return x @ w_feat.astype(dtype) + offset.astype(dtype)
+
     def predict(self, x, l2: float = DEFAULT_L2) -> np.ndarray:
-        return np.argmax(self.design(x) @ self.weights(l2), axis=1)
+        return np.argmax(self.scores(x, l2), axis=1)
 
     def loo_accuracy(self, l2: float) -> float:
+        """Leave-one-out accuracy on the training shots: H = basis · diag(scale) · basisᵀ."""
+        basis = self.x @ self.q if self.primal else self.q
         scale = 1.0 / (self.eigs + l2) if self.primal else self.eigs / (self.eigs + l2)
-        fitted = self.basis @ (scale[:, None] * (self.basis.T @ self.y))
-        h = (self.basis ** 2 * scale).sum(1)
+        fitted = basis @ (scale[:, None] * (basis.T @ self.y))
+        h = (basis ** 2 * scale).sum(1)
         loo = (fitted - h[:, None] * self.y) / (1.0 - h)[:, None]
         return float((loo.argmax(1) == self.y.argmax(1)).mean())
 
@@ -79,9 +92,9 @@ def ridge_fit(train_x, train_y, num_classes: int) -> Ridge:
     n, d = x.shape
     if n >= d:
         eigs, q = np.linalg.eigh(x.T @ x)
-        return Ridge(mean, std, eigs, q, q.T @ (x.T @ y), x @ q, y, True)
+        return Ridge(mean, std, eigs, q, q.T @ (x.T @ y), x, q, y, True)
     eigs, q = np.linalg.eigh(x @ x.T)
-    return Ridge(mean, std, eigs, x.T @ q, q.T @ y, q, y, False)
+    return Ridge(mean, std, eigs, x.T @ q, q.T @ y, x, q, y, False)
 
 
 def ridge_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2: float = DEFAULT_L2) -> float:

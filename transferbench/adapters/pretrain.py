@@ -14,7 +14,6 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ..data import embedded
-from ..data.folder import FolderDataset
 from ..data.transforms import eval_transform, train_transform
 from ..engine.train import (accuracy, bf16_enabled, cross_entropy, fit, sigmoid_cross_entropy,
                             train_batches)
@@ -34,12 +33,8 @@ class PretrainDataset(BaseModel):
 
 
 def load_split(cell, split: str, data_dir=None):
-    cfg = cell.dataset_config
-    if cfg["source"] == "embedded":
-        root = embedded.ensure([cell.dataset])
-        return FolderDataset(root, cell.dataset, cfg[split])
-    from ..data.tfds_source import TfdsDataset
-    return TfdsDataset(cfg["tfds"], cfg[split], data_dir_=data_dir)
+    from ..data.sources import open_split
+    return open_split({**cell.dataset_config, "name": cell.dataset}, cell.dataset_config[split], data_dir)
 
 
 def checkpoint_path(cell) -> Path:

@@ -72,22 +72,18 @@ def is_export(data_dir, name: str) -> bool:
 
 def open_split(ds: dict, role: str, data_dir=None):
     """The dataset of role train | val | trainval | test for a resolved dataset config."""
-    from ..data import embedded, vtab
+    from ..data import sources, vtab
     from ..data.folder import FolderDataset
 
     roles = ("train", "val") if role == "trainval" else (role,)
-    if ds["source"] == "embedded" or is_export(data_dir, ds["name"]):
-        if ds["source"] == "embedded":
-            folder = ds.get("set") or ds["name"]
-            root, names = embedded.ensure([folder]), {r: ds[r] for r in roles}
-        else:  # export-vtab wrote train800 / val200 / test
-            folder, root = ds["name"], Path(data_dir).expanduser()
-            names = {r: {"train": "train800", "val": "val200", "test": "test"}[r] for r in roles}
-        parts = [FolderDataset(root, folder, names[r]) for r in roles]
-        return parts[0] if len(parts) == 1 else Joined(parts)
-    from ..data.tfds_source import TfdsDataset
-    split = "+".join(ds[r] for r in roles)
-    return TfdsDataset(ds["tfds"], split, label_fn=vtab.LABEL_RULES[ds["label"]], data_dir_=data_dir)
+    if ds["source"] == "tfds" and is_export(data_dir, ds["name"]):  # export-vtab wrote train800 / val200 / test
+        folder = {"train": "train800", "val": "val200", "test": "test"}
+        parts = [FolderDataset(Path(data_dir).expanduser(), ds["name"], folder[r]) for r in roles]
+    elif ds["source"] == "embedded":
+        parts = [sources.open_split(ds, ds[r]) for r in roles]
+    else:
+        return sources.open_split(ds, "+".join(ds[r] for r in roles), data_dir, vtab.LABEL_RULES[ds["label"]])
+    return parts[0] if len(parts) == 1 else Joined(parts)
 
 
 class VtabAdapter(Adapter):
@@ -108,18 +104,13 @@ class VtabAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's splits open, or one line says what is missing and where."""
-        from ..data.folder import DataMissingError
+        from ..data.sources import missing as find_missing
         from ..data.tfds_source import data_dir
         from ..errors import UserError
 
-        missing = []
-        for ds in task.datasets:
-            cfg = config(ds.name, ds.model_dump())
-            try:
-                for role in ("train", "val", "test"):
-                    open_split(cfg, role, ctx.data_dir)
-            except DataMissingError:
-                missing.append(ds.name)
+        entries = [config(ds.name, ds.model_dump()) for ds in task.datasets]
+        missing = find_missing(entries, lambda e: ["train", "val", "test"],
+                               opener=lambda e, role: open_split(e, role, ctx.data_dir))
         if missing:
             where = data_dir(ctx.data_dir)
             raise UserError(

@@ -108,11 +108,15 @@ def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, work
     return iter(loader)
 
 
+class _InOrder(_Seeded):
+    """Index -> (transform(image), label) without reseeding: evaluation transforms are deterministic."""
+
+    def __getitem__(self, i):
+        return super().__getitem__((i, None))
+
+
 def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0) -> Iterator:
-    class _Plain(_Seeded):
-        def __getitem__(self, i):
-            return super().__getitem__((i, None))
-    return iter(torch.utils.data.DataLoader(_Plain(dataset, transform), batch_size=batch, shuffle=False,
+    return iter(torch.utils.data.DataLoader(_InOrder(dataset, transform), batch_size=batch, shuffle=False,
                                             num_workers=workers))
 
 

@@ -1,0 +1,32 @@
+"""One way to open a split of a task's dataset entry, for every adapter: an embedded set (the split is
+a folder split name such as train800) or a tfds dataset (the split is a tfds split string)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import embedded
+from .folder import FolderDataset
+
+
+def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None = None):
+    """`entry`: the dataset's spec fields (name, source, tfds, set). Missing data raises
+    DataMissingError (a UserError) naming where it looked."""
+    if entry.get("source") == "embedded":
+        name = entry.get("set") or entry["name"]
+        return FolderDataset(embedded.ensure([name]), name, split)
+    from .tfds_source import TfdsDataset
+    return TfdsDataset(entry["tfds"], split, label_fn=label_fn, data_dir_=data_dir)
+
+
+def missing(entries: list[dict], splits: Callable[[dict], list[str]], data_dir=None, opener=None) -> list[str]:
+    """Names of the entries whose splits (`splits(entry)`) do not open."""
+    from .folder import DataMissingError
+    opener = opener or (lambda e, s: open_split(e, s, data_dir))
+    out = []
+    for e in entries:
+        try:
+            for s in splits(e):
+                opener(e, s)
+        except DataMissingError:
+            out.append(e["name"])
+    return out

@@ -18,11 +18,9 @@ the default l2 is kept and the record says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
-
+from ..data.sources import DatasetEntry
 from . import Adapter, plan_select_then_final
 
 BIAS = 100.0
@@ -112,16 +110,7 @@ def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
     return candidates[int(np.argmax(scores))], "leave-one-out"
 
 
-class FewshotDataset(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    group: str | None = None
-    version: str = ""
-    source: Literal["tfds", "embedded"] = "tfds"
-    tfds: str | None = None
-    set: str | None = None  # the embedded set when it differs from `name`
-    train: str  # the pool the shots are drawn from
-    test: str
+class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
     classes: int | None = None  # default: the dataset's own class count
 
 
@@ -161,7 +150,6 @@ class FewshotAdapter(Adapter):
         hits = {}
 
         def features(role):
-            nonlocal model
             data = open_split(ds, ds[role], ctx.data_dir)
 
             def compute():

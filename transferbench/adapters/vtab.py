@@ -23,23 +23,13 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
-
+from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS
 from . import Adapter, plan_select_then_final
 
 
-class VtabDataset(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    group: str | None = None
-    version: str = ""
-    source: Literal["tfds", "embedded"] = "tfds"
-    tfds: str | None = None  # tfds name:version (source tfds)
-    set: str | None = None  # the embedded set (source embedded), when it differs from `name`
-    train: str  # tfds split string (tfds) or folder split name (embedded)
+class VtabDataset(DatasetEntry):
     val: str
-    test: str
     classes: int
     label: str = "label"  # a rule of transferbench.data.vtab.LABEL_RULES
     augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]

@@ -2,10 +2,25 @@
 a folder split name such as train800) or a tfds dataset (the split is a tfds split string)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from . import embedded
 from .folder import FolderDataset
+
+
+class DatasetEntry(BaseModel):
+    """The fields every transfer adapter's dataset entry has; adapters add their own (val, classes, ...)."""
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    group: str | None = None
+    version: str = ""
+    source: Literal["tfds", "embedded"] = "tfds"
+    tfds: str | None = None  # tfds name:version (source tfds)
+    set: str | None = None  # the embedded set (source embedded), when it differs from `name`
+    train: str  # tfds split string (tfds) or folder split name (embedded)
+    test: str
 
 
 def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None = None):

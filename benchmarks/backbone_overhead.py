@@ -1,6 +1,6 @@
 """Inference throughput of our ViT vs timm's, and the cost of the DPN stem and of DTN, in one process.
 
-    python benchmarks/backbone_overhead.py [--size s16] [--batch 8] [--threads 2] [--bf16]
+    python -m benchmarks.backbone_overhead [--size s16] [--batch 8] [--threads 2] [--bf16]
 
 Prints ratios measured side by side (torch.utils.benchmark, median of blocked runs), never a lone time.
 `python -m benchmarks` runs it with the other benchmarks into benchmarks/RESULTS.md.
@@ -9,8 +9,8 @@ import argparse
 
 import timm
 import torch
-from torch.utils import benchmark
 
+from benchmarks import interleaved_medians
 from transferbench import create_backbone
 from transferbench.backbones import parse_name
 
@@ -19,7 +19,7 @@ TIMM = {"ti16": "vit_tiny_patch16_224", "s16": "vit_small_patch16_224", "s32": "
 
 
 def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = False, seconds: float = 2.0) -> dict:
-    """Median time per batch of timm's ViT, ours, ours with the DPN stem and with DTN, side by side."""
+    """Median time per batch of timm's ViT, ours, ours with the DPN stem and with DTN, in rotating rounds."""
     img = parse_name(size)["img_size"] if size != "mu4" else 32
     x = torch.randn(batch, 3, img, img)
     timm_model = (timm.create_model(TIMM[size], pretrained=False, num_classes=0) if size in TIMM else
@@ -27,7 +27,7 @@ def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = 
                                                                    num_heads=4, num_classes=0))
     models = {"timm": timm_model, "ours": create_backbone(size, img_size=img),
               "dpn": create_backbone(f"{size}_dpn", img_size=img), "dtn": create_backbone(f"{size}_dtn", img_size=img)}
-    median = {}
+    steps = {}
     for key, model in models.items():
         if backward:
             model.train()
@@ -42,8 +42,8 @@ def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = 
             def step(model=model):
                 with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     model(x)
-        step()  # warm-up
-        median[key] = benchmark.Timer("step()", globals={"step": step}).blocked_autorange(min_run_time=seconds).median
+        steps[key] = step
+    median = interleaved_medians(steps, seconds)
     return {"size": size, "batch": batch, "bf16": bf16, "backward": backward, "ms": {k: v * 1e3 for k, v in median.items()},
             "ours_vs_timm": median["timm"] / median["ours"], "dpn_overhead": median["dpn"] / median["ours"] - 1,
             "dtn_overhead": median["dtn"] / median["ours"] - 1}

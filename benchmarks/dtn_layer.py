@@ -3,7 +3,7 @@ process, same parameters: per-head T x T positional weights from the source-toke
 then explicit per-head matmuls for P^h x and P^h (x*x) (what the authors' code does, without its
 per-head l2 pre-normalisation, which the paper's equations do not have).
 
-    python benchmarks/dtn_layer.py [--batch 8] [--threads 2]
+    python -m benchmarks.dtn_layer [--batch 8] [--threads 2]
 
 Shape: ViT-S/16 at 224 px (196 patch tokens, 384 channels, 6 heads). Target: >= 2x faster, outputs
 equal to 1e-5.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.utils import benchmark
 
+from benchmarks import interleaved_medians
 from transferbench.backbones.dtn import DynamicTokenNorm, relative_positions
 
 
@@ -53,9 +53,8 @@ def run(batch: int = 8, seconds: float = 2.0) -> dict:
         norm.float()
         err_ours = float((ours.double() - truth).abs().max())
         err_off = float((off.double() - truth).abs().max())
-        t_ours = benchmark.Timer("f(x)", globals={"f": norm, "x": x}).blocked_autorange(min_run_time=seconds).median
-        t_off = benchmark.Timer("f(x, n)", globals={"f": official, "x": x, "n": norm}).blocked_autorange(
-            min_run_time=seconds).median
+        t = interleaved_medians({"ours": lambda: norm(x), "official": lambda: official(x, norm)}, seconds)
+        t_ours, t_off = t["ours"], t["official"]
     return {"ours_ms": t_ours * 1e3, "official_ms": t_off * 1e3, "speedup": t_off / t_ours, "max_abs_diff": diff,
             "ours_vs_f64": err_ours, "official_vs_f64": err_off}
 

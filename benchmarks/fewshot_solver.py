@@ -2,7 +2,7 @@
 scikit-learn's LogisticRegression (CLIP_benchmark's linear-probe choice), on the same features in the
 same process: 25 shots x 100 classes of 768-d features, median of repeats after a warm-up.
 
-    python benchmarks/fewshot_solver.py [--repeats 3] [--test 10000] [--seed 0]
+    python -m benchmarks.fewshot_solver [--repeats 3] [--test 10000] [--seed 0]
 
 Features are synthetic but shaped like pre-logits: class means on a random low-rank subspace plus
 anisotropic noise, so neither solver has an easy time. Timed: fit + predict on the test set.

@@ -1,6 +1,6 @@
 """Achieved FLOP/s of ViT-B/32 inference against this machine's GEMM peak, measured in the same run.
 
-    python benchmarks/gemm_peak.py [--batch 32] [--threads 2]
+    python -m benchmarks.gemm_peak [--batch 32] [--threads 2]
 
 FLOPs of the model come from torch.utils.flop_counter (matmuls and attention; 2 per multiply-add); the
 peak is the best of square fp32 matmuls (1024, 2048, 4096). Target: >= 50% of the peak, fp32 and bf16.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch.utils import benchmark
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks import median_seconds
 from transferbench import create_backbone
 from transferbench.engine.train import bf16_enabled
 
@@ -21,7 +21,7 @@ def gemm_peak(dtype: torch.dtype, seconds: float) -> float:
     best = 0.0
     for n in (1024, 2048):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        t = benchmark.Timer("a @ b", globals={"a": a, "b": b}).blocked_autorange(min_run_time=seconds).median
+        t = median_seconds("a @ b", {"a": a, "b": b}, seconds)
         best = max(best, 2 * n ** 3 / t)
     return best
 
@@ -44,7 +44,7 @@ def run(batch: int = 32, seconds: float = 2.0) -> list[dict]:
             with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 model(x)
         infer()
-        t = benchmark.Timer("f()", globals={"f": infer}).blocked_autorange(min_run_time=seconds).median
+        t = median_seconds("f()", {"f": infer}, seconds)
         peak = gemm_peak(dtype, seconds)
         rows.append({"dtype": "bf16" if bf16 else "fp32", "model_gflops": flops / t / 1e9, "peak_gflops": peak / 1e9,
                      "fraction": flops / t / peak, "native_bf16": bf16_enabled("auto", "cpu")})

@@ -1,7 +1,7 @@
 """Evidence that embedded pretraining is real learning: a linear probe on frozen features of every
 embedded downstream set, pretrained (`NAME@embedded`) vs the same backbone randomly initialised.
 
-    python benchmarks/pretrain_probe.py [--backbones mu4,mu4_dpn,mu4_dtn] [--seeds 0]
+    python -m benchmarks.pretrain_probe [--backbones mu4,mu4_dpn,mu4_dtn] [--seeds 0]
 
 The probe is scikit-learn's logistic regression on standardised pre-logits, fit on train800 and scored
 on test. Random initialisation is probed with both poolings (cls token and mean of patch tokens) and

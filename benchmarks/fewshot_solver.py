@@ -5,7 +5,9 @@ same process: 25 shots x 100 classes of 768-d features, median of repeats after 
     python -m benchmarks.fewshot_solver [--repeats 3] [--test 10000] [--seed 0]
 
 Features are synthetic but shaped like pre-logits: class means on a random low-rank subspace plus
-anisotropic noise, so neither solver has an easy time. Timed: fit + predict on the test set.
+anisotropic noise, so neither solver has an easy time. Timed: fit + predict on the test set, for the
+protocol's ridge (one l2, one linear solve), the ridge with its leave-one-out l2 sweep (one
+eigendecomposition), and LogisticRegression; the ridge's parts are timed too, to show its floor.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import sklearn
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from transferbench.adapters.fewshot import fewshot_indices, ridge_accuracy
+from transferbench.adapters.fewshot import _standardise, fewshot_indices, ridge_accuracy, ridge_fit, select_l2
 
 
 def make_features(n_classes: int, dim: int, seed: int, separation: float):
@@ -45,6 +47,9 @@ def timed(fn, repeats: int):
     return statistics.median(times), out
 
 
+L2_SWEEP = [2.0 ** k for k in range(0, 20, 2)]
+
+
 def run(repeats: int = 3, test: int = 10_000, seed: int = 0, separation: float = 0.1) -> dict:
     classes, dim, shots = 100, 768, 25
     sample = make_features(classes, dim, seed, separation)
@@ -54,23 +59,46 @@ def run(repeats: int = 3, test: int = 10_000, seed: int = 0, separation: float =
     tx, ty = pool_x[idx], pool_y[idx]
     t_ridge, acc_ridge = timed(lambda: ridge_accuracy(tx, ty, test_x, test_y, classes), repeats)
 
+    def swept():
+        ridge = ridge_fit(tx, ty, classes)
+        l2, _ = select_l2(ridge, L2_SWEEP, shots)
+        return float((ridge.predict(test_x, l2) == test_y).mean()), l2
+    t_sweep, (acc_sweep, l2_sweep) = timed(swept, repeats)
+
     def logistic():
         sc = StandardScaler().fit(tx)
         clf = LogisticRegression(max_iter=1000).fit(sc.transform(tx), ty)
-        return float((clf.predict(sc.transform(test_x)) == test_y).mean())
-    t_lr, acc_lr = timed(logistic, repeats)
-    return {"ridge_s": t_ridge, "ridge_acc": 100 * acc_ridge, "logreg_s": t_lr, "logreg_acc": 100 * acc_lr,
-            "speedup": t_lr / t_ridge, "test": len(test_y), "repeats": repeats,
-            "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}"}
+        return float((clf.predict(sc.transform(test_x)) == test_y).mean()), int(clf.n_iter_[0])
+    t_lr, (acc_lr, iters) = timed(logistic, repeats)
+    # the ridge's floor: the standardised design and its Gram matrix (both float64), and scoring the test set
+    x, _, _ = _standardise(tx)
+    t_design, _ = timed(lambda: _standardise(tx), repeats)
+    t_gram, _ = timed(lambda: x.T @ x, repeats)
+    return {"ridge_s": t_ridge, "ridge_acc": 100 * acc_ridge, "sweep_s": t_sweep, "sweep_acc": 100 * acc_sweep,
+            "sweep_l2": l2_sweep, "logreg_s": t_lr, "logreg_acc": 100 * acc_lr, "logreg_iters": iters,
+            "design_s": t_design, "gram_s": t_gram, "speedup": t_lr / t_ridge, "test": len(test_y),
+            "repeats": repeats, "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}"}
 
 
 def markdown(r: dict) -> str:
-    ok = "met" if r["speedup"] >= 50 and r["ridge_acc"] >= r["logreg_acc"] else "MISSED"
+    def verdict(t, acc):
+        speed = r["logreg_s"] / t
+        ok = "met" if speed >= 50 and acc >= r["logreg_acc"] else "MISSED"
+        return f"{speed:.1f}x ({ok})"
+    floor = r["design_s"] + r["gram_s"]
     return (f"25 shots x 100 classes x 768-d synthetic features, {r['test']} test examples, median of {r['repeats']} "
-            f"({r['versions']})\n\n| solver | fit + predict | accuracy |\n|---|---|---|\n"
-            f"| closed-form ridge (l2 = 2^10) | {r['ridge_s']:.3f} s | {r['ridge_acc']:.1f} |\n"
-            f"| sklearn LogisticRegression (lbfgs, standardised) | {r['logreg_s']:.3f} s | {r['logreg_acc']:.1f} |\n"
-            f"| **speed-up** (target >= 50x at equal-or-better accuracy) | **{r['speedup']:.1f}x** | {ok} |")
+            f"({r['versions']})\n\n| solver | fit + predict | accuracy | speed-up vs sklearn (target >= 50x at "
+            f"equal-or-better accuracy) |\n|---|---|---|---|\n"
+            f"| closed-form ridge, l2 = 2^10 (the protocol): one linear solve | {r['ridge_s']:.3f} s | "
+            f"{r['ridge_acc']:.1f} | {verdict(r['ridge_s'], r['ridge_acc'])} |\n"
+            f"| ridge with the leave-one-out l2 sweep (`l2_sweep`; chose 2^{np.log2(r['sweep_l2']):.0f}) | "
+            f"{r['sweep_s']:.3f} s | {r['sweep_acc']:.1f} | {verdict(r['sweep_s'], r['sweep_acc'])} |\n"
+            f"| sklearn LogisticRegression (lbfgs, standardised; {r['logreg_iters']} iterations) | {r['logreg_s']:.3f} s | "
+            f"{r['logreg_acc']:.1f} | 1x |\n\n"
+            f"The ridge cannot go below building its standardised float64 design ({1e3 * r['design_s']:.0f} ms) and "
+            f"Gram matrix ({1e3 * r['gram_s']:.0f} ms), {1e3 * floor:.0f} ms together, so against a LogisticRegression "
+            f"that converges in {r['logreg_iters']} lbfgs iterations the speed-up is bounded by "
+            f"{r['logreg_s'] / floor:.0f}x here.")
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ leave-one-out l2 selection against refitting, the feature cache's misses, and th
 import numpy as np
 import pytest
 
-from transferbench.adapters.fewshot import BIAS, fewshot_indices, ridge_accuracy, ridge_fit, select_l2
+from transferbench.adapters.fewshot import BIAS, fewshot_indices, ridge_accuracy, ridge_fit, ridge_probe, select_l2
 from transferbench.cli import main
 from transferbench.engine import features
 from transferbench.reporting.records import load_records
@@ -38,6 +38,9 @@ def test_ridge_matches_a_direct_solve_in_both_branches(n, d):
         xt = rng.normal(size=(20, d))
         pred = np.argmax(np.hstack([(xt - mean) / std, np.full((20, 1), BIAS)]) @ w, axis=1)
         assert (r.predict(xt, l2) == pred).all()
+        probe = ridge_probe(x, y, 3, l2)  # the one-l2 path (a linear solve, no eigh)
+        assert np.allclose(probe.w, w, rtol=1e-6, atol=1e-9)
+        assert (probe.predict(xt) == pred).all()
 
 
 def test_ridge_by_hand_on_a_tiny_case():

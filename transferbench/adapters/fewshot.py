@@ -6,8 +6,10 @@ accuracy. Features come from the content-addressed cache (engine.features), so e
 cell of a backbone and dataset reuses one extraction.
 
 The solver: standardise with the few-shot train mean and std (+1e-5), append a constant feature 100.0
-(a nearly unregularised bias), regress 2·onehot − 1 with ridge l2 (default 2**10, the paper's) through
-an eigendecomposition of XᵀX (N >= D) or XXᵀ (N < D), so every further l2 costs one matrix product.
+(a nearly unregularised bias), regress 2·onehot − 1 with ridge l2 (default 2**10, the paper's). One l2
+(the default protocol) is one linear solve with XᵀX + l2·I (N >= D) or XXᵀ + l2·I (N < D):
+`ridge_probe`. An l2 sweep goes through one eigendecomposition of the same matrix, after which every
+further l2 costs one matrix product: `ridge_fit`.
 
 Optional l2 selection (`l2_sweep`, off by default): each candidate is scored by leave-one-out accuracy
 on the shots themselves, in closed form from the same eigendecomposition (prediction without example i
@@ -17,9 +19,10 @@ the default l2 is kept and the record says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
 from ..data.sources import DatasetEntry
 from . import Adapter, plan_select_then_final
 
@@ -38,6 +41,60 @@ def fewshot_indices(labels, shots: int, seed: int) -> np.ndarray:
     return np.concatenate([idx[:shots] for idx in per_class]) if per_class else np.zeros(0, np.int64)
 
 
+def _standardise(train_x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The design (standardised features, bias column BIAS) in float64, with the mean and std used
+    (np.std's arithmetic, one float64 buffer worked in place)."""
+    x = np.asarray(train_x)
+    design = np.empty((len(x), x.shape[1] + 1))
+    feats = design[:, :-1]
+    feats[...] = x
+    mean = feats.mean(0, keepdims=True)
+    feats -= mean
+    std = np.sqrt(np.mean(feats * feats, 0, keepdims=True)) + 1e-5
+    feats /= std
+    design[:, -1] = BIAS
+    return design, mean, std
+
+
+def _targets(train_y, num_classes: int) -> np.ndarray:
+    return 2.0 * np.eye(num_classes)[np.asarray(train_y)] - 1.0
+
+
+@dataclass
+class Probe:
+    """A fitted linear probe: weights `w` (D + 1, K) on the standardised design of `mean` / `std`."""
+    mean: np.ndarray
+    std: np.ndarray
+    w: np.ndarray
+
+    def scores(self, x) -> np.ndarray:
+        """design(x) @ w without building the standardised copy of x: the standardisation and the bias
+        feature are folded into the weights. float32 features stay float32."""
+        w_feat = self.w[:-1] / self.std.T
+        offset = BIAS * self.w[-1] - (self.mean / self.std) @ self.w[:-1]
+        x = np.asarray(x)
+        dtype = np.float32 if x.dtype == np.float32 else np.float64
+        return x @ w_feat.astype(dtype) + offset.astype(dtype)
+
+    def predict(self, x) -> np.ndarray:
+        return np.argmax(self.scores(x), axis=1)
+
+
+def ridge_probe(train_x, train_y, num_classes: int, l2: float = DEFAULT_L2) -> Probe:
+    """The ridge probe for one l2: one linear solve with the regularised Gram matrix, primal XᵀX when
+    N >= D, else dual XXᵀ (w = Xᵀ (XXᵀ + l2 I)⁻¹ Y)."""
+    x, mean, std = _standardise(train_x)
+    y = _targets(train_y, num_classes)
+    n, d = x.shape
+    gram = x.T @ x if n >= d else x @ x.T
+    gram[np.diag_indices(len(gram))] += l2
+    # numpy's own LAPACK throughout: handing over to scipy's (another OpenBLAS, with its own spinning
+    # thread pool) made every call after it ~2x slower on 2 cores, and scipy's solve also estimates
+    # the condition number
+    w = np.linalg.solve(gram, x.T @ y) if n >= d else x.T @ np.linalg.solve(gram, y)
+    return Probe(mean, std, w)
+
+
 @dataclass
 class Ridge:
     """One eigendecomposition of a standardised few-shot problem; solve for any l2 cheaply."""
@@ -50,6 +107,7 @@ class Ridge:
     q: np.ndarray  # eigenvectors of XᵀX (primal) or XXᵀ (dual)
     y: np.ndarray
     primal: bool  # True: N >= D, eigh of XᵀX
+    _loo: tuple | None = field(default=None, repr=False)  # leave-one-out basis, built on first use
 
     def weights(self, l2: float) -> np.ndarray:
         return (self.lhs / (self.eigs + l2)) @ self.rhs
@@ -58,35 +116,29 @@ class Ridge:
         x = (np.asarray(x, np.float64) - self.mean) / self.std
         return np.hstack([x, np.full((len(x), 1), BIAS)])
 
-    def scores(self, x, l2: float = DEFAULT_L2) -> np.ndarray:
-        """design(x) @ weights(l2) without building the standardised copy of x: the standardisation
-        and the bias feature are folded into the weights."""
-        w = self.weights(l2)
-        w_feat = w[:-1] / self.std.T
-        offset = BIAS * w[-1] - (self.mean / self.std) @ w[:-1]
-        x = np.asarray(x)
-        dtype = np.float32 if x.dtype == np.float32 else np.float64  # float32 features stay float32
-        return x @ w_feat.astype(dtype) + offset.astype(dtype)
+    def probe(self, l2: float = DEFAULT_L2) -> Probe:
+        return Probe(self.mean, self.std, self.weights(l2))
 
     def predict(self, x, l2: float = DEFAULT_L2) -> np.ndarray:
-        return np.argmax(self.scores(x, l2), axis=1)
+        return self.probe(l2).predict(x)
 
     def loo_accuracy(self, l2: float) -> float:
-        """Leave-one-out accuracy on the training shots: H = basis · diag(scale) · basisᵀ."""
-        basis = self.x @ self.q if self.primal else self.q
+        """Leave-one-out accuracy on the training shots: H = basis · diag(scale) · basisᵀ. The basis, its
+        square and basisᵀY do not depend on l2 and are built once per fit."""
+        if self._loo is None:
+            basis = self.x @ self.q if self.primal else self.q
+            self._loo = basis, basis ** 2, basis.T @ self.y
+        basis, basis_sq, basis_y = self._loo
         scale = 1.0 / (self.eigs + l2) if self.primal else self.eigs / (self.eigs + l2)
-        fitted = basis @ (scale[:, None] * (basis.T @ self.y))
-        h = (basis ** 2 * scale).sum(1)
+        fitted = basis @ (scale[:, None] * basis_y)
+        h = basis_sq @ scale
         loo = (fitted - h[:, None] * self.y) / (1.0 - h)[:, None]
         return float((loo.argmax(1) == self.y.argmax(1)).mean())
 
 
 def ridge_fit(train_x, train_y, num_classes: int) -> Ridge:
-    x = np.asarray(train_x, np.float64)
-    mean = x.mean(0, keepdims=True)
-    std = x.std(0, keepdims=True) + 1e-5
-    x = np.hstack([(x - mean) / std, np.full((len(x), 1), BIAS)])
-    y = 2.0 * np.eye(num_classes)[np.asarray(train_y)] - 1.0
+    x, mean, std = _standardise(train_x)
+    y = _targets(train_y, num_classes)
     n, d = x.shape
     if n >= d:
         eigs, q = np.linalg.eigh(x.T @ x)
@@ -97,7 +149,7 @@ def ridge_fit(train_x, train_y, num_classes: int) -> Ridge:
 
 def ridge_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2: float = DEFAULT_L2) -> float:
     """Test accuracy (a fraction in [0, 1]) of big_vision's closed-form ridge probe."""
-    pred = ridge_fit(train_x, train_y, num_classes).predict(test_x, l2)
+    pred = ridge_probe(train_x, train_y, num_classes, l2).predict(test_x)
     return float((pred == np.asarray(test_y)).mean())
 
 
@@ -169,12 +221,15 @@ class FewshotAdapter(Adapter):
         test_x, test_y, _ = features("test")
         num_classes = ds["classes"] or n_cls or int(max(train_y.max(), test_y.max())) + 1
         idx = fewshot_indices(train_y, hp["shots"], cell.seed)
-        ridge = ridge_fit(train_x[idx], train_y[idx], num_classes)
         l2, rule = float(hp.get("l2", DEFAULT_L2)), "fixed"
         if hp.get("l2_sweep"):
+            ridge = ridge_fit(train_x[idx], train_y[idx], num_classes)
             l2, rule = select_l2(ridge, hp["l2_sweep"], hp["shots"])
-        acc = float((ridge.predict(test_x, l2) == test_y).mean())
+            probe = ridge.probe(l2)
+        else:
+            probe = ridge_probe(train_x[idx], train_y[idx], num_classes, l2)
+        acc = float((probe.predict(test_x) == test_y).mean())
         return {"test": {"accuracy": 100.0 * acc},
                 "info": {"train_examples": int(len(idx)), "test_examples": int(len(test_y)),
                          "feature_dim": int(train_x.shape[1]), "l2": l2, "l2_rule": rule,
-                         "solver": "primal" if ridge.primal else "dual", "cache_hit": hits, "bf16": use_bf16}}
+                         "solver": "primal" if len(idx) > train_x.shape[1] else "dual", "cache_hit": hits, "bf16": use_bf16}}

@@ -140,6 +140,14 @@ def _token_major(t: torch.Tensor) -> torch.Tensor:
     return t.permute(3, 1, 2, 0, 4).reshape(B, gh * gw, H * d)
 
 
+def _moments(xh: torch.Tensor) -> torch.Tensor:
+    """[x, x*x] head-major (H, gh, gw, B, 2d), contiguous, written in place (no x*x temporary)."""
+    moments = xh.new_empty(*xh.shape[:-1], 2 * xh.shape[-1])
+    first = moments[..., :xh.shape[-1]].copy_(xh)
+    torch.mul(first, first, out=moments[..., xh.shape[-1]:])
+    return moments
+
+
 def _dtn_statistics(x, p_rows, p_cols, heads, grid):
     """LN statistics per token and [P x, P (x*x)] per head and channel, head-major (H, gh, gw, B, 2d).
 
@@ -152,7 +160,7 @@ def _dtn_statistics(x, p_rows, p_cols, heads, grid):
     # biased variance; vector_norm is a fused reduction, several times faster than var_mean on CPU
     var_ln = torch.linalg.vector_norm(x - mean_ln, dim=-1, keepdim=True).square() / C
     xh = _head_major(x, grid, heads)
-    moments = torch.cat([xh, xh * xh], dim=-1)  # (H, gh, gw, B, 2d), contiguous
+    moments = _moments(xh)
     rows = torch.bmm(p_rows, moments.view(heads, gh, -1))  # (H, gh, gh) @ (H, gh, gw*B*2d)
     m = torch.matmul(p_cols[:, None], rows.view(heads, gh, gw, -1))  # per (head, row): (gw, gw) @ (gw, B*2d)
     return mean_ln, var_ln, m.view(heads, gh, gw, B, -1)
@@ -168,9 +176,9 @@ def _dtn_normalise(xh, m, mean_ln, var_ln, lam_mu, lam_sig, eps):
     m1, m2 = m.chunk(2, dim=-1)
     ln_mean = _head_major(mean_ln, xh.shape[1:3]) * lam_mu.view(heads)  # (H, gh, gw, B, 1)
     ln_var = _head_major(var_ln, xh.shape[1:3]) * lam_sig.view(heads) + eps
-    var_in = torch.addcmul(m2, m1, m1, value=-1)  # >= 0 exactly (Jensen); clamp the rounding below
-    rstd = torch.addcmul(ln_var, var_in.clamp_min(0), (1 - lam_sig).view(heads)).rsqrt_()
-    centred = torch.addcmul(xh - ln_mean, m1, (lam_mu - 1).view(heads))
+    var_in = torch.addcmul(m2, m1, m1, value=-1).clamp_min_(0)  # >= 0 exactly (Jensen); clamp rounding
+    rstd = torch.addcmul(ln_var, var_in, (1 - lam_sig).view(heads)).rsqrt_()
+    centred = torch.addcmul(xh, m1, (lam_mu - 1).view(heads)).sub_(ln_mean)
     return centred, rstd
 
 
@@ -211,7 +219,7 @@ def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, mean_ln, var_ln,
     d_mean_ln = -(sum_centred * lam_mu.view(H, 1, 1, 1)).sum(0)  # (gh, gw, B)
     d_var_ln = -0.5 * (sum_sig * lam_sig.view(H, 1, 1, 1)).sum(0)
     # through P = kron(P_rows, P_cols): transposed kernels back, and the kernels' own gradients
-    moments = torch.cat([xh, xh * xh], dim=-1)
+    moments = _moments(xh)
     rows = torch.bmm(p_rows, moments.view(H, gh, -1)).view(H, gh, gw, -1)
     d_mv = d_m.view(H, gh, gw, -1)
     g_cols = torch.matmul(d_mv, rows.transpose(-1, -2)).sum(1)  # (H, gw, gw)

@@ -18,15 +18,25 @@ TIMM = {"ti16": "vit_tiny_patch16_224", "s16": "vit_small_patch16_224", "s32": "
         "b16": "vit_base_patch16_224", "b32": "vit_base_patch32_224"}
 
 
-def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = False, seconds: float = 2.0) -> dict:
-    """Median time per batch of timm's ViT, ours, ours with the DPN stem and with DTN, in rotating rounds."""
+MODELS = ("timm", "ours", "dpn", "dtn")
+
+
+def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = False, seconds: float = 2.0,
+        models: tuple[str, ...] = MODELS) -> dict:
+    """Median time per batch of timm's ViT, ours, ours with the DPN stem and with DTN (or the subset
+    `models`, which must hold "ours"), in rotating rounds."""
     img = parse_name(size)["img_size"] if size != "mu4" else 32
     x = torch.randn(batch, 3, img, img)
-    timm_model = (timm.create_model(TIMM[size], pretrained=False, num_classes=0) if size in TIMM else
-                  timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=4, embed_dim=128, depth=6,
-                                                                   num_heads=4, num_classes=0))
-    models = {"timm": timm_model, "ours": create_backbone(size, img_size=img),
-              "dpn": create_backbone(f"{size}_dpn", img_size=img), "dtn": create_backbone(f"{size}_dtn", img_size=img)}
+
+    def timm_model():
+        if size in TIMM:
+            return timm.create_model(TIMM[size], pretrained=False, num_classes=0)
+        return timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=4, embed_dim=128, depth=6,
+                                                                num_heads=4, num_classes=0)
+    build = {"timm": timm_model, "ours": lambda: create_backbone(size, img_size=img),
+             "dpn": lambda: create_backbone(f"{size}_dpn", img_size=img),
+             "dtn": lambda: create_backbone(f"{size}_dtn", img_size=img)}
+    models = {key: build[key]() for key in models}
     steps = {}
     for key, model in models.items():
         if backward:
@@ -44,9 +54,14 @@ def run(size: str = "s16", batch: int = 8, bf16: bool = False, backward: bool = 
                     model(x)
         steps[key] = step
     median = interleaved_medians(steps, seconds)
+    ratio = lambda a, b: median[a] / median[b] if a in median else float("nan")  # noqa: E731
     return {"size": size, "batch": batch, "bf16": bf16, "backward": backward, "ms": {k: v * 1e3 for k, v in median.items()},
-            "ours_vs_timm": median["timm"] / median["ours"], "dpn_overhead": median["dpn"] / median["ours"] - 1,
-            "dtn_overhead": median["dtn"] / median["ours"] - 1}
+            "ours_vs_timm": ratio("timm", "ours"), "dpn_overhead": ratio("dpn", "ours") - 1,
+            "dtn_overhead": ratio("dtn", "ours") - 1}
+
+
+def _cell(value: float, spec: str) -> str:
+    return "-" if value != value else format(value, spec)  # NaN: that model was not timed in this row
 
 
 def markdown(rows: list[dict]) -> str:
@@ -54,8 +69,9 @@ def markdown(rows: list[dict]) -> str:
            "DTN overhead (<= 10%) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['size']} x{r['batch']} | {'fwd+bwd' if r['backward'] else 'fwd'} | {'bf16' if r['bf16'] else 'fp32'} | "
-                   f"{r['ms']['timm']:.1f} | {r['ms']['ours']:.1f} | {r['ours_vs_timm']:.2f}x | {r['dpn_overhead']:+.1%} | "
-                   f"{r['dtn_overhead']:+.1%} |")
+                   f"{_cell(r['ms'].get('timm', float('nan')), '.1f')} | {r['ms']['ours']:.1f} | "
+                   f"{_cell(r['ours_vs_timm'], '.2f')}x | {_cell(r['dpn_overhead'], '+.1%')} | "
+                   f"{_cell(r['dtn_overhead'], '+.1%')} |".replace("| -x |", "| - |"))
     return "\n".join(out)
 
 

@@ -16,21 +16,21 @@ def median_seconds(stmt: str, globals: dict, seconds: float) -> float:
     return timer.blocked_autorange(min_run_time=seconds).median
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], seconds: float, block: float = 0.25) -> dict[str, float]:
-    """Median seconds per call of each function, timed in rotating rounds: each round runs every function
-    for about `block` seconds, the next round starts with the next function. Slow drift of the machine
+def interleaved_medians(fns: dict[str, Callable[[], object]], seconds: float, block: float = 0.25,
+                        min_rounds: int = 3) -> dict[str, float]:
+    """Median seconds per call of each function, timed in rotating rounds (at least `min_rounds`, and at
+    least `seconds` per function): each round runs every function for about `block` seconds, the next
+    round starts with the next function. Slow drift of the machine
     (other tenants, clocks, caches) then hits every function alike, which timing one function after
     another does not: on this VM back-to-back medians of the same model moved by up to 10%."""
-    for fn in fns.values():  # warm-up, and the number of calls that fills a block
-        fn()
     calls = {}
-    for name, fn in fns.items():
+    for name, fn in fns.items():  # warm-up, timed: the number of calls that fills a block
         t0 = time.perf_counter()
         fn()
         calls[name] = max(1, round(block / max(time.perf_counter() - t0, 1e-9)))
     names, samples = list(fns), {name: [] for name in fns}
     start, rnd = time.perf_counter(), 0
-    while rnd < 5 or time.perf_counter() - start < seconds * len(fns):
+    while rnd < min_rounds or time.perf_counter() - start < seconds * len(fns):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             t0 = time.perf_counter()
             for _ in range(calls[name]):

@@ -6,7 +6,7 @@ Each benchmark measures ratios in one process against a peer measured in the sam
 warm-up, the contenders run in rotating rounds on every thread torch is set to, and each one's median
 per call is compared (the few-shot solvers: median of repeats). The end-to-end row runs
 `transferbench run vtab --suite embedded` in a fresh $TRANSFERBENCH_HOME under /usr/bin/time (about
-8 minutes on 2 cores); the rest takes about 5 minutes. CI does not run this.
+8 minutes on 2 cores); the rest takes about 3 minutes. CI does not run this.
 """
 from __future__ import annotations
 

@@ -240,8 +240,9 @@ _SLICE_BYTES = 1 << 20
 
 def _batch_slices(x: torch.Tensor) -> list[slice]:
     """On CPU, slices of about 1 MiB of x each: DTN's ~10 full-size temporaries per slice then stay in
-    cache (a whole ViT-S/16 batch of 8 spills them to memory and runs ~1.5x slower). The statistics are
-    per example, so slicing the batch changes no result. Elsewhere (GPU) one slice."""
+    cache (measured on 2 cores: s16_dtn forward+backward at batch 32 costs +15% over s16 in slices,
+    +34% whole). The statistics are per example, so slicing the batch changes no result. Elsewhere
+    (GPU) one slice."""
     B, T, C = x.shape
     if x.device.type != "cpu":
         return [slice(0, B)]

@@ -3,7 +3,7 @@
     python -m benchmarks.gemm_peak [--batch 32] [--threads 2]
 
 FLOPs of the model come from torch.utils.flop_counter (matmuls and attention; 2 per multiply-add); the
-peak is the best of square fp32 matmuls (1024, 2048, 4096). Target: >= 50% of the peak, fp32 and bf16.
+peak is the best of square matmuls of the same dtype (1024, 2048). Target: >= 50% of the peak, fp32 and bf16.
 """
 from __future__ import annotations
 

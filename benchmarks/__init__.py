@@ -1,5 +1,6 @@
 """Speed benchmarks against peers; `python -m benchmarks` runs them all and rewrites RESULTS.md."""
 
+import argparse
 import statistics
 import time
 from typing import Callable
@@ -38,3 +39,13 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], seconds: float, bl
             samples[name].append((time.perf_counter() - t0) / calls[name])
         rnd += 1
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def batch_script(doc: str, run: Callable[[int], object], markdown: Callable[[object], str], batch: int) -> None:
+    """`main()` of a benchmark whose only knobs are the batch size and the thread count."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(markdown(run(args.batch)))

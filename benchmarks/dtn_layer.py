@@ -10,11 +10,9 @@ equal to 1e-5.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from benchmarks import interleaved_medians
+from benchmarks import batch_script, interleaved_medians
 from transferbench.backbones.dtn import DynamicTokenNorm, relative_positions
 
 
@@ -69,12 +67,7 @@ def markdown(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    print(markdown(run(args.batch)))
+    batch_script(__doc__, run, markdown, batch=8)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ peak is the best of square matmuls of the same dtype (1024, 2048). Target: >= 50
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import median_seconds
+from benchmarks import batch_script, median_seconds
 from transferbench import create_backbone
 from transferbench.engine.train import bf16_enabled
 
@@ -63,12 +61,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    print(markdown(run(args.batch)))
+    batch_script(__doc__, run, markdown, batch=32)
 
 
 if __name__ == "__main__":

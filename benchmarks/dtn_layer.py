@@ -61,7 +61,7 @@ def markdown(r: dict) -> str:
     speed = "met" if r["speedup"] >= 2 else "MISSED"
     return ("| DTN layer, ViT-S/16 shape (B=8, T=196, C=384, H=6), fp32 | ours | official algorithm | speed-up (target >= 2x) |\n"
             "|---|---|---|---|\n"
-            f"| median per call | {r['ours_ms']:.2f} ms | {r['official_ms']:.2f} ms | {r['speedup']:.1f}x ({speed}) |\n"
+            f"| median per call | {r['ours_ms']:.2f} ms | {r['official_ms']:.2f} ms | {r['speedup']:.2f}x ({speed}) |\n"
             f"| max abs error vs eq. 4-7 in float64 | {r['ours_vs_f64']:.1e} | {r['official_vs_f64']:.1e} | "
             f"ours vs official {r['max_abs_diff']:.1e} (target 1e-5: below fp32's floor here) |")
 

@@ -23,8 +23,7 @@ from transferbench.backbones import create_backbone
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.transforms import eval_transform
-from transferbench.adapters import prepare_task
-from transferbench.engine.cells import resolve_backbone
+from transferbench.adapters import prepare_task, resolve_backbone
 
 RES = prepare_task("pretrain", suite="embedded").hparams["resolution"]  # the checkpoints' resolution
 

@@ -5,8 +5,8 @@ import torch
 
 from transferbench.adapters import prepare_task
 from transferbench.backbones import create_backbone
+from transferbench.adapters import pretrain, resolve_backbone
 from transferbench.engine import cells
-from transferbench.engine.cells import resolve_backbone
 from transferbench.engine.train import bf16_enabled, cosine_lr, cross_entropy, sigmoid_cross_entropy
 from transferbench.errors import UserError
 from transferbench.reporting.records import load_records
@@ -34,17 +34,17 @@ def test_bf16_setting():
 
 
 def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
-    monkeypatch.setattr(cells, "PRETRAIN_SETS", SHORT)
+    monkeypatch.setattr(pretrain, "PRETRAIN_SETS", SHORT)
     ref = resolve_backbone("mu8@embedded")
     recs = load_records([suite_home / "pretrain"])
     assert len(recs) == 1 and recs[0]["status"] == "ok" and recs[0]["backbone"] == "mu8"
     assert ref.checkpoint == recs[0]["info"]["checkpoint"] and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
     assert 0 <= recs[0]["metrics"]["test"]["accuracy"] <= 100
-    assert recs[0]["data_version"] == "upstream-v3"  # the generator's version joins the cell key
+    assert recs[0]["data_version"] == "upstream-v4"  # the generator's version joins the cell key
     again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
     assert again == ref and [r["run_id"] for r in load_records([suite_home / "pretrain"])] == [recs[0]["run_id"]]
     m = create_backbone("mu8", checkpoint=ref.checkpoint, num_classes=10)
-    assert m.head.weight.abs().sum() == 0  # the 32-class upstream head is not carried over
+    assert m.head.weight.abs().sum() == 0  # the 64-class upstream head is not carried over
     with open(ref.checkpoint, "r+b") as f:  # a changed checkpoint is caught, not silently used
         f.seek(-3, 2)
         f.write(b"xyz")
@@ -74,9 +74,9 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     from transferbench.backbones import save_checkpoint
     from transferbench.engine.runner import Results
     from transferbench.reporting.records import RecordStore
-    monkeypatch.setattr(cells, "PRETRAIN_SETS", ("steps=5", "batch=8", "warmup_steps=1"))
-    monkeypatch.setattr(cells, "SHIPPED", tmp_path)
-    task = prepare_task("pretrain", suite="embedded", sets=cells.PRETRAIN_SETS)
+    monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=5", "batch=8", "warmup_steps=1"))
+    monkeypatch.setattr(pretrain, "SHIPPED", tmp_path)
+    task = prepare_task("pretrain", suite="embedded", sets=pretrain.PRETRAIN_SETS)
     bare = cells.BackboneRef("mu8_dpn", "mu8_dpn", None, cells.RANDOM_INIT)
     (cell,) = [c for c in get_adapter("pretrain").plan(task, bare, Results(RecordStore(tmp_path / "r")))
                if c.stage == "final"]
@@ -84,6 +84,6 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     pretrained = lambda: [r for r in load_records([suite_home / "pretrain"]) if r["backbone"] == "mu8_dpn"]  # noqa: E731
     ref = resolve_backbone("mu8_dpn@embedded")
     assert ref.checkpoint == str(shipped) and pretrained() == []  # used as is: nothing pretrained
-    monkeypatch.setattr(cells, "PRETRAIN_SETS", ("steps=4", "batch=8", "warmup_steps=1"))  # another profile
+    monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=4", "batch=8", "warmup_steps=1"))  # another profile
     other = resolve_backbone("mu8_dpn@embedded")  # pretrains: the shipped file belongs to another cell
     assert other.checkpoint != str(shipped) and other.sha256 != ref.sha256 and len(pretrained()) == 1

@@ -15,6 +15,7 @@ train -> val, then the chosen setting on trainval -> test) yields its second sta
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, Iterable
 
 from pydantic import BaseModel, ValidationError
@@ -28,6 +29,8 @@ class Adapter:
     name: ClassVar[str] = ""
     # validates each dataset entry's adapter-specific fields (tfds name, splits, classes, ...)
     dataset_schema: ClassVar[type[BaseModel] | None] = None
+    # hyper-parameters that take one of a few values: checked, with the spec's and --set's, before anything runs
+    hparam_choices: ClassVar[dict[str, tuple]] = {}
 
     def validate(self, spec: TaskSpec, source: str = "<spec>") -> None:
         if self.dataset_schema is None:
@@ -79,8 +82,39 @@ def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, se
     from .spec import installed_specs, load_task, resolve
 
     spec = load_task(name_or_path)
-    get_adapter(spec.adapter).validate(spec, str(installed_specs().get(name_or_path, name_or_path)))
-    return resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
+    adapter = get_adapter(spec.adapter)
+    adapter.validate(spec, str(installed_specs().get(name_or_path, name_or_path)))
+    task = resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
+    for key, choices in adapter.hparam_choices.items():
+        for value in ([task.hparams[key]] if key in task.hparams else []) + list(task.sweep.get(key, [])):
+            if value not in choices:
+                shown = ", ".join(str(c) for c in choices if not isinstance(c, bool))
+                raise UserError(f"task {spec.task!r}: {key} = {value!r} is not one of {shown} "
+                                f"(set it with --set {key}=VALUE)")
+    return dataclasses.replace(task, adapter=adapter)
+
+
+def check_backbone(spec: str) -> None:
+    """What costs nothing about `NAME[@CHECKPOINT]`: the name (grammar and family) and, for a file, that it
+    exists and is a checkpoint (header only). `NAME@embedded` is resolved later (it may pretrain)."""
+    from ..backbones.checkpoint import check_checkpoint_file
+    from ..engine.cells import split_backbone
+    from .pretrain import PRETRAINED
+
+    _, checkpoint = split_backbone(spec)
+    if checkpoint and checkpoint not in PRETRAINED:
+        try:
+            check_checkpoint_file(checkpoint)
+        except UserError as e:
+            raise UserError(f"backbone {spec!r}: {e}") from None
+
+
+def resolve_backbone(spec: str):
+    """`NAME`, `NAME@PATH` or `NAME@embedded` (the pretrain adapter's checkpoint, pretrained on demand) to an
+    engine.cells.BackboneRef."""
+    from ..engine.cells import resolve_backbone as resolve
+    from .pretrain import pretrained_checkpoint
+    return resolve(spec, named=pretrained_checkpoint)
 
 
 def list_adapters() -> list[str]:
@@ -96,4 +130,5 @@ def get_adapter(name: str) -> Adapter:
     return obj() if isinstance(obj, type) else obj
 
 
-__all__ = ["Adapter", "get_adapter", "list_adapters", "plan_select_then_final", "prepare_task"]
+__all__ = ["Adapter", "check_backbone", "get_adapter", "list_adapters", "plan_select_then_final", "prepare_task",
+           "resolve_backbone"]

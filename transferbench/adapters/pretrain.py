@@ -3,10 +3,11 @@
 Protocol (numbers in tasks/pretrain.yaml): Adam with decoupled weight decay, linear warm-up then cosine
 to 0, sigmoid cross-entropy on one-hot targets, gradient clip 1.0, dropout and stochastic depth 0.1 for
 B and L. The record's info holds the checkpoint path and sha256; `NAME@embedded` backbones resolve to it
-(engine.cells.resolve_backbone) and pretrain on demand.
+(`pretrained_checkpoint`, through transferbench.adapters.resolve_backbone) and pretrain on demand.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ..data import embedded
-from ..data.transforms import eval_transform, train_transform
-from ..engine.train import (accuracy, bf16_enabled, cross_entropy, fit, sigmoid_cross_entropy,
+from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
+from ..engine.train import (BF16_SETTINGS, accuracy, bf16_enabled, cross_entropy, fit, sigmoid_cross_entropy,
                             train_batches)
 from ..errors import UserError
 from . import Adapter, plan_select_then_final
@@ -41,9 +42,13 @@ def checkpoint_path(cell) -> Path:
     return embedded.home() / "checkpoints" / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
 
 
+LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}
+
+
 class PretrainAdapter(Adapter):
     name = "pretrain"
     dataset_schema = PretrainDataset
+    hparam_choices = {"loss": tuple(LOSSES), "augment": AUGMENTATIONS, "bf16": BF16_SETTINGS}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)
@@ -85,4 +90,43 @@ class PretrainAdapter(Adapter):
                          "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
 
 
-LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}
+
+PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights
+PRETRAIN_SETS: tuple = ()  # --set overrides for that suite (tests shorten it; users keep the spec's)
+# checkpoints of the pretrain task that ship with the package, named {backbone}-{dataset}-{cell key}
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+
+
+def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path | None:
+    """The checkpoint of task `pretrain` (suite `source`) for backbone `name`, or None when `source` is
+    not a pretraining suite (a file path, then): the one shipped in transferbench/weights when its cell
+    key matches (same profile, data and protocol version), else the record's, pretraining first when
+    the record is missing (a record is reused, as for any cell)."""
+    from ..engine.cells import RANDOM_INIT, BackboneRef, file_sha256
+    from ..engine.runner import Results, run_task
+    from ..reporting.records import RecordStore
+    from . import prepare_task
+
+    if source not in PRETRAINED:
+        return None
+    task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
+    out = embedded.home() / "pretrain"
+    ref = BackboneRef(name, name, None, RANDOM_INIT)
+    store = RecordStore(out)
+    (cell,) = [c for c in task.adapter.plan(task, ref, Results(store)) if c.stage == "final"]
+    shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
+    if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
+        return shipped
+    if show_progress and not store.finished(cell):
+        print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
+              f"(the record under {out} is reused afterwards)", file=sys.stderr)
+    run_task(task, [ref], out, show_progress=show_progress)
+    rec = store.get(cell)
+    if rec is None or rec["status"] != "ok":
+        why = rec["reason"] if rec else "no record"
+        raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
+    path = Path(rec["info"]["checkpoint"])
+    if not path.is_file() or file_sha256(path) != rec["info"]["checkpoint_sha256"]:
+        raise UserError(f"checkpoint {path} of {name}@{source} is missing or changed; delete {store.path(cell)} "
+                        f"and rerun to pretrain again")
+    return path

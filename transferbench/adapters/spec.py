@@ -8,6 +8,7 @@ subset and a hyper-parameter profile, e.g. `embedded`).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -149,6 +150,7 @@ class Task:
     hparams: dict = field(default_factory=dict)
     sweep: dict = field(default_factory=dict)
     backbones: tuple[str, ...] | None = None
+    adapter: Any = field(default=None, compare=False)  # the spec's adapter object (set by prepare_task)
 
     @property
     def name(self) -> str:
@@ -163,10 +165,52 @@ class Task:
         return tuple(k for k in self.spec.select if k in self.sweep)
 
 
-def _parse_value(text: str):
-    value = yaml.safe_load(text)
-    if isinstance(value, str) and "," in value:  # lr=0.001,0.01 -> a list
-        value = [yaml.safe_load(v) for v in value.split(",")]
+_NULL = ("null", "none", "~")
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    return {int: "int", float: "float", str: "str", list: "list", dict: "dict"}.get(type(value), "any")
+
+
+def parse_override(key: str, text: str, like, *, nullable: bool = False):
+    """One `--set` value as the type of the spec's value `like` (int, float, bool, text, list): a number
+    written 1e-3 is a float, `256` for a float is 256.0 (the same cell key as the spec's 256.0), `on` for
+    a text setting stays 'on'. Anything else is one UserError naming the key, what it got and what it
+    takes; `null` is accepted where the spec itself has null for that key."""
+    def bad(expected: str):
+        return UserError(f"--set {key}={text}: expected {expected} (the spec has {key}: {like!r})")
+
+    if nullable and text.strip().lower() in _NULL:
+        return None
+    kind = _kind(like)
+    if kind == "bool":
+        value = yaml.safe_load(text) if text.strip() else None
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if kind in ("int", "float"):
+        try:
+            number = float(text)
+        except ValueError:
+            raise bad("an integer" if kind == "int" else "a number") from None
+        if not math.isfinite(number) or (kind == "int" and not number.is_integer()):
+            raise bad("an integer" if kind == "int" else "a finite number")
+        return int(number) if kind == "int" else number
+    if kind == "str":
+        if not text:
+            raise bad("a value")
+        return text
+    if kind == "list":
+        element = like[0] if like else None
+        return [parse_override(key, t.strip(), element) for t in text.split(",") if t.strip()]
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise bad("a YAML value") from None
+    if kind == "dict" and not isinstance(value, dict):
+        raise bad("a mapping")
     return value
 
 
@@ -207,15 +251,25 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set expects key=value, got {item!r}")
-        value = _parse_value(text)
+        everywhere = [spec.hparams.get(key), *(x.hparams.get(key) for x in spec.suites.values())] + \
+            [v for values in [spec.sweep.get(key) or [], *(x.sweep.get(key) or [] for x in spec.suites.values())]
+             for v in values]
+        like = next((v for v in [hparams.get(key), *(sweep.get(key) or []), *everywhere] if v is not None), None)
+        nullable = any(key in d and d[key] is None for d in [spec.hparams, *(x.hparams for x in spec.suites.values())])
         if key in sweep:
-            sweep[key] = value if isinstance(value, list) else [value]
+            sweep[key] = [parse_override(key, t.strip(), like) for t in text.split(",") if t.strip()]
+            if not sweep[key]:
+                raise UserError(f"--set {key}={text}: a sweep needs at least one value, e.g. --set {key}={like}")
         elif key in hparams:
-            hparams[key] = value
+            hparams[key] = parse_override(key, text, like, nullable=nullable)
         else:
             known = sorted(set(hparams) | set(sweep))
             raise UserError(f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
                             f"{close_matches(key, known)}; known: {', '.join(known)}")
-    return Task(spec, suite, tuple(chosen), tuple(seeds if seeds is not None else (s.seeds or spec.seeds)),
+    seeds = seeds if seeds is not None else (s.seeds or spec.seeds)
+    if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds):
+        raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} "
+                        "(e.g. --seeds 0,1,2)")
+    return Task(spec, suite, tuple(chosen), tuple(seeds),
                 hparams, sweep, tuple(s.backbones) if s.backbones else None)
 

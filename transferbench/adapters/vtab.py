@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS
+from ..engine.train import BF16_SETTINGS
 from . import Adapter, plan_select_then_final
 
 
@@ -79,6 +80,7 @@ def open_split(ds: dict, role: str, data_dir=None):
 class VtabAdapter(Adapter):
     name = "vtab"
     dataset_schema = VtabDataset
+    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS}
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from ..errors import UserError
 
@@ -33,60 +33,31 @@ def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
     return sha256_file(Path(path))
 
 
-def resolve_backbone(spec: str) -> BackboneRef:
-    """Check the name against the installed families and hash the checkpoint (no model is built)."""
+def split_backbone(spec: str) -> tuple[str, str]:
+    """`NAME[@CHECKPOINT]` -> (name, checkpoint or ''), the name checked against the installed families
+    (unknown names fail here with close matches)."""
     from ..backbones.registry import find_family
 
     name, _, checkpoint = spec.partition("@")
-    find_family(name)  # unknown names fail here with close matches
+    find_family(name)
+    return name, checkpoint
+
+
+def resolve_backbone(spec: str, named: Callable[[str, str], Path | None] | None = None) -> BackboneRef:
+    """Check the name and hash the checkpoint (no model is built). `named(name, word)` maps a checkpoint
+    word that is not a file (`embedded`) to a path, or returns None; the engine knows no such words: the
+    caller that does passes them in (transferbench.adapters.resolve_backbone: on-demand pretraining)."""
+    name, checkpoint = split_backbone(spec)
     if not checkpoint:
         return BackboneRef(spec, name, None, RANDOM_INIT)
-    if checkpoint in PRETRAINED:
-        path = pretrained_checkpoint(name, checkpoint)
+    path = named(name, checkpoint) if named else None
+    if path is not None:
         return BackboneRef(spec, name, str(path), file_sha256(path))
     if not Path(checkpoint).is_file():
         raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist "
                         f"(NAME@PATH takes a .safetensors, .pth or big_vision .npz file; NAME@embedded "
                         f"pretrains on the embedded suite)")
     return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint))
-
-
-PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights
-PRETRAIN_SETS: tuple = ()  # --set overrides for that suite (tests shorten it; users keep the spec's)
-# checkpoints of the pretrain task that ship with the package, named {backbone}-{dataset}-{cell key}
-SHIPPED = Path(__file__).resolve().parent.parent / "weights"
-
-
-def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path:
-    """The checkpoint of task `pretrain` (suite `source`) for backbone `name`: the one shipped in
-    transferbench/weights when its cell key matches (same profile, data and protocol version), else
-    the record's, pretraining first when the record is missing (a record is reused, as for any cell)."""
-    from ..adapters import get_adapter, prepare_task
-    from ..data.embedded import home
-    from ..reporting.records import RecordStore
-    from .runner import Results, run_task
-
-    task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
-    out = home() / "pretrain"
-    ref = BackboneRef(name, name, None, RANDOM_INIT)
-    store = RecordStore(out)
-    (cell,) = [c for c in get_adapter("pretrain").plan(task, ref, Results(store)) if c.stage == "final"]
-    shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
-    if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
-        return shipped
-    if show_progress:
-        print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
-              f"(the record under {out} is reused afterwards)", file=sys.stderr)
-    run_task(task, [ref], out, show_progress=show_progress)
-    rec = store.get(cell)
-    if rec is None or rec["status"] != "ok":
-        why = rec["reason"] if rec else "no record"
-        raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
-    path = Path(rec["info"]["checkpoint"])
-    if not path.is_file() or file_sha256(path) != rec["info"]["checkpoint_sha256"]:
-        raise UserError(f"checkpoint {path} of {name}@{source} is missing or changed; delete {store.path(cell)} "
-                        f"and rerun to pretrain again")
-    return path
 
 
 @dataclass(frozen=True)

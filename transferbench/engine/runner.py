@@ -126,15 +126,17 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_task(task, backbones: list, out, *, force: bool = False, executor=None, show_progress: bool = True,
-             device: str | None = None, data_dir: str | None = None, workers: int = 0,
+def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, executor=None,
+             show_progress: bool = True, device: str | None = None, data_dir: str | None = None, workers: int = 0,
              micro_batch: int | None = None) -> RunSummary:
-    """Plan and run every cell of `task` for `backbones` into the records folder `out`. An adapter
-    with a `check_data(task, ctx)` method checks its data first (a UserError stops the run before any
-    cell)."""
-    from ..adapters import get_adapter
-
-    adapter = get_adapter(task.spec.adapter)
+    """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
+    (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
+    An adapter with a `check_data(task, ctx)` method checks its data first (a UserError stops the run
+    before any cell)."""
+    adapter = adapter or task.adapter
+    if adapter is None:
+        raise TypeError("run_task needs the task's adapter: resolve the task with transferbench.adapters.prepare_task "
+                        "or pass adapter=")
     store = RecordStore(out)
     store.remove_stale_temps()
     results = Results(store)

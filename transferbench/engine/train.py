@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from .runner import check_finite
 
 
+BF16_SETTINGS = ("auto", "on", "off", True, False)
+
+
 def bf16_enabled(setting, device: str) -> bool:
     """'auto': bf16 autocast where the hardware has bf16 matrix units (CUDA with bf16, or a CPU with
     AVX512-BF16 / AMX); elsewhere bf16 is emulated and slower than fp32."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -181,26 +182,56 @@ def _backbone_rows():
     return rows
 
 
+def _records_folder(out: Path) -> list[Path]:
+    """Make --out (and its parents) or say in one line why it cannot be; returns the folders it made,
+    so that a run stopped by bad input before any cell can remove them again."""
+    made = [p for p in (out, *out.parents) if not p.exists()][::-1]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        _remove_empty(made)
+        raise UserError(f"--out {out}: cannot write the records folder there ({e.strerror or e}); give a "
+                        "writable folder") from None
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for p in reversed(folders):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
 def cmd_run(args) -> int:
-    from .adapters import get_adapter, prepare_task
-    from .engine.cells import resolve_backbone
+    from .adapters import check_backbone, prepare_task, resolve_backbone
     from .engine.runner import CellContext, run_task
     from .reporting.aggregate import aggregate
     from .reporting.records import load_records
     from .reporting.tables import build_tables, render
 
+    # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = args.backbone or list(task.backbones or [])
     if not names:
         raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
                         f"{task.name!r} names no default backbones")
-    _check_execution_options(args)
-    adapter = get_adapter(task.spec.adapter)
-    if hasattr(adapter, "check_data"):  # missing data stops the run before any pretraining or cell
-        adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
-    backbones = [resolve_backbone(b) for b in names]
+    for name in names:
+        check_backbone(name)
     if args.reference and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
+    _check_execution_options(args)
+    made = _records_folder(args.out)
+    try:
+        if hasattr(task.adapter, "check_data"):
+            task.adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
+        backbones = [resolve_backbone(b) for b in names]
+    except UserError:
+        _remove_empty(made)
+        raise
     print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
           f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {args.out}", file=sys.stderr)
     summary = run_task(task, backbones, args.out, force=args.force, device=args.device, data_dir=args.data_dir,
@@ -245,7 +276,13 @@ def cmd_report(args) -> int:
         records = [r for r in records if r["task"] in args.task]
     if not records:
         raise UserError(f"no records under {', '.join(map(str, args.dirs))} (run `transferbench run` first)")
-    text = render(build_tables(aggregate(records), reference=args.reference), args.format)
+    failed = sum(r["status"] == "failed" for r in records)
+    if failed:
+        print(f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "
+              "`transferbench run` retries them)", file=sys.stderr)
+    # md: one table per report-axis setting (few-shot shots), headline first; csv/json: the wide form
+    text = render(build_tables(aggregate(records), reference=args.reference, split_axes=args.format == "md"),
+                  args.format)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
@@ -280,8 +317,17 @@ def cmd_regress(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "data": cmd_data, "report": cmd_report,
+        code = {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "data": cmd_data, "report": cmd_report,
                 "leaderboard": cmd_leaderboard, "regress": cmd_regress}[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`transferbench report runs | head -3`): stop quietly, as command-line tools
+        # do; stdout goes to /dev/null so that the interpreter's own final flush does not complain
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
     except UserError as e:
         print(f"transferbench: error: {e}", file=sys.stderr)
         return 2

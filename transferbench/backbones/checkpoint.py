@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,14 +65,45 @@ def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
     return path
 
 
+def check_checkpoint_file(path) -> Path:
+    """That `path` is a checkpoint file of a supported kind, from its header only (no tensor is read):
+    a safetensors header, a zip archive of arrays (.npz), a torch file. Otherwise one CheckpointError
+    naming the file and what it is not."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {p} does not exist (give a .safetensors, .pth or big_vision .npz file)")
+    if p.suffix == ".safetensors":
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001 - safetensors' own error type says what is wrong
+            raise CheckpointError(f"checkpoint {p} is not a valid safetensors file ({_first_line(e)})") from None
+    elif p.suffix == ".npz":
+        if not zipfile.is_zipfile(p):
+            raise CheckpointError(f"checkpoint {p} is not a valid .npz file (not a zip archive of arrays)")
+    elif p.suffix in _TORCH_SUFFIXES:
+        with open(p, "rb") as f:
+            head = f.read(2)
+        if not zipfile.is_zipfile(p) and head[:1] != b"\x80":  # torch's zip format, or a legacy pickle
+            raise CheckpointError(f"checkpoint {p} is not a PyTorch checkpoint (neither torch's zip format "
+                                  f"nor a pickle)")
+    else:
+        raise CheckpointError(f"unsupported checkpoint type {p.suffix!r} for {p}; "
+                              f"use .safetensors, {'/'.join(_TORCH_SUFFIXES)} or big_vision .npz")
+    return p
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def read_checkpoint(path) -> Checkpoint:
     """Read any supported file into transferbench names: ours or timm's `.safetensors`, timm
     `.pth/.pt/.bin`, big_vision `.npz`."""
     if isinstance(path, Checkpoint):
         return path
-    p = Path(path)
-    if not p.is_file():
-        raise CheckpointError(f"checkpoint {p} does not exist (give a .safetensors, .pth or big_vision .npz file)")
+    p = check_checkpoint_file(path)
     if p.suffix == ".npz":
         with np.load(p, allow_pickle=False) as npz:
             ckpt = convert_big_vision({k: npz[k] for k in npz.files})
@@ -89,13 +121,10 @@ def read_checkpoint(path) -> Checkpoint:
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - the unpickler's message says which global it refused
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"refusing to load {p}: it is not a plain tensor state dict "
-                                  f"(weights_only=True: {first}); re-save it as a state dict or safetensors") from None
+                                  f"(weights_only=True: {_first_line(e)}); re-save it as a state dict or "
+                                  "safetensors") from None
         ckpt = convert_timm(obj)
-    else:
-        raise CheckpointError(f"unsupported checkpoint type {p.suffix!r} for {p}; "
-                              f"use .safetensors, {'/'.join(_TORCH_SUFFIXES)} or big_vision .npz")
     ckpt.path = str(p)
     return ckpt
 

@@ -17,6 +17,8 @@ from transferbench.reporting.records import RecordStore, load_records
 from transferbench.reporting.regress import compare
 from transferbench.reporting.tables import build_tables, render
 
+from toyplugin import toy_accuracy
+
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
@@ -28,14 +30,15 @@ def toy_runs(tmp_path_factory):
     return out
 
 
-def table(out, task="toy", reference="mu4"):
-    (t,) = [t for t in build_tables(aggregate(load_records([out])), reference=reference) if t.task == task]
+def table(out, task="toy", reference="mu4", split_axes=True):
+    (t,) = [t for t in build_tables(aggregate(load_records([out])), reference=reference, split_axes=split_axes)
+            if t.task == task]
     return t
 
 
 def test_cells_are_t_intervals_of_the_selected_test_values(toy_runs):
     t = table(toy_runs)
-    e = {(x.backbone, x.dataset): x for x in aggregate(load_records([toy_runs]))}
+    e = {(x.backbone, x.dataset): x for x in aggregate(load_records([toy_runs])) if x.task == "toy"}
     vals = list(e[("mu4_dpn", "beta")].per_seed.values())
     low, high = scipy.stats.t.interval(0.95, 2, loc=np.mean(vals), scale=scipy.stats.sem(vals))
     cell = t.rows["mu4_dpn"]["beta"]
@@ -57,9 +60,29 @@ def test_group_columns_and_seed_counts(toy_runs):
     assert t.seeds == {"mu4": "3", "mu4_dpn": "3", "mu4_dtn": "3"}
 
 
-def test_unselected_sweep_becomes_columns(toy_runs):
-    t = table(toy_runs, task="toyshots")
-    assert t.columns == ["alpha (shots=1)", "alpha (shots=5)"]  # no suite means across shot counts
+def test_unselected_sweep_becomes_columns_in_the_wide_form(toy_runs):
+    t = table(toy_runs, task="toyshots", split_axes=False)
+    # no means across shot counts; shots by value
+    assert t.columns == ["alpha (shots=1)", "alpha (shots=5)", "beta (shots=1)", "beta (shots=5)"]
+
+
+def test_one_table_per_axis_setting_headline_first_with_means(toy_runs):
+    tables = [t for t in build_tables(aggregate(load_records([toy_runs])), reference="mu4") if t.task == "toyshots"]
+    assert [t.setting for t in tables] == ["shots=5", "shots=1"]  # the largest setting is the headline
+    five = tables[0]
+    assert five.columns == ["alpha", "beta", "mean"]
+    # the toy's closed form (toyshots: lr 0.01, offsets 5 and 0): mean over datasets of the seed means
+    expected = np.mean([np.mean([toy_accuracy("mu4", off, 0.01, seed, "test", ds) for seed in (0, 1)])
+                        for ds, off in (("alpha", 5.0), ("beta", 0.0))])
+    assert five.rows["mu4"]["mean"].estimate.mean == pytest.approx(expected, abs=1e-12)
+    # dpn is +2 on every seed of every dataset: the paired suite difference is exactly +2, and bold
+    assert five.rows["mu4_dpn"]["mean"].delta.mean == pytest.approx(2.0) and five.rows["mu4_dpn"]["mean"].better
+    md = render(tables)
+    assert md.index("### toyshots — shots=5") < md.index("### toyshots — shots=1")
+    assert md.count("Paired difference vs mu4") == 2
+    wide = json.loads(render(build_tables(aggregate(load_records([toy_runs])), split_axes=False), "json"))
+    assert {r["column"] for r in wide if r["task"] == "toyshots"} == {
+        "alpha (shots=1)", "alpha (shots=5)", "beta (shots=1)", "beta (shots=5)"}
 
 
 def test_worse_is_not_bold(toy_runs):
@@ -98,6 +121,9 @@ def test_leaderboard(toy_runs, tmp_path):
     text = out.read_text()
     assert "## toy" in text and "## toyshots" in text and "Protocol v1" in text and "git" in text
     assert "![Δ vs mu4](LEADERBOARD_toy.png)" in text  # mu4 is the plain backbone the others modify
+    # an axis task: one table per setting, headline first, and the wide form folded away
+    assert text.index("shots=5: accuracy") < text.index("shots=1: accuracy") < text.index("<details>")
+    assert "| alpha (shots=1)" in text.split("<details>")[1] and "![Δ vs mu4 at shots=5]" in text
     png = out.parent / "LEADERBOARD_toy.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert default_reference(["mu4@x", "mu4_dpn@x", "mu4_dtn@x"]) == "mu4@x"
@@ -199,3 +225,56 @@ def test_cli_lists(capsys):
     out = capsys.readouterr().out
     b16 = next(line for line in out.splitlines() if line.startswith("| b16 "))
     assert "85.8" in b16  # ViT-B/16 without its 1000-class head: 86.57M - 0.77M
+
+
+# --- records of mixed types, pipes ---------------------------------------------------------------------
+
+def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_path, capsys):
+    """A folder as earlier versions could leave it: `--set steps=abc` recorded failed cells with a string
+    where the spec has an int, and an axis holds 5 and '5'. report, leaderboard and regress still work, and
+    the good results are exactly those of the clean folder."""
+    clean = load_records([toy_runs])
+    poisoned = copy.deepcopy(clean)
+    for r in [r for r in clean if r["task"] == "toy" and r["dataset"] == "alpha"][:6]:
+        bad = copy.deepcopy(r)
+        bad.update(status="failed", reason="TypeError: 'str' object cannot be interpreted as an integer", metrics={},
+                   key="bad" + r["key"][3:], hparams={**r["hparams"], "steps": "abc"})
+        poisoned.append(bad)
+    for r in [r for r in clean if r["task"] == "toyshots" and r["hparams"]["shots"] == 5]:
+        text = copy.deepcopy(r)
+        text.update(key="txt" + r["key"][3:], hparams={**r["hparams"], "shots": "5"})
+        poisoned.append(text)
+    folder = write(poisoned, tmp_path / "runs")
+    assert main(["report", str(folder), "--reference", "mu4"]) == 0
+    cap = capsys.readouterr()
+    assert "6 failed cells have no metric" in cap.err and "steps=abc" not in cap.out
+    # the text '5' of an older version gets its own table, after the numbers'
+    assert cap.out.index("### toyshots — shots=5 —") < cap.out.index("### toyshots — shots=1 —") < \
+        cap.out.index("### toyshots — shots='5' —")
+    good = {(t.task, t.setting): t.rows for t in build_tables(aggregate(clean), reference="mu4")}
+    mixed = {(t.task, t.setting): t.rows for t in build_tables(aggregate(load_records([folder])), reference="mu4")}
+    assert mixed[("toy", "")] == good[("toy", "")]
+    assert main(["report", str(folder), "--format", "csv"]) == 0
+    assert main(["leaderboard", str(folder), "-o", str(tmp_path / "LB.md")]) == 0
+    assert main(["regress", "--baseline", str(toy_runs), "--current", str(folder)]) == 0
+    assert "**OK**" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["report", "{runs}"], ["list", "backbones"], ["regress", "--baseline", "{runs}",
+                                                                                 "--current", "{runs}"]])
+def test_a_closed_pipe_ends_quietly_with_exit_0(toy_runs, argv):
+    import os
+    import subprocess
+    import sys
+    argv = [a.format(runs=toy_runs) for a in argv]
+    read, write_end = os.pipe()
+    os.close(read)  # the reader is gone before anything is written: the first write meets EPIPE
+    proc = subprocess.run([sys.executable, "-m", "transferbench.cli", *argv], stdout=write_end,
+                          stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    # and as a user types it: the reader stops after a few lines
+    line = " ".join(f"'{a}'" for a in argv)
+    shell = subprocess.run(["bash", "-c", f"set -o pipefail; '{sys.executable}' -m transferbench.cli {line} | head -1"],
+                           capture_output=True, text=True)
+    assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 1

@@ -58,6 +58,14 @@ class Entry:
     note: str = ""
 
 
+def value_order(value) -> tuple:
+    """A sort key that any two hyper-parameter values accept, whatever their types (records written by
+    other versions may hold 5 and '5'): numbers by value, then everything else by its canonical text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, canon({"v": value}))
+
+
 def task_axes(records: list[dict]) -> list[str]:
     """Hyper-parameters (not selected) whose values differ between a task's records."""
     values = defaultdict(set)
@@ -69,17 +77,26 @@ def task_axes(records: list[dict]) -> list[str]:
 
 
 def aggregate(records: list[dict]) -> list[Entry]:
+    """Entries of the finished (ok or diverged) records. A failed cell has no metric: it joins the
+    counts of its group when one exists and is otherwise left out (a bad --set of an earlier version must
+    not add a column of dashes)."""
     entries = []
     by_task = defaultdict(list)
     for r in records:
         by_task[r["task"]].append(r)
     for task, recs in sorted(by_task.items()):
-        axes = task_axes(recs)
+        finished = [r for r in recs if r["status"] != "failed"]
+        axes = task_axes(finished)
         groups = defaultdict(list)
-        for r in recs:
+
+        def group_key(r):
             select = tuple(r.get("select", []))
-            rest = {k: v for k, v in r["hparams"].items() if k not in select}
-            groups[(r["dataset"], r["backbone"], canon(rest))].append(r)
+            return r["dataset"], r["backbone"], canon({k: v for k, v in r["hparams"].items() if k not in select})
+        for r in finished:
+            groups[group_key(r)].append(r)
+        for r in recs:
+            if r["status"] == "failed" and group_key(r) in groups:
+                groups[group_key(r)].append(r)
         for (dataset, backbone, _), grp in sorted(groups.items(), key=lambda kv: (kv[1][0]["order"], kv[0])):
             first = grp[0]
             select = tuple(first.get("select", []))

@@ -41,7 +41,7 @@ def plot_deltas(t: TaskTable, path: Path) -> Path | None:
     ax.set_xticks(range(len(t.columns)))
     ax.set_xticklabels(t.columns, rotation=30, ha="right")
     ax.set_ylabel(f"Δ {t.metric} vs {t.reference}")
-    ax.set_title(f"{t.task}: paired difference, 95% CI over seeds")
+    ax.set_title(f"{t.task}{' (' + t.setting + ')' if t.setting else ''}: paired difference, 95% CI over seeds")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -61,17 +61,23 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
     for task in sorted({e.task for e in entries}):
         ents = [e for e in entries if e.task == task]
         backbones = sorted({e.backbone for e in ents})
-        (t,) = build_tables(ents, reference=reference if reference in backbones else default_reference(backbones))
+        ref = reference if reference in backbones else default_reference(backbones)
+        tables = build_tables(ents, reference=ref)  # one per report-axis setting, headline first
+        t = tables[0]
         recs = [r for r in records if r["task"] == t.task]
         shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
         devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
         lines += [f"## {t.task}", "",
                   f"Protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
                   f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
-                  f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", "",
-                  to_markdown(t, title=False)]
+                  f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", ""]
+        lines += [to_markdown(x, title=False) for x in tables]
+        if len(tables) > 1:  # the wide form: every dataset and setting in one table
+            (wide,) = build_tables(ents, reference=ref, split_axes=False)
+            lines += ["<details><summary>Every setting in one table</summary>", "", to_markdown(wide, title=False),
+                      "</details>", ""]
         png = plot_deltas(t, out.parent / f"{out.stem}_{t.task}.png")
         if png:
-            lines += [f"![Δ vs {t.reference}]({png.name})", ""]
+            lines += [f"![Δ vs {t.reference}{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
     out.write_text("\n".join(lines))
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from tabulate import tabulate
 
 from ..errors import UserError, close_matches
-from .aggregate import Entry
+from .aggregate import Entry, canon, value_order
 from .stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
 
 ALL = "mean"  # the column averaging every dataset of a task
@@ -41,6 +41,7 @@ class TaskTable:
     seeds: dict[str, str] = field(default_factory=dict)  # backbone -> "3" or "2-3"
     reference: str | None = None
     notes: list[str] = field(default_factory=list)
+    setting: str = ""  # the report-axis setting of a table split by axis ('shots=25'), else ''
 
 
 def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
@@ -50,7 +51,19 @@ def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
     return better, not better
 
 
-def build_tables(entries: list[Entry], reference: str | None = None) -> list[TaskTable]:
+def axis_settings(entries: list[Entry]) -> list[dict]:
+    """The report-axis settings of a task's entries (few-shot {'shots': 25}, ...), headline first: the
+    largest value (most shots, the full train fraction), then down."""
+    settings = {canon(e.axes): e.axes for e in entries}
+    def key(axes):  # numbers down from the largest, then anything else by its text
+        return [(kind, -number, text) for kind, number, text in (value_order(axes[k]) for k in sorted(axes))]
+    return sorted(settings.values(), key=key)
+
+
+def build_tables(entries: list[Entry], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
+    """One table per task; with `split_axes` a task with report axes (few-shot shots) gets one table per
+    axis setting, headline first, each with its group means. Without, one wide table with a column per
+    dataset and setting (csv/json, the leaderboard's details)."""
     by_task = defaultdict(list)
     for e in entries:
         by_task[e.task].append(e)
@@ -60,52 +73,67 @@ def build_tables(entries: list[Entry], reference: str | None = None) -> list[Tas
         if reference is not None and reference not in backbones:
             raise UserError(f"--reference {reference!r} has no results for task {task!r}"
                             f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
-        # dataset order of the spec, then report-axis values by value (shots 1, 5, 10, 25; not as text)
-        order = sorted({(e.order, tuple(sorted(e.axes.items())), e.column, e.dataset, e.group) for e in ents})
-        order = [(o, c, d, g) for o, _, c, d, g in order]
-        columns = [c for _, c, _, _ in order]
-        # suite means need >= 2 datasets; with report axes (few-shot shots) datasets are not averaged
-        axes = any(e.axes for e in ents)
-        members = defaultdict(list)
-        for _, col, _, g in order:
-            members[g].append(col)
-        groups = [] if axes else [g for g in members if g and len(members[g]) > 1]
-        if len(groups) == 1 and len(members[groups[0]]) == len(columns):
-            groups = []  # one group holding everything: its mean is the overall mean
-        group_columns = groups + ([ALL] if len(columns) > 1 and not axes else [])
-        first = ents[0]
-        t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
-                      columns + group_columns, group_columns, reference=reference)
-        cell_of = {(e.backbone, e.column): e for e in ents}
-        rows = ([reference] if reference else []) + [b for b in backbones if b != reference]
-        for b in rows:
-            row = {}
-            ns = set()
-            for col in columns:
-                e = cell_of.get((b, col))
-                if e is None:
-                    continue
-                ref = cell_of.get((reference, col)) if reference and b != reference else None
-                delta = paired_difference(e.per_seed, ref.per_seed) if ref else None
-                row[col] = Cellv(e.estimate, delta, *_judge(delta, first.mode))
-                if e.estimate:
-                    ns.add(e.estimate.n)
-                if e.note:
-                    t.notes.append(f"{b} / {col}: {e.note}")
-            for g in group_columns:
-                members = [c for _, c, _, grp in order if g == ALL or grp == g]
-                if not all(col in row and row[col].estimate for col in members):
-                    continue  # a backbone missing a dataset has no comparable suite mean
-                per = {c: cell_of[(b, c)].per_seed for c in members}
-                est = bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()})
-                delta = None
-                if reference and b != reference and all((reference, c) in cell_of for c in members):
-                    delta = paired_suite_difference(per, {c: cell_of[(reference, c)].per_seed for c in members})
-                row[g] = Cellv(est, delta, *_judge(delta, first.mode))
-            t.rows[b] = row
-            t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
-        tables.append(t)
+        if split_axes and any(e.axes for e in ents):
+            for setting in axis_settings(ents):
+                same = [e for e in ents if e.axes == setting]
+                title = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(setting.items()))
+                tables.append(_table(task, same, reference, setting=title))
+        else:
+            tables.append(_table(task, ents, reference))
     return tables
+
+
+def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "") -> TaskTable:
+    """The table of `ents`: a column per dataset (per dataset and axis setting when settings are mixed),
+    then group means; rows are backbones, the reference first."""
+    backbones = sorted({e.backbone for e in ents})
+    wide = not setting and any(e.axes for e in ents)
+    column = (lambda e: e.column) if wide else (lambda e: e.dataset)
+    # dataset order of the spec, then report-axis values by value (shots 1, 5, 10, 25; not as text)
+    order = sorted({(e.order, tuple((k, value_order(v)) for k, v in sorted(e.axes.items())), column(e), e.dataset,
+                     e.group) for e in ents})
+    order = [(o, c, d, g) for o, _, c, d, g in order]
+    columns = [c for _, c, _, _ in order]
+    # suite means need >= 2 datasets; columns of different axis settings (few-shot shots) are not averaged
+    members = defaultdict(list)
+    for _, col, _, g in order:
+        members[g].append(col)
+    groups = [] if wide else [g for g in members if g and len(members[g]) > 1]
+    if len(groups) == 1 and len(members[groups[0]]) == len(columns):
+        groups = []  # one group holding everything: its mean is the overall mean
+    group_columns = groups + ([ALL] if len(columns) > 1 and not wide else [])
+    first = ents[0]
+    t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
+                  columns + group_columns, group_columns, reference=reference, setting=setting)
+    cell_of = {(e.backbone, column(e)): e for e in ents}
+    rows = ([reference] if reference else []) + [b for b in backbones if b != reference]
+    for b in rows:
+        row = {}
+        ns = set()
+        for col in columns:
+            e = cell_of.get((b, col))
+            if e is None:
+                continue
+            ref = cell_of.get((reference, col)) if reference and b != reference else None
+            delta = paired_difference(e.per_seed, ref.per_seed) if ref else None
+            row[col] = Cellv(e.estimate, delta, *_judge(delta, first.mode))
+            if e.estimate:
+                ns.add(e.estimate.n)
+            if e.note:
+                t.notes.append(f"{b} / {col}: {e.note}")
+        for g in group_columns:
+            members_g = [c for _, c, _, grp in order if g == ALL or grp == g]
+            if not all(col in row and row[col].estimate for col in members_g):
+                continue  # a backbone missing a dataset has no comparable suite mean
+            per = {c: cell_of[(b, c)].per_seed for c in members_g}
+            est = bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()})
+            delta = None
+            if reference and b != reference and all((reference, c) in cell_of for c in members_g):
+                delta = paired_suite_difference(per, {c: cell_of[(reference, c)].per_seed for c in members_g})
+            row[g] = Cellv(est, delta, *_judge(delta, first.mode))
+        t.rows[b] = row
+        t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
+    return t
 
 
 def _fmt(e: Estimate | None, signed=False) -> str:
@@ -126,8 +154,9 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
             text = _fmt(v.estimate) if v else "—"
             cells.append(f"**{text}**" if v and v.better else text)
         body.append([b + (" (ref)" if b == t.reference else ""), *cells, t.seeds[b]])
-    out = [f"### {t.task} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
-        else [f"{t.metric} ({direction})", ""]
+    at = f" — {t.setting}" if t.setting else ""
+    out = [f"### {t.task}{at} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
+        else [f"{t.setting + ': ' if t.setting else ''}{t.metric} ({direction})", ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     if t.reference and len(t.rows) > 1:
         body = []

@@ -2,8 +2,10 @@
 leave-one-out l2 selection against refitting, the feature cache's misses, and the adapter end to end."""
 import numpy as np
 import pytest
+import torch
 
 from transferbench.adapters.fewshot import BIAS, fewshot_indices, ridge_accuracy, ridge_fit, ridge_probe, select_l2
+from transferbench.backbones import create_backbone
 from transferbench.cli import main
 from transferbench.engine import features
 from transferbench.reporting.records import load_records
@@ -94,6 +96,7 @@ def test_cache_key_changes_with_everything_that_changes_features():
 def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     args = ["run", "fewshot", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--seeds",
             "0,1", "--set", "shots=1,5", "--set", "resolution=8", "--out", str(tmp_path), "--no-progress"]
+    torch.manual_seed(12345)
     assert main(args) == 0
     recs = load_records([tmp_path / "fewshot"])
     assert len(recs) == 4 and all(r["status"] == "ok" for r in recs)
@@ -113,3 +116,12 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     idx = fewshot_indices(tr_y, 5, 1)
     assert rec["info"]["train_examples"] == 50 == len(idx)
     assert rec["metrics"]["test"]["accuracy"] == pytest.approx(100 * ridge_accuracy(trx[idx], tr_y[idx], tex, te_y, 10))
+    # random-init features are cached under 'random-init': they must be one fixed draw (torch seed 0), not
+    # whatever the process's global RNG held when the cell ran (here: seed 12345, set before `main`)
+    from transferbench.data.sources import open_split
+    from transferbench.data.transforms import eval_transform
+    torch.manual_seed(0)
+    model = create_backbone("mu4", img_size=8)
+    data = open_split({"name": "mini_digits", "source": "embedded", "set": "digits"}, "test")
+    again, _ = features.extract(model, data, eval_transform(8), device="cpu", bf16=recs[0]["info"]["bf16"])
+    np.testing.assert_allclose(again, tex, rtol=0, atol=1e-5)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.sources import DatasetEntry
+from ..engine.train import BF16_SETTINGS
 from . import Adapter, plan_select_then_final
 
 BIAS = 100.0
@@ -67,14 +68,14 @@ class Probe:
     std: np.ndarray
     w: np.ndarray
 
+    def folded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(weights, offset) on the raw features: design(x) @ w == x @ weights + offset, the standardisation
+        and the bias feature folded in, so no standardised copy of x is ever built."""
+        return self.w[:-1] / self.std.T, BIAS * self.w[-1] - (self.mean / self.std) @ self.w[:-1]
+
     def scores(self, x) -> np.ndarray:
-        """design(x) @ w without building the standardised copy of x: the standardisation and the bias
-        feature are folded into the weights. float32 features stay float32."""
-        w_feat = self.w[:-1] / self.std.T
-        offset = BIAS * self.w[-1] - (self.mean / self.std) @ self.w[:-1]
-        x = np.asarray(x)
-        dtype = np.float32 if x.dtype == np.float32 else np.float64
-        return x @ w_feat.astype(dtype) + offset.astype(dtype)
+        """design(x) @ w through the folded weights. float32 features stay float32."""
+        return _affine(x, *self.folded())
 
     def predict(self, x) -> np.ndarray:
         return np.argmax(self.scores(x), axis=1)
@@ -153,6 +154,23 @@ def ridge_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2: float
     return float((pred == np.asarray(test_y)).mean())
 
 
+def ridge_sweep_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2s) -> list[float]:
+    """Test accuracy for every l2 of a sweep from one eigendecomposition (big_vision's use of its cache):
+    the weights of all l2 values are folded and stacked, so the test set goes through one matrix product."""
+    ridge = ridge_fit(train_x, train_y, num_classes)
+    folded = [ridge.probe(float(l2)).folded() for l2 in l2s]
+    scores = _affine(test_x, np.concatenate([w for w, _ in folded], axis=1),
+                     np.concatenate([b for _, b in folded], axis=-1)).reshape(len(test_x), len(folded), num_classes)
+    return [float(a) for a in (scores.argmax(-1) == np.asarray(test_y)[:, None]).mean(0)]
+
+
+def _affine(x, w: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """x @ w + offset in float32 for float32 features (the cached pre-logits), else float64."""
+    x = np.asarray(x)
+    dtype = np.float32 if x.dtype == np.float32 else np.float64
+    return x @ w.astype(dtype) + offset.astype(dtype)
+
+
 def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
     """The candidate with the best leave-one-out accuracy on the shots (ties: the earlier one)."""
     candidates = [float(c) for c in candidates]
@@ -169,6 +187,7 @@ class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
 class FewshotAdapter(Adapter):
     name = "fewshot"
     dataset_schema = FewshotDataset
+    hparam_choices = {"bf16": BF16_SETTINGS}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
@@ -190,6 +209,8 @@ class FewshotAdapter(Adapter):
         from ..data.sources import open_split
         from ..data.transforms import eval_transform
         from ..engine.features import cache_key, cached, extract
+        import torch
+
         from ..engine.train import bf16_enabled
 
         hp = cell.hparams
@@ -207,6 +228,9 @@ class FewshotAdapter(Adapter):
             def compute():
                 nonlocal model
                 if model is None:
+                    # features are shared by every (shots, seed) cell and cached under the weights' identity;
+                    # without weights that identity is 'random-init', so the initialisation must be one fixed draw
+                    torch.manual_seed(0)
                     model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
                                             checkpoint=cell.checkpoint)
                 return extract(model, data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,

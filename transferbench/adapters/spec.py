@@ -251,11 +251,12 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set expects key=value, got {item!r}")
-        everywhere = [spec.hparams.get(key), *(x.hparams.get(key) for x in spec.suites.values())] + \
-            [v for values in [spec.sweep.get(key) or [], *(x.sweep.get(key) or [] for x in spec.suites.values())]
-             for v in values]
-        like = next((v for v in [hparams.get(key), *(sweep.get(key) or []), *everywhere] if v is not None), None)
-        nullable = any(key in d and d[key] is None for d in [spec.hparams, *(x.hparams for x in spec.suites.values())])
+        # the type to parse into: this suite's value, else the spec's or another suite's (one may be null)
+        fixed = [hparams, spec.hparams, *(x.hparams for x in spec.suites.values())]
+        swept = [sweep, spec.sweep, *(x.sweep for x in spec.suites.values())]
+        seen = [d[key] for d in fixed if key in d] + [v for d in swept for v in d.get(key, [])]
+        like = next((v for v in seen if v is not None), None)
+        nullable = any(v is None for v in seen)
         if key in sweep:
             sweep[key] = [parse_override(key, t.strip(), like) for t in text.split(",") if t.strip()]
             if not sweep[key]:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from transferbench.adapters.fewshot import BIAS, fewshot_indices, ridge_accuracy, ridge_fit, ridge_probe, select_l2
+from transferbench.adapters.fewshot import (BIAS, fewshot_indices, ridge_accuracy, ridge_fit, ridge_probe,
+                                            ridge_sweep_accuracy, select_l2)
 from transferbench.backbones import create_backbone
 from transferbench.cli import main
 from transferbench.engine import features
@@ -43,6 +44,14 @@ def test_ridge_matches_a_direct_solve_in_both_branches(n, d):
         probe = ridge_probe(x, y, 3, l2)  # the one-l2 path (a linear solve, no eigh)
         assert np.allclose(probe.w, w, rtol=1e-6, atol=1e-9)
         assert (probe.predict(xt) == pred).all()
+    # a sweep's test accuracies (one eigendecomposition, one product) are the direct solves' accuracies
+    xt, yt = rng.normal(size=(200, d)) * 2, rng.integers(0, 3, 200)
+    l2s = [1e-2, 1.0, 2.0 ** 10, 1e6]
+    direct = []
+    for l2 in l2s:
+        w, mean, std = direct_weights(x, y, 3, l2)
+        direct.append(float((np.argmax(np.hstack([(xt - mean) / std, np.full((200, 1), BIAS)]) @ w, 1) == yt).mean()))
+    assert ridge_sweep_accuracy(x, y, xt, yt, 3, l2s) == direct and len(set(direct)) > 1
 
 
 def test_ridge_by_hand_on_a_tiny_case():

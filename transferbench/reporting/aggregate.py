@@ -76,6 +76,12 @@ def task_axes(records: list[dict]) -> list[str]:
     return sorted(k for k, vs in values.items() if len(vs) > 1)
 
 
+def group_key(r: dict) -> tuple:
+    """(dataset, backbone, hyper-parameters other than the selected ones): the records of one result."""
+    select = tuple(r.get("select", []))
+    return r["dataset"], r["backbone"], canon({k: v for k, v in r["hparams"].items() if k not in select})
+
+
 def aggregate(records: list[dict]) -> list[Entry]:
     """Entries of the finished (ok or diverged) records. A failed cell has no metric: it joins the
     counts of its group when one exists and is otherwise left out (a bad --set of an earlier version must
@@ -88,10 +94,6 @@ def aggregate(records: list[dict]) -> list[Entry]:
         finished = [r for r in recs if r["status"] != "failed"]
         axes = task_axes(finished)
         groups = defaultdict(list)
-
-        def group_key(r):
-            select = tuple(r.get("select", []))
-            return r["dataset"], r["backbone"], canon({k: v for k, v in r["hparams"].items() if k not in select})
         for r in finished:
             groups[group_key(r)].append(r)
         for r in recs:

@@ -108,7 +108,19 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
         x, _ = ds[0]
         assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and -1 <= x.min() and x.max() <= 1
     up = FolderDataset(root, "upstream", "train", verify=False)
-    assert len(up) == embedded.N_UPSTREAM and up.num_classes == 32
+    assert len(up) == embedded.N_UPSTREAM and up.num_classes == embedded.N_GLYPHS + embedded.N_TEXTURES == 64
+    images, labels = up.array().astype(np.float64), up.labels
+    assert set(labels.tolist()) == set(range(64))
+    # glyphs: light strokes on a dark ground (the corners are ground: at most 60 + stroke bleed)
+    glyph = images[labels < embedded.N_GLYPHS]
+    assert np.median(glyph[:, 0, 0].max(-1)) <= 60
+    # textures: each image's mean colour lies between its class's two palette colours (+- the 20 of
+    # colour jitter and a little noise), so colour identifies a texture class as the generator says
+    palettes = embedded.texture_classes(embedded.N_TEXTURES, seed=0)
+    for k in (0, 1, 2, 3, 17):
+        mean_colour = images[labels == embedded.N_GLYPHS + k].mean((1, 2))
+        lo, hi = palettes[k]["colours"].min(0) - 22, palettes[k]["colours"].max(0) + 22
+        assert len(mean_colour) > 100 and ((mean_colour >= lo) & (mean_colour <= hi)).all()
 
 
 def test_transforms_map_pixels_to_signed_unit_range():

@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a task's cells (skips finished ones)", formatter_class=fmt,
         description="Plan and run every cell of TASK for each backbone. Each finished cell writes one record "
                     "under --out; a rerun skips finished cells (ok or diverged) and retries failed ones, so an "
-                    "interrupted run resumes where it stopped.",
+                    "interrupted run resumes where it stopped. Bad input (a name, a --set value of the wrong type, "
+                    "an unreadable checkpoint, an unwritable --out) stops it with one line before the data is "
+                    "checked, and missing data before any pretraining or cell.",
         epilog="examples:\n  transferbench run vtab --backbone b32,b32_dpn\n"
                "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
                "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n\n"

@@ -82,7 +82,7 @@ def main() -> None:
             + ("" if gemm_peak.bf16_enabled("auto", "cpu") else
                "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
-    section("Few-shot solver vs scikit-learn", fewshot_solver.markdown(fewshot_solver.run()))
+    section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run()))
     if not args.skip_e2e:
         section("Embedded VTAB end to end", end_to_end())
     head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "

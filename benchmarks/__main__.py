@@ -4,7 +4,7 @@
 
 Each benchmark measures ratios in one process against a peer measured in the same run: after a
 warm-up, the contenders run in rotating rounds on every thread torch is set to, and each one's median
-per call is compared (the few-shot solvers: median of repeats). The end-to-end row runs
+per call is compared. The end-to-end row runs
 `transferbench run vtab --suite embedded` in a fresh $TRANSFERBENCH_HOME under /usr/bin/time (about
 8 minutes on 2 cores); the rest takes about 3 minutes. CI does not run this.
 """
@@ -82,7 +82,7 @@ def main() -> None:
             + ("" if gemm_peak.bf16_enabled("auto", "cpu") else
                "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
-    section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run()))
+    section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))
     if not args.skip_e2e:
         section("Embedded VTAB end to end", end_to_end())
     head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "

@@ -1,7 +1,7 @@
 """The few-shot solver (transferbench.adapters.fewshot) against big_vision's own algorithm on the same
 features in the same process: 25 shots x 100 classes of 768-d features, 10,000 test examples.
 
-    python -m benchmarks.fewshot_solver [--repeats 5] [--test 10000] [--seed 0]
+    python -m benchmarks.fewshot_solver [--seconds 2] [--test 10000] [--seed 0]
 
 The reference is big_vision's `evaluators/fewshot_lsr.py` transcribed to numpy below
 (`big_vision_cache` = its `_precompute_cache`: whiten, pad a 100.0 bias column, targets 2*onehot-1,
@@ -24,14 +24,13 @@ anisotropic noise and an offset.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import sklearn
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
+from benchmarks import interleaved_medians
 from transferbench.adapters.fewshot import (BIAS, _standardise, fewshot_indices, ridge_probe,
                                             ridge_sweep_accuracy)
 
@@ -80,21 +79,7 @@ def make_features(n_classes: int, dim: int, seed: int, separation: float):
     return sample
 
 
-def interleaved(fns: dict, repeats: int) -> dict:
-    """(median seconds, last result) of each function, timed in rotating rounds after a warm-up round,
-    so that the machine's drift hits every contender alike."""
-    out = {name: fn() for name, fn in fns.items()}
-    times = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t = time.perf_counter()
-            out[name] = fns[name]()
-            times[name].append(time.perf_counter() - t)
-    return {name: (statistics.median(times[name]), out[name]) for name in fns}
-
-
-def run(repeats: int = 5, test: int = 10_000, seed: int = 0, separation: float = 0.1) -> dict:
+def run(seconds: float = 2.0, test: int = 10_000, seed: int = 0, separation: float = 0.1) -> dict:
     classes, dim, shots = 100, 768, 25
     sample = make_features(classes, dim, seed, separation)
     pool_x, pool_y = sample(60, 1)
@@ -118,24 +103,22 @@ def run(repeats: int = 5, test: int = 10_000, seed: int = 0, separation: float =
         clf = LogisticRegression(max_iter=1000).fit(sc.transform(tx), ty)
         return float((clf.predict(sc.transform(test_x)) == test_y).mean()), int(clf.n_iter_[0])
 
-    t = interleaved({
-        "ours_fixed": ours_fixed, "theirs_fixed": theirs_fixed,
-        "ours_sweep": lambda: ridge_sweep_accuracy(tx, ty, test_x, test_y, classes, L2_SWEEP),
-        "theirs_sweep": theirs_sweep,
-        "ours_fit": lambda: ridge_probe(tx, ty, classes, PROTOCOL_L2),
-        "floor": lambda: (lambda d: d.T @ d)(_standardise(tx)[0]),  # the design and its Gram matrix
-        "gram": lambda: design.T @ design,
-        "logreg": logistic,
-    }, repeats)
-    (t_lr, (acc_lr, iters)) = t["logreg"]
-    sweep_diff = max(abs(a - b) for a, b in zip(t["ours_sweep"][1], t["theirs_sweep"][1]))
-    return {"ours_fixed_s": t["ours_fixed"][0], "theirs_fixed_s": t["theirs_fixed"][0],
-            "fixed_acc": 100 * t["ours_fixed"][1], "fixed_diff": abs(t["ours_fixed"][1] - t["theirs_fixed"][1]),
-            "ours_sweep_s": t["ours_sweep"][0], "theirs_sweep_s": t["theirs_sweep"][0],
-            "sweep_best": 100 * max(t["ours_sweep"][1]), "sweep_diff": sweep_diff,
-            "ours_fit_s": t["ours_fit"][0], "floor_s": t["floor"][0], "gram_s": t["gram"][0],
-            "logreg_s": t_lr, "logreg_acc": 100 * acc_lr, "logreg_iters": iters, "test": len(test_y),
-            "repeats": repeats, "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}"}
+    def ours_sweep():
+        return ridge_sweep_accuracy(tx, ty, test_x, test_y, classes, L2_SWEEP)
+
+    fns = {"ours_fixed": ours_fixed, "theirs_fixed": theirs_fixed, "ours_sweep": ours_sweep,
+           "theirs_sweep": theirs_sweep, "ours_fit": lambda: ridge_probe(tx, ty, classes, PROTOCOL_L2),
+           "floor": lambda: (lambda d: d.T @ d)(_standardise(tx)[0]),  # the design and its Gram matrix
+           "gram": lambda: design.T @ design, "logreg": logistic}
+    t = interleaved_medians(fns, seconds)
+    (acc_lr, iters), sweep_ours, sweep_theirs = logistic(), ours_sweep(), theirs_sweep()
+    return {"ours_fixed_s": t["ours_fixed"], "theirs_fixed_s": t["theirs_fixed"], "fixed_acc": 100 * ours_fixed(),
+            "fixed_diff": abs(ours_fixed() - theirs_fixed()), "ours_sweep_s": t["ours_sweep"],
+            "theirs_sweep_s": t["theirs_sweep"], "sweep_best": 100 * max(sweep_ours),
+            "sweep_diff": max(abs(a - b) for a, b in zip(sweep_ours, sweep_theirs)), "ours_fit_s": t["ours_fit"],
+            "floor_s": t["floor"], "gram_s": t["gram"], "logreg_s": t["logreg"], "logreg_acc": 100 * acc_lr,
+            "logreg_iters": iters, "test": len(test_y), "seconds": seconds,
+            "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}"}
 
 
 def markdown(r: dict) -> str:
@@ -147,8 +130,8 @@ def markdown(r: dict) -> str:
         return f"identical (max diff {diff:.0e})" if diff <= 1e-6 else f"DIFFERENT (max diff {diff:.1e})"
     ms = lambda s: f"{1e3 * s:.1f} ms"  # noqa: E731
     return (
-        f"25 shots x 100 classes x 768-d synthetic features, {r['test']} test examples, median of {r['repeats']} "
-        f"rotating rounds ({r['versions']}). Reference: big_vision's fewshot_lsr (eigendecomposition cache + per-l2 "
+        f"25 shots x 100 classes x 768-d synthetic features, {r['test']} test examples; medians over rotating rounds "
+        f"(at least {r['seconds']:g} s each; {r['versions']}). Reference: big_vision's fewshot_lsr (eigendecomposition cache + per-l2 "
         f"solve) transcribed to numpy float64 in this file.\n\n"
         f"| work | ours | big_vision's algorithm | speed-up (target) | accuracy |\n|---|---|---|---|---|\n"
         f"| fixed l2 = 2^10 (the protocol): fit + predict | {ms(r['ours_fixed_s'])} | {ms(r['theirs_fixed_s'])} | "
@@ -169,13 +152,13 @@ def markdown(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per contender (default 2)")
     ap.add_argument("--test", type=int, default=10_000, help="test examples (default 10,000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--separation", type=float, default=0.1, help="scale of the class means (default 0.1: neither "
                                                                    "solver near 0 or 100%%)")
     args = ap.parse_args()
-    print(markdown(run(args.repeats, args.test, args.seed, args.separation)))
+    print(markdown(run(args.seconds, args.test, args.seed, args.separation)))
 
 
 if __name__ == "__main__":

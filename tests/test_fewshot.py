@@ -98,7 +98,7 @@ def test_cache_key_changes_with_everything_that_changes_features():
     for field, value in [("weights_sha256", "b" * 64), ("backbone", "mu4_dpn"), ("split", "test"),
                          ("transform", {"resolution": 32, "resize_small": None}),
                          ("transform", {"resolution": 16, "resize_small": 18}),
-                         ("dataset", {"name": "mini_digits", "version": "digits-v2"})]:
+                         ("dataset", {"name": "mini_digits", "version": "digits-v2"}), ("pool", "gap")]:
         assert features.cache_key(**{**base, field: value}) != key, field
 
 
@@ -118,7 +118,8 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     ident = {"name": "mini_digits", "source": "embedded", "tfds": None, "set": "digits", "version": ds.version}
     tf = {"resolution": 8, "resize_small": None, "pixels": "[-1,1]", "bf16": recs[0]["info"]["bf16"]}
     load = lambda split: features.cached(features.cache_key(backbone="mu4", weights_sha256="random-init",  # noqa: E731
-                                                            transform=tf, dataset=ident, split=split), None)
+                                                            transform=tf, dataset=ident, split=split,
+                                                            pool="gap"), None)  # the embedded suite's pooling
     (trx, tr_y, hit1), (tex, te_y, hit2) = load("train800"), load("test")
     assert hit1 and hit2 and trx.shape == (800, 128)
     rec = next(r for r in recs if r["seed"] == 1 and r["hparams"]["shots"] == 5)
@@ -130,7 +131,11 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     from transferbench.data.sources import open_split
     from transferbench.data.transforms import eval_transform
     torch.manual_seed(0)
-    model = create_backbone("mu4", img_size=8)
+    model = create_backbone("mu4", img_size=8)  # mu4 pools the cls token; the suite probes the patch-token mean
     data = open_split({"name": "mini_digits", "source": "embedded", "set": "digits"}, "test")
-    again, _ = features.extract(model, data, eval_transform(8), device="cpu", bf16=recs[0]["info"]["bf16"])
-    np.testing.assert_allclose(again, tex, rtol=0, atol=1e-5)
+    from transferbench.engine.train import autocast
+    with torch.inference_mode(), autocast("cpu", recs[0]["info"]["bf16"]):
+        x = torch.stack([eval_transform(8)(data.image(i)) for i in range(16)])
+        tokens = model.eval().forward_features(x).float()
+    assert model.pool == "tok" and not torch.allclose(tokens[:, 0], tokens[:, 1:].mean(1))
+    np.testing.assert_allclose(tokens[:, 1:].mean(1).numpy(), tex[:16], rtol=0, atol=1e-5)

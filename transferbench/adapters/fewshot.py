@@ -180,6 +180,11 @@ def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
     return candidates[int(np.argmax(scores))], "leave-one-out"
 
 
+# Which pre-logits: the backbone's own pooling (big_vision's pre_logits; the default), or one chosen for
+# every backbone alike, so that backbones trained with different heads are probed on the same footing.
+POOLS = ("model", "tok", "gap")
+
+
 class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
     classes: int | None = None  # default: the dataset's own class count
 
@@ -187,7 +192,7 @@ class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
 class FewshotAdapter(Adapter):
     name = "fewshot"
     dataset_schema = FewshotDataset
-    hparam_choices = {"bf16": BF16_SETTINGS}
+    hparam_choices = {"bf16": BF16_SETTINGS, "pool": POOLS}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
@@ -231,13 +236,14 @@ class FewshotAdapter(Adapter):
                     # features are shared by every (shots, seed) cell and cached under the weights' identity;
                     # without weights that identity is 'random-init', so the initialisation must be one fixed draw
                     torch.manual_seed(0)
+                    pool = {} if hp["pool"] == "model" else {"pool": hp["pool"]}
                     model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
-                                            checkpoint=cell.checkpoint)
+                                            checkpoint=cell.checkpoint, **pool)
                 return extract(model, data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
                                bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                desc=f"features {cell.dataset} {role}")
             key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,
-                            transform=transform, dataset=identity, split=ds[role])
+                            transform=transform, dataset=identity, split=ds[role], pool=hp["pool"])
             x, y, hits[role] = cached(key, compute)
             return x, y, getattr(data, "num_classes", 0)
 

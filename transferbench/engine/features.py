@@ -1,7 +1,7 @@
 """Frozen features, extracted once and cached by content.
 
 The cache key hashes everything that determines the features: the backbone name and its weights'
-sha256, the representation (pre-logits), the transform (resolution, resize, pixel range), the dataset
+sha256, the representation (pre-logits, and which pooling), the transform (resolution, resize, pixel range), the dataset
 (name, source, tfds name or embedded set, data version) and the split. Change any one and the cache
 misses; nothing else is needed to trust a hit. Entries are `.npz` files (features float32, labels
 int64) under $TRANSFERBENCH_HOME/features, written atomically.
@@ -24,9 +24,12 @@ def cache_dir() -> Path:
     return home() / "features"
 
 
-def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str) -> str:
+def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str,
+              pool: str = "model") -> str:
+    """`pool`: the backbone's own pre-logits ('model') or the named pooling ('tok', 'gap')."""
     from ..reporting.aggregate import canon
-    ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": "pre_logits",
+    representation = "pre_logits" if pool == "model" else f"pre_logits:{pool}"
+    ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": representation,
              "transform": transform, "dataset": dataset, "split": split}
     return hashlib.sha256(canon(ident).encode()).hexdigest()[:24]
 

@@ -40,7 +40,7 @@ VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
 N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
 N_UPSTREAM, N_UPSTREAM_TEST = 16000, 1000
-N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs first, then textures, then photographs
+N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs, textures, photographs, positions, in order
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "camera",
           "coins", "grass", "brick")
 
@@ -339,7 +339,7 @@ def gen_upstream(root: Path, seed: int) -> None:
     tinted glyphs alone taught it to ignore (v3: `photos` fell to half of random init's accuracy);
     photographs keep natural colour statistics (v4, without them: `photos` 6 to 12 points below random
     init); positions keep where things lie, which shift-jittered classes teach it to discard (v4:
-    `clevr_dist`, read off the lowest object's row, 4 to 8 points below random init). Counting classes
+    `clevr_dist`, read off the lowest object's row, 3 to 8 points below random init). Counting classes
     (1 to 8 objects) were tried with v3 and made upstream accuracy fall to 67%."""
     glyphs, textures = glyph_strokes(N_GLYPHS, seed), texture_classes(N_TEXTURES, seed)
     photos = [load_photo(*p) for p in UPSTREAM_PHOTOS]

@@ -224,6 +224,7 @@ class FewshotAdapter(Adapter):
         transform = {"resolution": hp["resolution"], "resize_small": hp.get("resize"), "pixels": "[-1,1]",
                      "bf16": use_bf16}
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
+        pool = hp.get("pool", "model")  # specs written before the option existed mean the backbone's own
         model = None
         hits = {}
 
@@ -236,14 +237,13 @@ class FewshotAdapter(Adapter):
                     # features are shared by every (shots, seed) cell and cached under the weights' identity;
                     # without weights that identity is 'random-init', so the initialisation must be one fixed draw
                     torch.manual_seed(0)
-                    pool = {} if hp["pool"] == "model" else {"pool": hp["pool"]}
                     model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
-                                            checkpoint=cell.checkpoint, **pool)
+                                            checkpoint=cell.checkpoint, **({} if pool == "model" else {"pool": pool}))
                 return extract(model, data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
                                bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                desc=f"features {cell.dataset} {role}")
             key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,
-                            transform=transform, dataset=identity, split=ds[role], pool=hp["pool"])
+                            transform=transform, dataset=identity, split=ds[role], pool=pool)
             x, y, hits[role] = cached(key, compute)
             return x, y, getattr(data, "num_classes", 0)
 

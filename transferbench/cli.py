@@ -14,6 +14,8 @@ examples:
   transferbench list tasks
   transferbench run vtab --suite embedded        # offline mini-VTAB, shipped mu4 checkpoints, ~8 min on 2 cores
   transferbench run vtab --backbone b32,b32_dpn --reference b32 --data-dir ~/tensorflow_datasets
+  transferbench run seg --suite embedded         # ADE20K's linear-decoder protocol on the embedded scenes
+  transferbench run seg --backbone b16,b16_dpn@b16_dpn.npz --data-dir data/ade --reference b16
   transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded
   transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded --seeds 0,1
   transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k
@@ -160,8 +162,9 @@ def cmd_list(args) -> int:
         if not specs:
             print("no tasks installed")
         elif args.what == "tasks":
-            print(tabulate([[n, s.adapter, len(s.datasets), ", ".join(s.suites) or "-", s.description]
-                            for n, s in specs.items()], ["task", "adapter", "datasets", "suites", "description"],
+            print(tabulate([[n, ", ".join(s.aliases) or "-", s.adapter, len(s.datasets), ", ".join(s.suites) or "-",
+                             s.description] for n, s in specs.items()],
+                           ["task", "aliases", "adapter", "datasets", "suites", "description"],
                            tablefmt="github"))
         else:
             print(tabulate([[n, name, len(suite.datasets or s.datasets), suite.description]

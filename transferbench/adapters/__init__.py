@@ -79,11 +79,13 @@ def plan_select_then_final(task: Task, backbone, results) -> list:
 
 def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, sets=()) -> Task:
     """Load a task spec, let its adapter validate the datasets, resolve suite and overrides."""
-    from .spec import installed_specs, load_task, resolve
+    from .spec import installed_specs, load_task, resolve, task_aliases
 
     spec = load_task(name_or_path)
     adapter = get_adapter(spec.adapter)
-    adapter.validate(spec, str(installed_specs().get(name_or_path, name_or_path)))
+    installed = installed_specs()
+    name = task_aliases().get(name_or_path, name_or_path) if name_or_path not in installed else name_or_path
+    adapter.validate(spec, str(installed.get(name, name_or_path)))
     task = resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
     for key, choices in adapter.hparam_choices.items():
         for value in ([task.hparams[key]] if key in task.hparams else []) + list(task.sweep.get(key, [])):

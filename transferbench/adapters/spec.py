@@ -45,6 +45,7 @@ class SuiteSpec(BaseModel):
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str
+    aliases: list[str] = Field(default_factory=list)  # other names `transferbench run` accepts (ade20k: seg)
     adapter: str
     description: str = ""
     protocol_version: str
@@ -123,6 +124,20 @@ def list_tasks() -> list[str]:
     return sorted(installed_specs())
 
 
+def task_aliases() -> dict[str, str]:
+    """alias -> task name, from every installed spec's `aliases` (read from the YAML's top level only)."""
+    out = {}
+    for name, path in installed_specs().items():
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue  # a broken spec reports itself when it is loaded by name
+        aliases = data.get("aliases") if isinstance(data, dict) else None
+        for alias in aliases or []:
+            out.setdefault(str(alias), name)
+    return out
+
+
 def load_task(name_or_path: str) -> TaskSpec:
     """An installed task by name, or a spec file by path."""
     if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
@@ -131,6 +146,9 @@ def load_task(name_or_path: str) -> TaskSpec:
         return load_spec_file(name_or_path)
     specs = installed_specs()
     if name_or_path not in specs:
+        alias = task_aliases().get(name_or_path)
+        if alias is not None:
+            return load_task(alias)
         known = ", ".join(sorted(specs)) or "none installed"
         raise UserError(f"unknown task {name_or_path!r}{close_matches(name_or_path, specs)}; tasks: {known} "
                         "(or give a path to a spec .yaml)")

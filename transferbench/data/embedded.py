@@ -10,6 +10,11 @@ Downstream sets, each train800 / val200 / test:
   clevr_dist    the same scenes, distance of the closest object (VTAB's 6 thresholds)
   photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
                 held-out strip of each photograph)
+Segmentation set (training 512 / validation 128, a mask per image):
+  scenes        72 x 48 scenes: a photograph patch as background and 1-4 overlapping objects (ellipses,
+                rectangles, triangles) each filled with one of 4 texture kinds in random colours; mask
+                classes background, stripes, checks, dots, blobs; 2-px object boundaries are labelled
+                0 and ignored (ADE20K's convention, reduce_zero_label)
 Upstream set, for pretraining:
   upstream      96 classes (32x32): 32 procedural glyph classes (random strokes under random affine
                 jitter and stroke width, light tinted strokes on a dark tinted ground), 32 procedural
@@ -36,8 +41,9 @@ from .labels import (CLEVR_DIST_THRESHOLDS, DSPRITES_ORIENTATIONS, DSPRITES_POSI
                      clevr_dist_label)
 
 VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1", "clevr_count": "1",
-            "clevr_dist": "1", "photos": "1", "upstream": "5"}
+            "clevr_dist": "1", "photos": "1", "upstream": "5", "scenes": "1"}
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
+SEGMENTATION = ("scenes",)
 N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
 N_UPSTREAM, N_UPSTREAM_TEST = 16000, 1000
 N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs, textures, photographs, positions, in order
@@ -62,7 +68,7 @@ def ensure(names=None, seed: int = 0) -> Path:
     root = embedded_root()
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / ".generate.lock")):
-        for name in names or (*DOWNSTREAM, "upstream"):
+        for name in names or (*DOWNSTREAM, *SEGMENTATION, "upstream"):
             if name not in VERSIONS:
                 raise KeyError(name)
             info = read_info(root, name)
@@ -364,6 +370,62 @@ def gen_upstream(root: Path, seed: int) -> None:
                                "(a 4 x 4 grid)"))
 
 
+# --- segmentation: textured objects on photographs ------------------------------------------------
+
+SCENE_SIZE = (48, 72)  # (height, width): not square, so the test-time resize and sliding windows matter
+N_SCENES_TRAIN, N_SCENES_VAL = 512, 128
+SCENE_KINDS = ("stripes", "checks", "dots")  # of TEXTURE_KINDS; blobs looked too much like the photographs
+SCENE_CLASSES = ("background", *SCENE_KINDS)  # train ids 0..3; stored +1, 0 = boundary (ignored)
+SCENE_SHAPES = ("ellipse", "rectangle", "triangle")
+
+
+def scene_object_mask(shape: str, cx: float, cy: float, rx: float, ry: float, theta: float,
+                      size=SCENE_SIZE) -> np.ndarray:
+    """A filled shape (boolean H x W) centred at (cx, cy) with half-extents (rx, ry), rotated by theta."""
+    v, u = np.mgrid[:size[0], :size[1]] + 0.5
+    c, s = math.cos(theta), math.sin(theta)
+    x, y = (c * (u - cx) + s * (v - cy)) / rx, (-s * (u - cx) + c * (v - cy)) / ry
+    if shape == "ellipse":
+        return x ** 2 + y ** 2 <= 1
+    if shape == "rectangle":
+        return (np.abs(x) <= 1) & (np.abs(y) <= 1)
+    return (y <= 1) & (y >= 2 * np.abs(x) - 1)  # triangle, apex up
+
+
+def render_segmentation_scene(rng: np.random.Generator, photos: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(image uint8 H x W x 3, mask uint8 H x W): mask 1 = background, 2..5 = the texture kinds, 0 = the
+    2-px boundary between regions (ignored)."""
+    from scipy import ndimage
+    h, w = SCENE_SIZE
+    photo = photos[int(rng.integers(len(photos)))]
+    image = photo_patch(photo, rng, lo=0.3, hi=0.6, out=w)[:h].astype(np.float64)
+    labels = np.zeros((h, w), np.uint8)  # train ids
+    for _ in range(int(rng.integers(1, 5))):
+        kind = int(rng.integers(len(SCENE_KINDS)))
+        inside = scene_object_mask(SCENE_SHAPES[int(rng.integers(len(SCENE_SHAPES)))],
+                                   rng.uniform(8, w - 8), rng.uniform(8, h - 8), rng.uniform(7, 18), rng.uniform(7, 16),
+                                   rng.uniform(0, math.pi))
+        texture = {"colours": rng.uniform(0, 255, (2, 3)), "kind": TEXTURE_KINDS.index(SCENE_KINDS[kind]),
+                   "period": float(rng.uniform(7.0, 12.0)),
+                   "angle": float(rng.uniform(0, math.pi))}
+        image[inside] = render_texture(texture, rng, size=w)[:h][inside]
+        labels[inside] = 1 + kind
+    boundary = ndimage.grey_dilation(labels, size=3) != ndimage.grey_erosion(labels, size=3)
+    mask = labels + 1
+    mask[boundary] = 0
+    return np.clip(image, 0, 255).astype(np.uint8), mask
+
+
+def gen_scenes(root: Path, seed: int) -> None:
+    rng = np.random.default_rng([seed, 10])
+    photos = [load_photo("skimage", name) for name in PHOTOS]
+    items = [render_segmentation_scene(rng, photos) for _ in range(N_SCENES_TRAIN + N_SCENES_VAL)]
+    write_folder_dataset(root, "scenes", {"training": items[:N_SCENES_TRAIN], "validation": items[N_SCENES_TRAIN:]},
+                         _info("scenes", seed, len(SCENE_CLASSES), "procedural textured objects on patches of the "
+                               "scikit-image photographs of `photos`", reduce_zero_label=True,
+                               class_names=list(SCENE_CLASSES), size=list(SCENE_SIZE)))
+
+
 _GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,
                "dsprites_ori": gen_dsprites, "clevr_count": gen_clevr, "clevr_dist": gen_clevr,
-               "upstream": gen_upstream}
+               "upstream": gen_upstream, "scenes": gen_scenes}

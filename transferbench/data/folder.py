@@ -3,6 +3,8 @@
     <root>/<dataset>/
         train800.txt  val200.txt  train800val200.txt  test.txt    # lines: "relative/path label"
         images/...                                                # PNG (lossless)
+        masks/...                                                 # segmentation sets: a PNG mask per image,
+                                                                  # lines "images/... masks/..."
         MANIFEST.sha256                                           # "<sha256>  <relative/path>" per file
         info.json                                                 # classes, sizes, source, version
 
@@ -46,8 +48,10 @@ def sha256_file(path: Path) -> str:
 
 def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.ndarray, int]]], info: dict) -> Path:
     """Write `splits` ({'train800': [(uint8 HxW or HxWx3, label), ...], 'val200': ..., 'test': ...}; any
-    iterables, consumed once) as PNGs plus lists, manifest and info. `train800val200` is written as train800
-    followed by val200. The folder appears atomically (written aside, then renamed)."""
+    iterables, consumed once) as PNGs plus lists, manifest and info. A label that is an array is a
+    segmentation mask (uint8 H x W): it is written as a PNG under masks/ and the list line names both
+    files. `train800val200` is written as train800 followed by val200. The folder appears atomically
+    (written aside, then renamed)."""
     root = Path(root)
     final = root / name
     tmp = root / f".{name}.tmp{os.getpid()}"
@@ -60,7 +64,13 @@ def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.nd
             rel = f"images/{split}/{i:05d}.png"
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(np.asarray(img, dtype=np.uint8)).save(tmp / rel, optimize=False, compress_level=1)
-            lines.append(f"{rel} {int(label)}")
+            if isinstance(label, np.ndarray):
+                mask_rel = f"masks/{split}/{i:05d}.png"
+                (tmp / mask_rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(label.astype(np.uint8)).save(tmp / mask_rel, optimize=False, compress_level=1)
+                lines.append(f"{rel} {mask_rel}")
+            else:
+                lines.append(f"{rel} {int(label)}")
         lists[split] = lines
     if "train800" in lists and "val200" in lists:
         lists["train800val200"] = lists["train800"] + lists["val200"]
@@ -73,6 +83,23 @@ def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.nd
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+def verify_files(folder: Path, name: str, rel_paths) -> None:
+    """Each file (relative to the dataset folder) is in the manifest, exists and has its sha256."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {name!r}; re-export it")
+    expected = dict(reversed(line.split("  ", 1)) for line in manifest.read_text().splitlines() if line)
+    for rel in dict.fromkeys(rel_paths):
+        p = folder / rel
+        if rel not in expected:
+            raise CorruptDataError(f"{p} is not in {manifest}; re-export dataset {name!r}")
+        if not p.is_file():
+            raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {name!r}")
+        if sha256_file(p) != expected[rel]:
+            raise CorruptDataError(f"{p} does not match its sha256 in {manifest}: the file changed; "
+                                   f"re-export dataset {name!r}")
 
 
 def read_info(root, name: str) -> dict:
@@ -101,19 +128,7 @@ class FolderDataset(torch.utils.data.Dataset):
             self.verify([lst.name, *self.paths])
 
     def verify(self, rel_paths) -> None:
-        manifest = self.dir / MANIFEST
-        if not manifest.is_file():
-            raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {self.name!r}; re-export it")
-        expected = dict(reversed(line.split("  ", 1)) for line in manifest.read_text().splitlines() if line)
-        for rel in dict.fromkeys(rel_paths):
-            p = self.dir / rel
-            if rel not in expected:
-                raise CorruptDataError(f"{p} is not in {manifest}; re-export dataset {self.name!r}")
-            if not p.is_file():
-                raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {self.name!r}")
-            if sha256_file(p) != expected[rel]:
-                raise CorruptDataError(f"{p} does not match its sha256 in {manifest}: the file changed; "
-                                       f"re-export dataset {self.name!r}")
+        verify_files(self.dir, self.name, rel_paths)
 
     def __len__(self) -> int:
         return len(self.paths)

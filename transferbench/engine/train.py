@@ -1,4 +1,4 @@
-"""The training loop the adapters share: seeded batch streams, warm-up + cosine schedule, gradient
+"""The training loop the adapters share: seeded batch streams, warm-up + cosine (or poly) schedule, gradient
 accumulation, bf16 autocast where the hardware has it, clipping, and batched evaluation.
 
 Determinism: every training example is transformed under its own seed, drawn from (cell seed, epoch,
@@ -50,6 +50,25 @@ def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
     return 0.5 * base * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
+def poly_lr(step: int, *, base: float, warmup: int, total: int, power: float = 0.9) -> float:
+    """Linear warm-up over `warmup` steps, then polynomial decay base * (1 - t/T)^power to 0 at `total`
+    (mmseg's PolyLR with eta_min 0, the Segmenter/ADE20K schedule)."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * (1 - (step - warmup) / max(1, total - warmup)) ** power
+
+
+SCHEDULES = ("cosine", "poly")
+
+
+def schedule_lr(name: str, step: int, *, base: float, warmup: int, total: int, power: float = 0.9) -> float:
+    if name == "cosine":
+        return cosine_lr(step, base=base, warmup=warmup, total=total)
+    if name == "poly":
+        return poly_lr(step, base=base, warmup=warmup, total=total, power=power)
+    raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}")
+
+
 def examples(dataset) -> Callable[[int], tuple]:
     """i -> (image, label). Image folders are decoded once into a uint8 NCHW tensor (fast random access
     for small sets); other datasets (tfds) are read lazily as PIL images."""
@@ -62,10 +81,12 @@ def examples(dataset) -> Callable[[int], tuple]:
 
 class _Seeded(torch.utils.data.Dataset):
     """Maps (index, seed) to (transform(image), label) with the transform's randomness seeded per
-    example. Workers and the main process produce the same tensors."""
+    example. Workers and the main process produce the same tensors. With `joint` the transform takes
+    and returns (image, target) together: a segmentation mask goes through the same random resize,
+    crop and flip as its image."""
 
-    def __init__(self, dataset, transform):
-        self.dataset, self.transform, self.fetch = dataset, transform, None
+    def __init__(self, dataset, transform, joint: bool = False):
+        self.dataset, self.transform, self.joint, self.fetch = dataset, transform, joint, None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -77,6 +98,8 @@ class _Seeded(torch.utils.data.Dataset):
         image, label = self.fetch(i)
         if seed is not None:
             torch.manual_seed(seed)
+        if self.joint:
+            return self.transform(image, label)
         return self.transform(image), label
 
 
@@ -102,10 +125,12 @@ class _EpochSampler(torch.utils.data.Sampler):
             epoch += 1
 
 
-def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0) -> Iterator:
-    """`steps` batches of (images, labels) from the shuffled, repeated dataset."""
+def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0,
+                  joint: bool = False) -> Iterator:
+    """`steps` batches of (images, labels) from the shuffled, repeated dataset; `joint`: the transform
+    maps (image, target) pairs (segmentation)."""
     sampler = _EpochSampler(len(dataset), seed, batch * steps)
-    loader = torch.utils.data.DataLoader(_Seeded(dataset, transform), batch_size=batch, sampler=sampler,
+    loader = torch.utils.data.DataLoader(_Seeded(dataset, transform, joint), batch_size=batch, sampler=sampler,
                                          num_workers=workers, persistent_workers=False,
                                          prefetch_factor=4 if workers else None)
     return iter(loader)
@@ -129,16 +154,19 @@ def _is_oom(err: BaseException) -> bool:
 
 def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
         loss_fn: Callable, device: str, bf16: bool, micro_batch: int | None = None, progress=None,
-        desc: str = "train") -> dict:
+        desc: str = "train", schedule: str = "cosine", power: float = 0.9) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
-    halves the micro-batch and retries the step, so a batch of 512 fits where it can."""
+    halves the micro-batch and retries the step, so a batch of 512 fits where it can. `schedule`:
+    'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     model.train()
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     loss_value, micro = float("nan"), micro_batch
     for step in steps_iter:
         x, y = next(batches)
-        lr = cosine_lr(step, base=base_lr, warmup=warmup, total=steps)
+        lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
         for group in optimizer.param_groups:
             group["lr"] = lr
         while True:

@@ -1,0 +1,217 @@
+"""Semantic-segmentation data: three readers behind one interface, and the transforms that move an image
+and its mask together.
+
+Every reader yields (image, mask): image an RGB PIL image, mask a uint8 (H, W) array of train ids
+(0..K-1, 255 = ignore) at the image's own size. The label convention of ADE20K (mmseg's
+`reduce_zero_label`): stored 0 ("other") -> 255, 1..150 -> 0..149.
+
+- `AdeFolder`: the official layout that mmsegmentation and Segmenter users already have,
+  `ADEChallengeData2016/{images,annotations}/{training,validation}/NAME.{jpg,png}`;
+- `TfdsSegmentation`: a prepared tfds dataset through `tfds.data_source` (`scene_parse150`); its
+  annotation is tfds's 3-channel PNG of the Places Challenge 2017 *instance* masks, whose red channel is
+  the category (1..100 of the instance task, 0 = none) — not the 150 scene-parsing classes;
+- `SegFolderDataset`: the folder format of `transferbench.data.folder` with a mask per image (the
+  embedded `scenes` set), sha256-verified like every folder dataset.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .folder import DataMissingError, read_info, verify_files
+
+IGNORE = 255
+ADE_ROOT = "ADEChallengeData2016"
+ADE_SPLITS = {"train": "training", "training": "training", "validation": "validation", "val": "validation"}
+OBTAIN_ADE = ("download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ "
+              "(mmsegmentation's docs/en/user_guides/2_dataset_prepare.md) and unzip it there")
+
+
+def reduce_zero_label(mask: np.ndarray) -> np.ndarray:
+    """ADE20K's convention: 0 ("other") -> 255 (ignored), k -> k - 1 (uint8 arithmetic wraps 0 to 255)."""
+    return (np.asarray(mask, dtype=np.uint8) - np.uint8(1)).astype(np.uint8)
+
+
+def _as_labels(mask: np.ndarray, reduce_zero: bool) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.ndim == 3:  # tfds' scene_parse150 annotation: the category is the red channel
+        mask = mask[..., 0]
+    mask = mask.astype(np.uint8)
+    return reduce_zero_label(mask) if reduce_zero else mask
+
+
+class SegDataset(torch.utils.data.Dataset):
+    """Common surface: len, (PIL image, uint8 mask) items, `num_classes`."""
+    num_classes: int = 0
+    reduce_zero: bool = False
+
+    def image(self, i: int) -> Image.Image:
+        raise NotImplementedError
+
+    def raw_mask(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def mask(self, i: int) -> np.ndarray:
+        return _as_labels(self.raw_mask(i), self.reduce_zero)
+
+    def __getitem__(self, i: int):
+        return self.image(i), self.mask(i)
+
+
+def find_ade_root(data_dir) -> Path | None:
+    """`--data-dir` itself when it is ADEChallengeData2016, else its ADEChallengeData2016 child."""
+    if data_dir is None:
+        return None
+    d = Path(data_dir).expanduser()
+    for cand in (d, d / ADE_ROOT):
+        if (cand / "images").is_dir() and (cand / "annotations").is_dir():
+            return cand
+    return None
+
+
+class AdeFolder(SegDataset):
+    """`<root>/images/<split>/*.jpg` with `<root>/annotations/<split>/<same stem>.png`."""
+
+    def __init__(self, root, split: str, *, num_classes: int = 150, reduce_zero: bool = True):
+        self.root = Path(root)
+        self.split = ADE_SPLITS.get(split, split)
+        self.num_classes, self.reduce_zero = num_classes, reduce_zero
+        images = self.root / "images" / self.split
+        masks = self.root / "annotations" / self.split
+        if not images.is_dir() or not masks.is_dir():
+            raise DataMissingError(f"ADE20K split {self.split!r} not found: looked for {images} and {masks} "
+                                   f"(the layout {ADE_ROOT}/{{images,annotations}}/{{training,validation}}); "
+                                   + OBTAIN_ADE)
+        self.images = sorted(p for p in images.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        self.masks = [masks / f"{p.stem}.png" for p in self.images]
+        lacking = [p.name for p in self.masks if not p.is_file()]
+        if lacking or not self.images:
+            what = f"{len(lacking)} annotations are missing (first: {lacking[0]})" if lacking else "no images"
+            raise DataMissingError(f"ADE20K split {self.split!r} under {self.root} is incomplete: {what}; "
+                                   "every images/<split>/NAME.jpg needs annotations/<split>/NAME.png")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def image(self, i: int) -> Image.Image:
+        with Image.open(self.images[i]) as im:
+            return im.convert("RGB")
+
+    def raw_mask(self, i: int) -> np.ndarray:
+        with Image.open(self.masks[i]) as m:
+            return np.asarray(m)
+
+
+class TfdsSegmentation(SegDataset):
+    """A prepared tfds segmentation dataset (`image`, `annotation`) through tfds.data_source."""
+
+    def __init__(self, name: str, split: str, *, data_dir=None, num_classes: int, reduce_zero: bool = True):
+        from .tfds_source import TfdsDataset
+        self.base = TfdsDataset(name, split, label_fn=lambda ex: 0, data_dir_=data_dir)
+        self.num_classes, self.reduce_zero = num_classes, reduce_zero
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def image(self, i: int) -> Image.Image:
+        return self.base[i][0]
+
+    def raw_mask(self, i: int) -> np.ndarray:
+        return np.asarray(self.base.example(i)["annotation"])
+
+
+class SegFolderDataset(SegDataset):
+    """A split of the folder format whose list lines are `images/... masks/...` (masks stored as they
+    are read: train ids, 255 = ignore; or with 0 = ignore when the set's info says reduce_zero_label)."""
+
+    def __init__(self, root, name: str, split: str, *, verify: bool = True):
+        self.dir, self.name, self.split = Path(root) / name, name, split
+        lst = self.dir / f"{split}.txt"
+        if not lst.is_file():
+            raise DataMissingError(f"segmentation set {name!r} split {split!r} not found: looked for "
+                                   f"{self.dir if not self.dir.is_dir() else lst}")
+        rows = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
+        if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in rows):
+            raise DataMissingError(f"{lst} is not a segmentation list (lines 'images/... masks/...'); "
+                                   "regenerate the set")
+        self.paths, self.mask_paths = [r[0] for r in rows], [r[1] for r in rows]
+        self.info = read_info(root, name)
+        self.num_classes = int(self.info.get("num_classes", 0))
+        self.reduce_zero = bool(self.info.get("reduce_zero_label", False))
+        self._cache: dict[int, tuple] = {}  # small sets are revisited every epoch: decode once
+        if verify:
+            verify_files(self.dir, name, [lst.name, *self.paths, *self.mask_paths])
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _load(self, i: int):
+        if i not in self._cache:
+            with Image.open(self.dir / self.paths[i]) as im:
+                img = np.array(im.convert("RGB"))  # writable: torch.from_numpy shares it
+            with Image.open(self.dir / self.mask_paths[i]) as m:
+                mask = np.asarray(m)
+            self._cache[i] = img, mask
+        return self._cache[i]
+
+    def image(self, i: int) -> Image.Image:
+        return Image.fromarray(self._load(i)[0])
+
+    def raw_mask(self, i: int) -> np.ndarray:
+        return self._load(i)[1]
+
+    def __getitem__(self, i: int):
+        """(uint8 (3, H, W) tensor, mask): the decoded array as it is, no PIL round trip per epoch."""
+        return torch.from_numpy(self._load(i)[0]).permute(2, 0, 1), self.mask(i)
+
+
+# --- transforms ------------------------------------------------------------------------------------
+
+def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, photometric: bool = True):
+    """mmseg's ADE20K training pipeline with torchvision v2 on (Image, Mask) pairs: random resize of the
+    short side to base·r, r uniform in `ratio` (base: the crop size; mmseg's scale (2048, 512) with
+    ratio 0.5-2.0 does the same for images of aspect below 4), random crop (padded with 0 / the ignore
+    index where the image is smaller), horizontal flip, photometric distortion (SSD's: brightness,
+    contrast, saturation, hue, each with p = 0.5), pixels to [-1, 1]. Masks resize with nearest
+    neighbours (v2 does so for every tv_tensors.Mask). Call it as `transform(image, mask)`."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    base = base or crop
+    lo, hi = int(round(base * ratio[0])), int(round(base * ratio[1]))
+    ops = [v2.RandomResize(lo, hi + 1),
+           v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+           v2.RandomHorizontalFlip()]
+    if photometric:
+        ops.append(v2.RandomPhotometricDistort())
+    ops += [v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+            v2.Normalize([0.5] * 3, [0.5] * 3)]
+    pipeline = v2.Compose(ops)
+
+    def apply(image, mask):
+        img = tv_tensors.Image(v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else image)
+        return pipeline(img, tv_tensors.Mask(torch.as_tensor(np.asarray(mask))))
+    apply.pipeline = pipeline
+    return apply
+
+
+def eval_size(height: int, width: int, short: int, long: int | None = None) -> tuple[int, int]:
+    """mmseg's `Resize(scale=(long, short), keep_ratio=True)` (mmcv.rescale_size): one factor
+    min(long / long side, short / short side), sizes rounded half up. Default long = 4 * short
+    (ADE20K: 2048, 512)."""
+    long = long or 4 * short
+    factor = min(long / max(height, width), short / min(height, width))
+    return int(height * factor + 0.5), int(width * factor + 0.5)
+
+
+def eval_image(image, short: int) -> torch.Tensor:
+    """The test pipeline's image: resized as `eval_size` says (bilinear, as mmcv's cv2 resize: no
+    antialiasing), pixels in [-1, 1], (3, h, w) float."""
+    from torchvision.transforms import v2
+    x = v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else torch.as_tensor(image)
+    h, w = eval_size(x.shape[-2], x.shape[-1], short)
+    x = v2.functional.resize(x, [h, w], antialias=False) if (h, w) != tuple(x.shape[-2:]) else x
+    return x.float().div(127.5).sub(1.0)

@@ -4,9 +4,11 @@
 
 Each benchmark measures ratios in one process against a peer measured in the same run: after a
 warm-up, the contenders run in rotating rounds on every thread torch is set to, and each one's median
-per call is compared. The end-to-end row runs
-`transferbench run vtab --suite embedded` in a fresh $TRANSFERBENCH_HOME under /usr/bin/time (about
-8 minutes on 2 cores); the rest takes about 3 minutes. CI does not run this.
+per call is compared. The end-to-end rows run
+`transferbench run vtab --suite embedded` and `transferbench run seg --suite embedded`, each in a fresh
+$TRANSFERBENCH_HOME under /usr/bin/time (about 8 and 5 minutes on 2 cores); the segmentation evaluation
+row takes about 8 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the rest about
+3. CI does not run this.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import backbone_overhead, dtn_layer, fewshot_solver, gemm_peak
+from . import backbone_overhead, dtn_layer, fewshot_solver, gemm_peak, seg_eval
 
 HERE = Path(__file__).parent
 
@@ -35,10 +37,10 @@ def machine() -> str:
             f"{torch.get_num_threads()} threads")
 
 
-def end_to_end() -> str:
+def end_to_end(task: str = "vtab") -> str:
     with tempfile.TemporaryDirectory() as home:
         out = Path(home) / "runs"
-        cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "transferbench.cli", "run", "vtab", "--suite", "embedded",
+        cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "transferbench.cli", "run", task, "--suite", "embedded",
                "--out", str(out), "--no-progress"]
         started = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
@@ -48,14 +50,16 @@ def end_to_end() -> str:
         subprocess.run(cmd[2:], capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
         rerun = time.time() - again
     status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-    return ("| command | wall | peak RSS | rerun (all cells skipped) | status |\n|---|---|---|---|---|\n"
-            f"| `transferbench run vtab --suite embedded` (fresh home: data generation included) | "
+    return (f"| `transferbench run {task} --suite embedded` (fresh home: data generation included) | "
             f"{wall / 60:.1f} min | {int(rss.group(1)) / 1e6 if rss else float('nan'):.2f} GB | {rerun:.1f} s | {status} |")
+
+
+E2E_HEAD = "| command | wall | peak RSS | rerun (all cells skipped) | status |\n|---|---|---|---|---|\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--skip-e2e", action="store_true", help="skip the 8-minute end-to-end run")
+    ap.add_argument("--skip-e2e", action="store_true", help="skip the 13 minutes of end-to-end runs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per timed call")
     ap.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
@@ -83,8 +87,10 @@ def main() -> None:
                "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))
+    section("Segmentation: sliding-window evaluation and metric accumulation",
+            seg_eval.markdown(seg_eval.window_overhead("ti16", 4, args.seconds), seg_eval.metric_speed(2000)))
     if not args.skip_e2e:
-        section("Embedded VTAB end to end", end_to_end())
+        section("Embedded suites end to end", E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg")))
     head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
             f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
             "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a warm-up).\n\n")

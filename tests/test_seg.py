@@ -355,3 +355,23 @@ def test_missing_ade_stops_before_any_cell_with_one_line(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "ADEChallengeData2016" in msg
     assert "scene_parse150" in msg and "--suite embedded" in msg
+
+
+def test_crop_redraws_where_one_class_dominates_as_mmseg():
+    # class 2 fills the left 24 of 64 columns: a 32-wide crop at column c has class 1 on (8 + c) / 32 of it,
+    # >= 75% exactly when c >= 16 (17 of the 33 positions); with cat_max_ratio 0.75 those are redrawn
+    mask = np.ones((32, 64), np.uint8)
+    mask[:, :24] = 2
+    image = torch.zeros(3, 32, 64, dtype=torch.uint8)
+
+    def dominated(ratio):
+        tf = train_transform(32, ratio=(1.0, 1.0), photometric=False, cat_max_ratio=ratio)  # short side stays 32
+        out = []
+        for seed in range(200):
+            torch.manual_seed(seed)
+            _, m = tf(image, mask)
+            counts = torch.bincount(m[m != 255])
+            out.append(float(counts.max() / counts.sum()) >= 0.75)
+        return np.mean(out)
+    assert 0.35 < dominated(1.0) < 0.65  # 17/33 of uniform crops
+    assert dominated(0.75) < 0.02  # only when all 10 redraws fail: (17/33)^11

@@ -42,38 +42,40 @@ class SegMetric:
     one `torch.bincount` per image over label·K + prediction. Labels equal to `ignore_index` are left out;
     a label outside [0, K) that is not the ignore index, or a prediction outside [0, K), is an error."""
 
-    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX):
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX, device="cpu"):
         self.k, self.ignore = int(num_classes), int(ignore_index)
-        self.hist = torch.zeros(self.k * self.k, dtype=torch.int64)
+        self.hist = torch.zeros(self.k * self.k, dtype=torch.int64, device=device)  # where the predictions are
 
     def update(self, pred, label) -> None:
-        pred, label = torch.as_tensor(pred), torch.as_tensor(label)
+        pred, label = torch.as_tensor(pred, device=self.hist.device), torch.as_tensor(label, device=self.hist.device)
         if pred.shape != label.shape:
             raise ValueError(f"prediction {tuple(pred.shape)} and label {tuple(label.shape)} differ in shape; "
                              "resize the prediction to the annotation's size")
         k = self.k
         pred, label = pred.reshape(-1), label.reshape(-1)
-        if pred.numel() and (int(pred.max()) >= k or int(pred.min()) < 0):
-            raise ValueError(f"predictions must lie in [0, {k}), got {int(pred.min())}..{int(pred.max())}")
+        if pred.numel():
+            lo, hi = (int(v) for v in torch.aminmax(pred))
+            if lo < 0 or hi >= k:
+                raise ValueError(f"predictions must lie in [0, {k}), got {lo}..{hi}")
         if self.ignore >= k:  # every label >= K (the ignore index among them) lands past row K-1: no mask needed
-            counts = torch.bincount(label.to(torch.int64) * k + pred, minlength=k * k)
+            counts = torch.bincount(label.to(torch.int64) * k + pred.to(torch.int64), minlength=k * k)
             stray = counts[k * k:].sum() - counts[self.ignore * k:(self.ignore + 1) * k].sum()
         else:
             label = label.to(torch.int64)
             keep = label != self.ignore
-            counts = torch.bincount(label[keep] * k + pred[keep], minlength=k * k)
+            counts = torch.bincount(label[keep] * k + pred[keep].to(torch.int64), minlength=k * k)
             stray = counts[k * k:].sum()
         if int(stray):
             raise ValueError(f"{int(stray)} labelled pixels have a class outside [0, {k}) that is not the ignore "
                              f"index {self.ignore}: is num_classes right (ADE20K: 150, labels reduced 0 -> 255)?")
-        self.hist += counts[:k * k].to(self.hist.device)
+        self.hist += counts[:k * k]
 
     def merge(self, other: "SegMetric") -> None:
         self.hist += other.hist
 
     def areas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(intersection, prediction area, label area) per class, summed over every update."""
-        conf = self.hist.view(self.k, self.k).numpy().astype(np.float64)
+        conf = self.hist.view(self.k, self.k).cpu().numpy().astype(np.float64)
         return np.diag(conf).copy(), conf.sum(0), conf.sum(1)
 
     def compute(self) -> dict:
@@ -123,7 +125,9 @@ class LinearSegmenter(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
         gh, gw = self.backbone.grid_size
-        logits = self.head(tokens).transpose(1, 2).reshape(x.shape[0], self.num_classes, gh, gw)
+        # (B, h, w, K) seen as (B, K, h, w): channels-last, no copy; the upsampled logits stay channels-last,
+        # which makes the interpolation, the window stitching and the per-pixel argmax cheaper on CPUs
+        logits = self.head(tokens).reshape(x.shape[0], gh, gw, self.num_classes).permute(0, 3, 1, 2)
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
@@ -146,28 +150,44 @@ def window_starts(size: int, window: int, stride: int) -> list[int]:
     return [min(i * stride, size - window) for i in range(n)]
 
 
+_WORKSPACE: dict = {}
+
+
+def _workspace(numel: int, device) -> torch.Tensor:
+    """A flat float buffer reused across images (one per device): a fresh 150 x 512 x 683 tensor costs
+    more in page faults (~0.25 s on a CPU) than the stitching itself."""
+    buf = _WORKSPACE.get(str(device))
+    if buf is None or buf.numel() < numel:
+        buf = _WORKSPACE[str(device)] = torch.empty(numel, device=device)
+    return buf[:numel]
+
+
 @torch.inference_mode()
 def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, stride: int,
                  batch: int = 8, bf16: bool = False) -> torch.Tensor:
-    """Logits (K, H, W) of one image (3, H, W) from windows of `window` px every `stride` px, averaged where
-    windows overlap. Windows are batched `batch` at a time. Where the image is smaller than a window it
-    is padded with 0 at the bottom / right and the padding's logits are dropped."""
+    """Logits (K, H, W) of one image (3, H, W) — or (N, K, H, W) of N images of one size (N, 3, H, W) — from
+    windows of `window` px every `stride` px, averaged where windows overlap. Windows (of all N images) go
+    through the model `batch` at a time. Where an image is smaller than a window it is padded with 0 at
+    the bottom / right and the padding's logits are dropped. The result is a channels-last view of a
+    buffer that the next call reuses: use (or copy) it before calling again."""
     device = next(model.parameters()).device
-    image = image.to(device)
-    _, h, w = image.shape
+    single = image.dim() == 3
+    images = image[None] if single else image
+    images = images.to(device)
+    n, _, h, w = images.shape
     ph, pw = max(h, window), max(w, window)
     if (ph, pw) != (h, w):
-        image = F.pad(image, (0, pw - w, 0, ph - h))
+        images = F.pad(images, (0, pw - w, 0, ph - h))
     ys, xs = window_starts(ph, window, stride), window_starts(pw, window, stride)
-    boxes = [(y, x) for y in ys for x in xs]
-    out = torch.zeros(num_classes, ph, pw, device=device)
-    for i in range(0, len(boxes), batch):
-        part = boxes[i:i + batch]
-        crops = torch.stack([image[:, y:y + window, x:x + window] for y, x in part])
+    boxes = [(i, y, x) for i in range(n) for y in ys for x in xs]
+    out = _workspace(n * ph * pw * num_classes, device).view(n, ph, pw, num_classes).zero_()  # (N, H, W, K)
+    for start in range(0, len(boxes), batch):
+        part = boxes[start:start + batch]
+        crops = torch.stack([images[i, :, y:y + window, x:x + window] for i, y, x in part])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(crops)
-        for (y, x), lg in zip(part, logits):
-            out[:, y:y + window, x:x + window] += lg.float()
+        for (i, y, x), lg in zip(part, logits):
+            out[i, y:y + window, x:x + window] += lg.permute(1, 2, 0)  # a channels-last model output: no transpose
     # how many windows cover each pixel: the grid is separable, so an outer product of two 1-d counts
     cover_y = torch.zeros(ph, device=device)
     cover_x = torch.zeros(pw, device=device)
@@ -175,38 +195,75 @@ def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, s
         cover_y[y:y + window] += 1
     for x in xs:
         cover_x[x:x + window] += 1
-    out /= cover_y[:, None] * cover_x[None, :]
-    return out[:, :h, :w]
+    out /= (cover_y[:, None] * cover_x[None, :])[..., None]
+    out = out[:, :h, :w].permute(0, 3, 1, 2)
+    return out[0] if single else out
 
 
 @torch.inference_mode()
 def predict(model, image, num_classes: int, *, short: int, window: int, stride: int, out_size=None,
             batch: int = 8, bf16: bool = False) -> torch.Tensor:
-    """The test pipeline on one image (PIL or uint8 (3, H, W)): resize (`data.segmentation.eval_image`),
-    sliding-window logits, bilinear resize to `out_size` (default: the image's own size), argmax ->
-    (H, W) int64 on the CPU."""
+    """The test pipeline on one image (PIL or uint8 (3, H, W)) or on N images of one size (uint8
+    (N, 3, H, W)): resize (`data.segmentation.eval_image`, on the model's device), sliding-window logits,
+    bilinear resize to `out_size` (default: the images' own size), argmax -> (H, W) or (N, H, W) class
+    indices on the model's device (uint8 for up to 255 classes)."""
     from ..data.segmentation import eval_image
-    x = eval_image(image, short)
+    device = next(model.parameters()).device
+    x = eval_image(image, short, device)
     if out_size is None:
         out_size = (image.height, image.width) if hasattr(image, "height") else tuple(image.shape[-2:])
     logits = slide_logits(model, x, num_classes, window=window, stride=stride, batch=batch, bf16=bf16)
+    single = logits.dim() == 3
+    logits = logits[None] if single else logits
     if tuple(logits.shape[-2:]) != tuple(out_size):
-        logits = F.interpolate(logits[None], size=tuple(out_size), mode="bilinear", align_corners=False)[0]
-    return logits.argmax(0).cpu()
+        logits = F.interpolate(logits, size=tuple(out_size), mode="bilinear", align_corners=False)
+    pred = logits.argmax(1).to(torch.uint8 if num_classes <= 255 else torch.int64)
+    return pred[0] if single else pred
 
 
 def evaluate(model, dataset, num_classes: int, *, short: int, window: int, stride: int, bf16: bool = False,
-             progress=None, desc: str = "evaluate") -> SegMetric:
-    """SegMetric over every (image, mask) of `dataset`, predictions at each annotation's own size."""
+             group: int = 16, batch: int = 32, progress=None, desc: str = "evaluate") -> SegMetric:
+    """SegMetric over every (image, mask) of `dataset`, predictions at each annotation's own size.
+    Consecutive images of one size (and annotation size) are evaluated together, up to `group` at a time,
+    their windows `batch` per forward (ADE20K's images vary in size: one at a time)."""
     model.eval()
-    metric = SegMetric(num_classes)
-    items = range(len(dataset))
-    for i in (progress(items, desc=desc) if progress else items):
+    device = next(model.parameters()).device
+    metric = SegMetric(num_classes, device=device)
+    bar = progress(total=len(dataset), desc=desc) if progress else None
+    pending: list = []
+
+    def flush():
+        images = torch.stack([torch.as_tensor(np.asarray(im)) if not hasattr(im, "height")
+                              else _pil_tensor(im) for im, _ in pending])
+        masks = torch.stack([torch.as_tensor(np.asarray(m)) for _, m in pending]).to(device)
+        preds = predict(model, images, num_classes, short=short, window=window, stride=stride,
+                        out_size=tuple(masks.shape[-2:]), batch=batch, bf16=bf16)
+        for p, m in zip(preds, masks):
+            metric.update(p, m)
+        if bar is not None:
+            bar.update(len(pending))
+        pending.clear()
+
+    for i in range(len(dataset)):
         image, mask = dataset[i]
-        mask = torch.as_tensor(np.asarray(mask))
-        metric.update(predict(model, image, num_classes, short=short, window=window, stride=stride,
-                              out_size=tuple(mask.shape), bf16=bf16), mask)
+        size = (_hw(image), np.shape(mask))
+        if pending and (len(pending) == group or (_hw(pending[0][0]), np.shape(pending[0][1])) != size):
+            flush()
+        pending.append((image, mask))
+    if pending:
+        flush()
+    if bar is not None:
+        bar.close()
     return metric
+
+
+def _hw(image) -> tuple:
+    return (image.height, image.width) if hasattr(image, "height") else tuple(image.shape[-2:])
+
+
+def _pil_tensor(image) -> torch.Tensor:
+    from torchvision.transforms import v2
+    return v2.functional.pil_to_tensor(image.convert("RGB"))
 
 
 # --- train fractions -------------------------------------------------------------------------------
@@ -331,7 +388,7 @@ class SegAdapter(Adapter):
                                 betas=(0.9, 0.999))
         use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
         transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
-                                    photometric=hp["photometric"])
+                                    photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0))
         batches = train_batches(train, transform, batch=hp["batch"], steps=steps, seed=cell.seed,
                                 workers=ctx.workers, joint=True)
         started = time.time()

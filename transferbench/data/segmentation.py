@@ -170,23 +170,61 @@ class SegFolderDataset(SegDataset):
 
 # --- transforms ------------------------------------------------------------------------------------
 
-def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, photometric: bool = True):
+def _cat_max_crop_class():
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    class CatMaxRandomCrop(v2.RandomCrop):
+        """v2.RandomCrop with mmseg's `cat_max_ratio`: a crop in which one class covers at least that share of
+        the labelled pixels (the ignore index and padding left out) is drawn again, up to 10 times; the
+        draw after the tenth is kept whatever it holds (mmseg's RandomCrop). 1.0 turns it off."""
+
+        def __init__(self, size, cat_max_ratio: float = 0.75, ignore_index: int = IGNORE, **kwargs):
+            super().__init__(size, **kwargs)
+            self.cat_max_ratio, self.ignore_index = cat_max_ratio, ignore_index
+
+        def make_params(self, flat_inputs):
+            params = super().make_params(flat_inputs)
+            mask = next((x for x in flat_inputs if isinstance(x, tv_tensors.Mask)), None)
+            if mask is None or self.cat_max_ratio >= 1:
+                return params
+            for _ in range(10):
+                pad_left, pad_top = params["padding"][0], params["padding"][1]
+                r0, c0 = params["top"] - pad_top, params["left"] - pad_left
+                region = mask[..., max(r0, 0):max(r0 + params["height"], 0), max(c0, 0):max(c0 + params["width"], 0)]
+                counts = torch.bincount(region[region != self.ignore_index].reshape(-1).long())
+                counts = counts[counts > 0]
+                if len(counts) > 1 and counts.max() / counts.sum() < self.cat_max_ratio:
+                    break
+                params = super().make_params(flat_inputs)
+            return params
+    return CatMaxRandomCrop
+
+
+def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, photometric: bool = True,
+                    cat_max_ratio: float = 0.75):
     """mmseg's ADE20K training pipeline with torchvision v2 on (Image, Mask) pairs: random resize of the
     short side to base·r, r uniform in `ratio` (base: the crop size; mmseg's scale (2048, 512) with
     ratio 0.5-2.0 does the same for images of aspect below 4), random crop (padded with 0 / the ignore
-    index where the image is smaller), horizontal flip, photometric distortion (SSD's: brightness,
-    contrast, saturation, hue, each with p = 0.5), pixels to [-1, 1]. Masks resize with nearest
-    neighbours (v2 does so for every tv_tensors.Mask). Call it as `transform(image, mask)`."""
+    index where the image is smaller), horizontal flip, photometric distortion (mmseg's PhotoMetricDistortion
+    with torchvision's ColorJitter: brightness, contrast, saturation and hue, each applied with p = 0.5, at
+    mmseg's ranges; brightness is a factor 0.875-1.125 where mmseg adds +-32 of 255, and contrast always
+    comes first where mmseg puts it before or after the HSV steps at random), pixels to [-1, 1]. Masks
+    resize with nearest neighbours (v2 does so for every tv_tensors.Mask). Call it as
+    `transform(image, mask)`. The crop is mmseg's RandomCrop with `cat_max_ratio` (`CatMaxRandomCrop`)."""
     from torchvision import tv_tensors
     from torchvision.transforms import v2
 
     base = base or crop
     lo, hi = int(round(base * ratio[0])), int(round(base * ratio[1]))
     ops = [v2.RandomResize(lo, hi + 1),
-           v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+           _cat_max_crop_class()(crop, cat_max_ratio=cat_max_ratio, pad_if_needed=True,
+                                 fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
            v2.RandomHorizontalFlip()]
-    if photometric:
-        ops.append(v2.RandomPhotometricDistort())
+    if photometric:  # mmseg's PhotoMetricDistortion: each with p = 0.5; hue +-18 of OpenCV's 180 = 0.1 of the circle
+        ops += [v2.RandomApply([v2.ColorJitter(**{name: span})], p=0.5)
+                for name, span in (("brightness", (0.875, 1.125)), ("contrast", (0.5, 1.5)),
+                                   ("saturation", (0.5, 1.5)), ("hue", (-0.1, 0.1)))]
     ops += [v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
             v2.Normalize([0.5] * 3, [0.5] * 3)]
     pipeline = v2.Compose(ops)
@@ -207,11 +245,13 @@ def eval_size(height: int, width: int, short: int, long: int | None = None) -> t
     return int(height * factor + 0.5), int(width * factor + 0.5)
 
 
-def eval_image(image, short: int) -> torch.Tensor:
-    """The test pipeline's image: resized as `eval_size` says (bilinear, as mmcv's cv2 resize: no
-    antialiasing), pixels in [-1, 1], (3, h, w) float."""
+def eval_image(image, short: int, device=None) -> torch.Tensor:
+    """The test pipeline's image: resized as `eval_size` says (bilinear on the uint8 image, rounded back to
+    uint8, as mmcv's cv2 resize: no antialiasing), then pixels in [-1, 1]: (3, h, w) float on `device`
+    (moved there as uint8, before resizing)."""
     from torchvision.transforms import v2
     x = v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else torch.as_tensor(image)
+    x = x.to(device) if device is not None else x
     h, w = eval_size(x.shape[-2], x.shape[-1], short)
     x = v2.functional.resize(x, [h, w], antialias=False) if (h, w) != tuple(x.shape[-2:]) else x
-    return x.float().div(127.5).sub(1.0)
+    return x.float().div_(127.5).sub_(1.0)

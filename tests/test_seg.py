@@ -336,7 +336,7 @@ def test_seg_alias_and_report_axis(suite_home, tmp_path):
     assert (s.ok, s.failed) == (2, 0), s.failures
     recs = {r["hparams"]["fraction"]: r for r in load_records([tmp_path])}
     assert recs[0.0625]["info"]["train_examples"] == 32 and recs[1.0]["info"]["train_examples"] == 512
-    assert recs[1.0]["info"]["steps"] == 2 and recs[1.0]["hparams"]["lr"] == 1e-3
+    assert recs[1.0]["info"]["steps"] == 2 and recs[1.0]["hparams"]["lr"] == 2e-3
     test = recs[1.0]["metrics"]["test"]
     ious = [v for v in recs[1.0]["info"]["iou_per_class"] if v is not None]
     assert test["miou"] == pytest.approx(np.mean(ious), abs=1e-3)

@@ -45,9 +45,9 @@ class SuiteSpec(BaseModel):
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str
-    aliases: list[str] = Field(default_factory=list)  # other names `transferbench run` accepts (ade20k: seg)
     adapter: str
     description: str = ""
+    aliases: list[str] = Field(default_factory=list)  # other names `transferbench run` accepts (ade20k: seg)
     protocol_version: str
     metric: str
     mode: Literal["max", "min"] = "max"

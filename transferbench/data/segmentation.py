@@ -188,6 +188,7 @@ def _cat_max_crop_class():
             mask = next((x for x in flat_inputs if isinstance(x, tv_tensors.Mask)), None)
             if mask is None or self.cat_max_ratio >= 1:
                 return params
+            mask = mask.as_subclass(torch.Tensor)  # plain tensor ops: no tv_tensor dispatch per call
             for _ in range(10):
                 pad_left, pad_top = params["padding"][0], params["padding"][1]
                 r0, c0 = params["top"] - pad_top, params["left"] - pad_left
@@ -251,7 +252,11 @@ def eval_image(image, short: int, device=None) -> torch.Tensor:
     (moved there as uint8, before resizing)."""
     from torchvision.transforms import v2
     x = v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else torch.as_tensor(image)
-    x = x.to(device) if device is not None else x
+    if device is not None and torch.device(device).type == "cuda" and x.device.type == "cpu":
+        # pinned and asynchronous: a pageable copy would make the host wait for the GPU's queued windows
+        x = x.pin_memory().to(device, non_blocking=True)
+    elif device is not None:
+        x = x.to(device)
     h, w = eval_size(x.shape[-2], x.shape[-1], short)
     x = v2.functional.resize(x, [h, w], antialias=False) if (h, w) != tuple(x.shape[-2:]) else x
     return x.float().div_(127.5).sub_(1.0)

@@ -97,7 +97,9 @@ class _Seeded(torch.utils.data.Dataset):
         i, seed = item
         image, label = self.fetch(i)
         if seed is not None:
-            torch.manual_seed(seed)
+            # the CPU generator alone: torch.manual_seed also seeds CUDA, which on a CUDA build without an
+            # initialised GPU formats a stack trace per call (about 1 ms an example)
+            torch.random.default_generator.manual_seed(seed)
         if self.joint:
             return self.transform(image, label)
         return self.transform(image), label

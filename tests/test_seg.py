@@ -375,3 +375,22 @@ def test_crop_redraws_where_one_class_dominates_as_mmseg():
         return np.mean(out)
     assert 0.35 < dominated(1.0) < 0.65  # 17/33 of uniform crops
     assert dominated(0.75) < 0.02  # only when all 10 redraws fail: (17/33)^11
+
+
+@pytest.mark.parametrize("image_hw,out_hw", [((40, 70), (50, 90)), ((32, 53), (32, 53)), ((20, 45), (27, 61))])
+def test_separable_window_logits_equal_stitching_then_resizing(image_hw, out_hw):
+    """predict's path for a LinearSegmenter (patch-grid logits through one matrix per axis and window) against
+    the literal procedure: upsampled window logits averaged where they overlap, then resized."""
+    from conftest import randomize_
+    from transferbench.adapters.seg import grid_window_logits, interp_matrix
+    from transferbench.backbones import create_backbone
+    model = randomize_(LinearSegmenter(create_backbone("mu4", img_size=32), 6), scale=0.5)
+    images = torch.randn(2, 3, *image_hw)
+    fast = grid_window_logits(model, images, 6, window=32, stride=21, out_size=out_hw, batch=3).clone()
+    for i in range(2):
+        ref = slide_logits(model, images[i], 6, window=32, stride=21)[None]
+        ref = F.interpolate(ref, size=out_hw, mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
+        assert torch.allclose(fast[i], ref, atol=1e-4, rtol=1e-4)
+    # the 1-d maps are torch's bilinear weights: rows sum to 1, and 2 -> 4 gives 0.75 / 0.25 mixes
+    m = interp_matrix(2, 4)
+    assert torch.allclose(m, torch.tensor([[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]))

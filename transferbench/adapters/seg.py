@@ -122,13 +122,16 @@ class LinearSegmenter(nn.Module):
         trunc_normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def grid_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, K, h, w) on the patch grid, before upsampling."""
         tokens = self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
         gh, gw = self.backbone.grid_size
         # (B, h, w, K) seen as (B, K, h, w): channels-last, no copy; the upsampled logits stay channels-last,
         # which makes the interpolation, the window stitching and the per-pixel argmax cheaper on CPUs
-        logits = self.head(tokens).reshape(x.shape[0], gh, gw, self.num_classes).permute(0, 3, 1, 2)
-        return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return self.head(tokens).reshape(x.shape[0], gh, gw, self.num_classes).permute(0, 3, 1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(self.grid_logits(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
 def segmentation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -200,24 +203,91 @@ def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, s
     return out[0] if single else out
 
 
+def interp_matrix(n_in: int, n_out: int, device=None) -> torch.Tensor:
+    """(n_out, n_in): the 1-d bilinear interpolation (align_corners=False) that F.interpolate applies along one
+    axis, read off F.interpolate itself (bilinear resizing is separable, so two of these make it)."""
+    eye = torch.eye(n_in, device=device)[None, :, :, None]  # channels = unit vectors, along H
+    return F.interpolate(eye, size=(n_out, 1), mode="bilinear", align_corners=False)[0, :, :, 0].T
+
+
+def _window_maps(size: int, padded: int, out: int, window: int, grid: int, starts: list[int], device) -> list:
+    """Per window start along one axis: the (out, grid) matrix taking a window's patch-grid logits to the
+    final map: upsample grid -> window, place at the start, divide by the windows covering each pixel,
+    drop the padding beyond `size`, resize size -> out."""
+    up = interp_matrix(grid, window, device)  # (window, grid)
+    cover = torch.zeros(padded, device=device)
+    for st in starts:
+        cover[st:st + window] += 1
+    down = interp_matrix(size, out, device) if size != out else torch.eye(size, device=device)  # (out, size)
+    maps = []
+    for st in starts:
+        end = min(st + window, size)  # rows of this window inside the image (padding dropped)
+        placed = up[:end - st] / cover[st:end, None]  # (end - st, grid)
+        maps.append(down[:, st:end] @ placed)
+    return maps
+
+
+@torch.inference_mode()
+def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window: int, stride: int, out_size,
+                       batch: int = 8, bf16: bool = False) -> torch.Tensor:
+    """(N, H0, W0, K) final logits of N same-size images (N, 3, h, w) for a model with `grid_logits`, through
+    the separable maps of `_window_maps`; a view of a buffer that the next call reuses. Each window adds
+    one in-place matrix product into the buffer (laid out (N, W0, H0, K)): no full-size temporary."""
+    device = next(model.parameters()).device
+    n, _, h, w = images.shape
+    ph, pw = max(h, window), max(w, window)
+    if (ph, pw) != (h, w):
+        images = F.pad(images, (0, pw - w, 0, ph - h))
+    ys, xs = window_starts(ph, window, stride), window_starts(pw, window, stride)
+    gh, gw = model.backbone.grid_size
+    rows = _window_maps(h, ph, out_size[0], window, gh, ys, device)  # (H0, gh) per window row
+    cols = _window_maps(w, pw, out_size[1], window, gw, xs, device)  # (W0, gw) per window column
+    boxes = [(i, a, b) for i in range(n) for a in range(len(ys)) for b in range(len(xs))]
+    h0, w0 = out_size
+    out = _workspace(n * h0 * w0 * num_classes, device).view(n, w0, h0 * num_classes)
+    for start in range(0, len(boxes), batch):
+        part = boxes[start:start + batch]
+        crops = torch.stack([images[i, :, ys[a]:ys[a] + window, xs[b]:xs[b] + window] for i, a, b in part])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            grid = model.grid_logits(crops)
+        grid = grid.float().permute(0, 2, 3, 1)  # (B, gh, gw, K)
+        for (i, a, b), g in zip(part, grid):
+            tall = torch.einsum("hy,yxk->xhk", rows[a], g).reshape(gw, h0 * num_classes)  # (gw, H0 K)
+            if a == 0 and b == 0:  # an image's first window writes, the others add
+                torch.mm(cols[b], tall, out=out[i])
+            else:
+                out[i].addmm_(cols[b], tall)  # (W0, gw) @ (gw, H0 K)
+    return out.view(n, w0, h0, num_classes).transpose(1, 2)
+
+
 @torch.inference_mode()
 def predict(model, image, num_classes: int, *, short: int, window: int, stride: int, out_size=None,
             batch: int = 8, bf16: bool = False) -> torch.Tensor:
     """The test pipeline on one image (PIL or uint8 (3, H, W)) or on N images of one size (uint8
-    (N, 3, H, W)): resize (`data.segmentation.eval_image`, on the model's device), sliding-window logits,
-    bilinear resize to `out_size` (default: the images' own size), argmax -> (H, W) or (N, H, W) class
-    indices on the model's device (uint8 for up to 255 classes)."""
+    (N, 3, H, W)): resize (`data.segmentation.eval_image`, on the model's device), sliding windows whose
+    logits are averaged where they overlap, bilinear resize to `out_size` (default: the images' own size),
+    argmax -> (H, W) or (N, H, W) class indices on the model's device (uint8 for up to 255 classes).
+
+    For a LinearSegmenter the windows' upsampled logits are never built: upsampling, placing, averaging,
+    cropping and the final resize are all separable linear maps, so each window's patch-grid logits go to
+    the final map through one (H0, h_grid) and one (W0, w_grid) matrix (`_window_maps`); the result equals
+    `slide_logits` followed by F.interpolate up to float rounding (tested). Other models take that path."""
     from ..data.segmentation import eval_image
     device = next(model.parameters()).device
     x = eval_image(image, short, device)
     if out_size is None:
         out_size = (image.height, image.width) if hasattr(image, "height") else tuple(image.shape[-2:])
-    logits = slide_logits(model, x, num_classes, window=window, stride=stride, batch=batch, bf16=bf16)
-    single = logits.dim() == 3
-    logits = logits[None] if single else logits
-    if tuple(logits.shape[-2:]) != tuple(out_size):
-        logits = F.interpolate(logits, size=tuple(out_size), mode="bilinear", align_corners=False)
-    pred = logits.argmax(1).to(torch.uint8 if num_classes <= 255 else torch.int64)
+    single = x.dim() == 3
+    if not hasattr(model, "grid_logits"):
+        logits = slide_logits(model, x, num_classes, window=window, stride=stride, batch=batch, bf16=bf16)
+        logits = logits[None] if single else logits
+        if tuple(logits.shape[-2:]) != tuple(out_size):
+            logits = F.interpolate(logits, size=tuple(out_size), mode="bilinear", align_corners=False)
+        pred = logits.argmax(1)
+    else:
+        pred = grid_window_logits(model, x if not single else x[None], num_classes, window=window, stride=stride,
+                                  out_size=out_size, batch=batch, bf16=bf16).argmax(-1)
+    pred = pred.to(torch.uint8 if num_classes <= 255 else torch.int64)
     return pred[0] if single else pred
 
 

@@ -153,6 +153,14 @@ def window_starts(size: int, window: int, stride: int) -> list[int]:
     return [min(i * stride, size - window) for i in range(n)]
 
 
+def _cover(size: int, window: int, starts: list[int], device) -> torch.Tensor:
+    """How many windows cover each position along one axis."""
+    cover = torch.zeros(size, device=device)
+    for st in starts:
+        cover[st:st + window] += 1
+    return cover
+
+
 _WORKSPACE: dict = {}
 
 
@@ -192,13 +200,8 @@ def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, s
         for (i, y, x), lg in zip(part, logits):
             out[i, y:y + window, x:x + window] += lg.permute(1, 2, 0)  # a channels-last model output: no transpose
     # how many windows cover each pixel: the grid is separable, so an outer product of two 1-d counts
-    cover_y = torch.zeros(ph, device=device)
-    cover_x = torch.zeros(pw, device=device)
-    for y in ys:
-        cover_y[y:y + window] += 1
-    for x in xs:
-        cover_x[x:x + window] += 1
-    out /= (cover_y[:, None] * cover_x[None, :])[..., None]
+    cover = _cover(ph, window, ys, device)[:, None] * _cover(pw, window, xs, device)[None, :]
+    out /= cover[..., None]
     out = out[:, :h, :w].permute(0, 3, 1, 2)
     return out[0] if single else out
 
@@ -215,9 +218,7 @@ def _window_maps(size: int, padded: int, out: int, window: int, grid: int, start
     final map: upsample grid -> window, place at the start, divide by the windows covering each pixel,
     drop the padding beyond `size`, resize size -> out."""
     up = interp_matrix(grid, window, device)  # (window, grid)
-    cover = torch.zeros(padded, device=device)
-    for st in starts:
-        cover[st:st + window] += 1
+    cover = _cover(padded, window, starts, device)
     down = interp_matrix(size, out, device) if size != out else torch.eye(size, device=device)  # (out, size)
     maps = []
     for st in starts:

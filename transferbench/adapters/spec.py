@@ -146,11 +146,12 @@ def load_task(name_or_path: str) -> TaskSpec:
         return load_spec_file(name_or_path)
     specs = installed_specs()
     if name_or_path not in specs:
-        alias = task_aliases().get(name_or_path)
-        if alias is not None:
-            return load_task(alias)
+        aliases = task_aliases()
+        if name_or_path in aliases:
+            return load_task(aliases[name_or_path])
         known = ", ".join(sorted(specs)) or "none installed"
-        raise UserError(f"unknown task {name_or_path!r}{close_matches(name_or_path, specs)}; tasks: {known} "
+        known += "".join(f" ({a} = {t})" for a, t in sorted(aliases.items()))
+        raise UserError(f"unknown task {name_or_path!r}{close_matches(name_or_path, [*specs, *aliases])}; tasks: {known} "
                         "(or give a path to a spec .yaml)")
     spec = load_spec_file(specs[name_or_path])
     if spec.task != name_or_path:

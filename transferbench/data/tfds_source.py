@@ -61,6 +61,8 @@ class TfdsDataset(torch.utils.data.Dataset):
         features = next(iter(self.sources.values())).dataset_info.features
         # the 'label' feature's classes; tasks with a label_fn (VTAB structured) state their own
         self.num_classes = int(getattr(features["label"], "num_classes", 0)) if "label" in features else 0
+        # the ClassLabel's names, in label order (zero-shot prompts are built from them)
+        self.class_names = list(getattr(features["label"], "names", None) or []) if "label" in features else []
 
     def __len__(self) -> int:
         return len(self.index)

@@ -17,8 +17,12 @@ def _to_signed() -> list:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
 
 
-def eval_transform(resolution: int, resize_small: int | None = None):
-    if resize_small:
+def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None):
+    """`resize_small`: short side to that size, then a central crop; `resize_square`: both sides to that size,
+    then a central crop (big_vision's `resize(256)|central_crop(224)`, LiT's zero-shot images)."""
+    if resize_square:
+        size = [v2.Resize((resize_square, resize_square)), v2.CenterCrop(resolution)]
+    elif resize_small:
         size = [v2.Resize(resize_small), v2.CenterCrop(resolution)]
     else:
         size = [v2.Resize((resolution, resolution))]

@@ -38,17 +38,45 @@ def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: d
 def extract(model, dataset, transform, *, device: str, bf16: bool, batch: int = 256, workers: int = 0,
             progress=None, desc: str = "features") -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits features (B, D) and labels of every example, batched, in order."""
-    from .train import autocast, eval_batches
+    from .train import eval_batches
     model.eval().to(device)
-    feats, labels = [], []
     batches = eval_batches(dataset, transform, batch=batch, workers=workers)
     total = (len(dataset) + batch - 1) // batch
+    feats, labels = _forward(model, batches, device, bf16, progress, total, desc)
+    return feats, np.concatenate([np.asarray(y, dtype=np.int64) for y in labels])
+
+
+@torch.inference_mode()
+def extract_pairs(model, pairs, transform, *, device: str, bf16: bool, batch: int = 256, workers: int = 0,
+                  progress=None, desc: str = "features") -> tuple[np.ndarray, np.ndarray]:
+    """Pre-logits (N, D) and captions (a unicode array) of an ordered stream of (image, caption) pairs
+    (data.image_text readers). Decoding runs in at most one worker, so the order is the reader's."""
+    model.eval().to(device)
+    loader = torch.utils.data.DataLoader(_PairStream(pairs, transform), batch_size=batch,
+                                         num_workers=min(1, workers))
+    feats, captions = _forward(model, loader, device, bf16, progress, None, desc)
+    return feats, np.array([c for cs in captions for c in cs], dtype=np.str_)
+
+
+class _PairStream(torch.utils.data.IterableDataset):
+    def __init__(self, pairs, transform):
+        self.pairs, self.transform = pairs, transform
+
+    def __iter__(self):
+        return ((self.transform(image), caption) for image, caption in self.pairs)
+
+
+def _forward(model, batches, device, bf16, progress, total, desc) -> tuple[np.ndarray, list]:
+    from .train import autocast
+    feats, labels = [], []
     for x, y in (progress(batches, total=total, desc=desc) if progress else batches):
         with autocast(device, bf16):
             f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
         feats.append(f.float().cpu().numpy())
-        labels.append(np.asarray(y, dtype=np.int64))
-    return np.concatenate(feats), np.concatenate(labels)
+        labels.append(y)
+    if not feats:
+        raise ValueError(f"{desc}: no examples")
+    return np.concatenate(feats), labels
 
 
 def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -58,13 +86,20 @@ def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
         with np.load(path) as z:
             return z["features"], z["labels"], True
     feats, labels = compute()
+    labels = _labels(labels)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
     os.close(fd)
     try:
-        np.savez(tmp, features=feats.astype(np.float32), labels=labels.astype(np.int64))
+        np.savez(tmp, features=feats.astype(np.float32), labels=labels)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return feats.astype(np.float32), labels.astype(np.int64), False
+    return feats.astype(np.float32), labels, False
+
+
+def _labels(labels) -> np.ndarray:
+    """Class labels as int64; captions (image-text pairs) as a unicode array, stored without pickling."""
+    labels = np.asarray(labels)
+    return labels.astype(np.str_) if labels.dtype.kind in "USO" else labels.astype(np.int64)

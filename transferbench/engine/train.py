@@ -138,6 +138,16 @@ def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, work
     return iter(loader)
 
 
+def tensor_batches(*tensors: torch.Tensor, batch: int, steps: int, seed: int) -> Iterator:
+    """`steps` batches of rows of `tensors` (same first dimension: e.g. tokens and cached image features)
+    in the order `train_batches` would visit a dataset of that size: successive seeded permutations."""
+    n = len(tensors[0])
+    order = torch.tensor([i for i, _ in _EpochSampler(n, seed, batch * steps)], dtype=torch.int64)
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        yield tuple(t[idx] for t in tensors)
+
+
 class _InOrder(_Seeded):
     """Index -> (transform(image), label) without reseeding: evaluation transforms are deterministic."""
 
@@ -156,13 +166,17 @@ def _is_oom(err: BaseException) -> bool:
 
 def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
         loss_fn: Callable, device: str, bf16: bool, micro_batch: int | None = None, progress=None,
-        desc: str = "train", schedule: str = "cosine", power: float = 0.9) -> dict:
+        desc: str = "train", schedule: str = "cosine", power: float = 0.9, splittable: bool = True) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
     halves the micro-batch and retries the step, so a batch of 512 fits where it can. `schedule`:
-    'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0)."""
+    'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0). A loss over the
+    batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
+    never split, and running out of memory is an error that says to lower the batch."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
+    if micro_batch and not splittable:
+        raise ValueError("micro_batch splits the batch, which this loss does not allow (splittable=False)")
     model.train()
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     loss_value, micro = float("nan"), micro_batch
@@ -188,6 +202,10 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
             except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
                 if not _is_oom(err) or size == 1:
                     raise
+                if not splittable:
+                    from ..errors import UserError
+                    raise UserError(f"out of memory at a batch of {len(x)} on {device}; this loss needs the whole "
+                                    "batch at once (no gradient accumulation): lower it with --set batch=N") from None
                 micro = max(1, size // 2)
                 optimizer.zero_grad(set_to_none=True)
                 if device.startswith("cuda"):

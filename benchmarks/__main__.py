@@ -5,10 +5,10 @@
 Each benchmark measures ratios in one process against a peer measured in the same run: after a
 warm-up, the contenders run in rotating rounds on every thread torch is set to, and each one's median
 per call is compared. The end-to-end rows run
-`transferbench run vtab --suite embedded` and `transferbench run seg --suite embedded`, each in a fresh
-$TRANSFERBENCH_HOME under /usr/bin/time (about 8 and 5 minutes on 2 cores); the segmentation evaluation
-row takes about 8 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the rest about
-3. CI does not run this.
+`transferbench run vtab|seg|lit --suite embedded`, each in a fresh $TRANSFERBENCH_HOME under /usr/bin/time
+(about 9, 4 and 3 minutes on 2 cores); the segmentation evaluation row takes about 8 minutes (2,000 label
+maps through mmsegmentation's IoUMetric among them), the LiT rows about 1, the rest about 3. CI does not
+run this.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import backbone_overhead, dtn_layer, fewshot_solver, gemm_peak, seg_eval
+from . import backbone_overhead, dtn_layer, fewshot_solver, gemm_peak, lit_speed, seg_eval
 
 HERE = Path(__file__).parent
 
@@ -59,7 +59,7 @@ E2E_HEAD = "| command | wall | peak RSS | rerun (all cells skipped) | status |\n
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--skip-e2e", action="store_true", help="skip the 13 minutes of end-to-end runs")
+    ap.add_argument("--skip-e2e", action="store_true", help="skip the 16 minutes of end-to-end runs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per timed call")
     ap.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
@@ -89,8 +89,11 @@ def main() -> None:
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))
     section("Segmentation: sliding-window evaluation and metric accumulation",
             seg_eval.markdown(seg_eval.window_overhead("ti16", 4, args.seconds), seg_eval.metric_speed(2000)))
+    section("LiT: cached image features and zero-shot classifier construction",
+            lit_speed.markdown(lit_speed.train_steps("b32", 224, 32, seconds=args.seconds),
+                               lit_speed.classifier_speed(1000, args.seconds)))
     if not args.skip_e2e:
-        section("Embedded suites end to end", E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg")))
+        section("Embedded suites end to end", E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg", "lit")))
     head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
             f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
             "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a warm-up).\n\n")

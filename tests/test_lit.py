@@ -67,6 +67,15 @@ def test_zero_shot_weights_equal_open_clips_on_a_real_text_tower():
     assert (ours - theirs).abs().max() < 1e-5
 
 
+def test_tokenizer_gives_open_clips_tokens():
+    import open_clip
+    ours, stock = tokenizer(16), open_clip.SimpleTokenizer(context_length=16)
+    names = [clean_class_name(n) for n in open_clip.IMAGENET_CLASSNAMES[:150]]
+    texts = [t(n) for n in names for t in templates_for("imagenet")]
+    texts += ["Fish &amp; Chips", "caf\u00e9 au lait", "a  photo\tof a\ndog ", "the \ufb01sh", "don\u2019t", "  "]
+    assert torch.equal(ours(texts), stock(texts))
+
+
 def test_trimming_the_padding_changes_no_output():
     torch.manual_seed(0)
     model = LitModel(24, TINY).eval()

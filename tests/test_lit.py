@@ -325,3 +325,15 @@ def test_lit_without_pairs_stops_with_one_line(tmp_path):
     task = prepare_task("lit", datasets=["heldout_i2t"], sets=["pairs=embedded"])
     with pytest.raises(UserError, match="--micro-batch"):
         task.adapter.check_data(task, CellContext("cpu", micro_batch=64))
+
+
+def test_spec_checks_zero_shot_entries():
+    from transferbench.adapters import get_adapter
+    from transferbench.adapters.spec import SpecError, parse_spec
+    base = {"task": "t", "adapter": "lit", "protocol_version": "1", "metric": "accuracy"}
+    adapter = get_adapter("lit")
+    for entry, message in (({"name": "d", "source": "embedded", "set": "digits", "test": "test"}, "no tfds label names"),
+                           ({"name": "d", "source": "pairs"}, "retrieval: i2t\\|t2i"),
+                           ({"name": "d", "tfds": "x", "test": "test", "templates": ["a {} b {}"]}, "one '\\{\\}'")):
+        with pytest.raises(SpecError, match=message):
+            adapter.validate(parse_spec({**base, "datasets": [entry]}), "t.yaml")

@@ -319,6 +319,9 @@ class LitAdapter(Adapter):
             if ds.retrieval is None and (ds.source == "pairs" or not ds.test):
                 raise SpecError(f"{source}: datasets.{i}: a zero-shot dataset needs source tfds or embedded and a "
                                 f"test split; the pairs' held-out tail takes `retrieval: i2t|t2i` (dataset {ds.name!r})")
+            if ds.source == "embedded" and ds.retrieval is None and ds.class_names == "tfds":
+                raise SpecError(f"{source}: datasets.{i}.class_names: an embedded set has no tfds label names; list "
+                                f"them (dataset {ds.name!r})")
             if ds.source == "tfds" and ds.retrieval is None and not ds.tfds:
                 raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
             if not isinstance(ds.templates, str):
@@ -418,6 +421,10 @@ class LitAdapter(Adapter):
                     device=ctx.device, bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                     desc=f"features {name} {cell.dataset}"))
                 names = class_names_for(ds["class_names"], data)
+                if getattr(data, "num_classes", 0) and len(names) != data.num_classes:
+                    from ..errors import UserError
+                    raise UserError(f"dataset {cell.dataset!r} has {data.num_classes} classes but {len(names)} class "
+                                    "names; give one name per label, in label order (class_names in the spec)")
                 templates = templates_for(ds["templates"])
                 weights = zero_shot_classifier(model, tokenizer(hp["context_length"]), names, templates,
                                                device=ctx.device, progress=ctx.progress)

@@ -337,3 +337,15 @@ def test_spec_checks_zero_shot_entries():
                            ({"name": "d", "tfds": "x", "test": "test", "templates": ["a {} b {}"]}, "one '\\{\\}'")):
         with pytest.raises(SpecError, match=message):
             adapter.validate(parse_spec({**base, "datasets": [entry]}), "t.yaml")
+
+
+def test_tfds_zero_shot_sets_take_their_label_names_cleaned():
+    import tensorflow_datasets as tfds
+
+    from transferbench.adapters.lit import class_names_for, open_zero_shot
+    with tfds.testing.mock_data(num_examples=20):  # food101's label names ship with tfds ('apple_pie', ...)
+        data = open_zero_shot({"name": "food101", "source": "tfds", "tfds": "food101:2.*.*", "test": "validation"})
+        names = class_names_for("tfds", data)
+    assert len(names) == 101 == data.num_classes
+    assert names[:3] == ["apple pie", "baby back ribs", "baklava"] and names[-1] == "waffles"
+    assert class_names_for("imagenet")[:2] == ["tench", "goldfish"] and len(class_names_for("imagenet")) == 1000

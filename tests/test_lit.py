@@ -349,3 +349,14 @@ def test_tfds_zero_shot_sets_take_their_label_names_cleaned():
     assert len(names) == 101 == data.num_classes
     assert names[:3] == ["apple pie", "baby back ribs", "baklava"] and names[-1] == "waffles"
     assert class_names_for("imagenet")[:2] == ["tench", "goldfish"] and len(class_names_for("imagenet")) == 1000
+
+
+def test_tensor_batches_visit_rows_in_the_epoch_samplers_order():
+    from transferbench.engine.train import _EpochSampler, tensor_batches
+    n, batch, steps = 37, 8, 20  # 160 rows: four full epochs and part of a fifth, batches across epoch ends
+    expected = [i for i, _ in _EpochSampler(n, 5, batch * steps)]
+    rows = torch.arange(n) * 10
+    got = list(tensor_batches(torch.arange(n), rows, batch=batch, steps=steps, seed=5))
+    assert len(got) == steps and all(len(i) == batch and torch.equal(r, i * 10) for i, r in got)
+    assert torch.cat([i for i, _ in got]).tolist() == expected
+    assert sorted(expected[:n]) == list(range(n))  # each epoch a permutation

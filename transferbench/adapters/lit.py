@@ -29,6 +29,7 @@ import math
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
@@ -493,7 +494,7 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
                 **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {})}
         model = model.cpu()
         for target, write in ((path, lambda p: save_file({k: v.contiguous() for k, v in model.state_dict().items()}, p)),
-                              (meta_path, lambda p: open(p, "w").write(json.dumps(info)))):
+                              (meta_path, lambda p: Path(p).write_text(json.dumps(info)))):
             fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
             os.close(fd)
             try:

@@ -140,11 +140,15 @@ def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, work
 
 def tensor_batches(*tensors: torch.Tensor, batch: int, steps: int, seed: int) -> Iterator:
     """`steps` batches of rows of `tensors` (same first dimension: e.g. tokens and cached image features)
-    in the order `train_batches` would visit a dataset of that size: successive seeded permutations."""
+    in the order `train_batches` visits a dataset of that size: successive seeded permutations, drawn one
+    epoch at a time (a paper-scale run's 20M indices are never listed at once)."""
     n = len(tensors[0])
-    order = torch.tensor([i for i, _ in _EpochSampler(n, seed, batch * steps)], dtype=torch.int64)
-    for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+    pending, epoch = np.empty(0, np.int64), 0
+    for _ in range(steps):
+        while len(pending) < batch:  # _EpochSampler's order: the permutation is each epoch's first draw
+            pending = np.concatenate([pending, np.random.default_rng([seed, epoch]).permutation(n)])
+            epoch += 1
+        idx, pending = torch.from_numpy(pending[:batch]), pending[batch:]
         yield tuple(t[idx] for t in tensors)
 
 

@@ -27,17 +27,15 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from ..data.sources import DatasetEntry
 from ..engine.train import BF16_SETTINGS
 from . import Adapter, plan_select_then_final
 
@@ -260,17 +258,13 @@ def retrieval_recall(image: torch.Tensor, text: torch.Tensor, captions: Sequence
 
 # --- the adapter -----------------------------------------------------------------------------------
 
-class LitDataset(BaseModel):
+class LitDataset(DatasetEntry):
     """A zero-shot dataset (tfds or embedded: its `test` split, class names and templates) or, with
-    `retrieval`, the held-out tail of the task's image-text pairs, scored one way (i2t or t2i)."""
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    group: str | None = None
-    version: str = ""
-    source: Literal["tfds", "embedded", "pairs"] = "tfds"
-    tfds: str | None = None
-    set: str | None = None
-    test: str | None = None
+    `retrieval`, the held-out tail of the task's image-text pairs, scored one way (i2t or t2i). Nothing is
+    trained on a zero-shot dataset: it has no `train` split."""
+    source: Literal["tfds", "embedded", "pairs"] = "tfds"  # type: ignore[assignment]
+    train: None = None  # type: ignore[assignment]
+    test: str | None = None  # type: ignore[assignment]
     class_names: Literal["imagenet", "tfds", "info"] | list[str] = "tfds"
     templates: Literal["imagenet"] | list[str] = "imagenet"
     retrieval: Literal["i2t", "t2i"] | None = None
@@ -296,14 +290,16 @@ def pairs_reader(hp: dict):
                       caption_key=hp.get("csv_caption_key", "title"), sep=hp.get("csv_separator", "\t"))
 
 
-def pairs_identity(reader, hp: dict) -> dict:
+def pairs_identity(hp: dict) -> dict:
+    """The pairs' identity in the feature cache, without opening them (a cache hit reads no pair)."""
     from ..data import embedded
-    return {"embedded": embedded.version("captions")} if hp["pairs"] == "embedded" else reader.identity()
+    from ..data.image_text import pairs_identity as files_identity
+    return {"embedded": embedded.version("captions")} if hp["pairs"] == "embedded" else files_identity(hp["pairs"])
 
 
 def open_zero_shot(ds: dict, data_dir=None):
     from ..data.sources import open_split
-    return open_split({**ds, "train": ds["test"]}, ds["test"], data_dir)
+    return open_split(ds, ds["test"], data_dir)
 
 
 class LitAdapter(Adapter):
@@ -385,12 +381,12 @@ class LitAdapter(Adapter):
                             dataset=identity, split=split, pool=pool)
             return cached(key, compute) + (key,)
 
-        # image embeddings of every pair, once per backbone (the text tower never runs the image tower)
-        reader = pairs_reader(hp)
+        # image embeddings of every pair, once per backbone (the text tower never runs the image tower); the
+        # pairs are opened only to compute them
         pair_tf = {"resolution": hp["resolution"], "resize": "square", "pixels": "[-1,1]", "bf16": use_bf16}
         px, captions, pairs_hit, pairs_key = features(
-            pairs_identity(reader, hp), "pairs", pair_tf,
-            lambda: extract_pairs(image_tower(), reader, eval_transform(hp["resolution"]), device=ctx.device,
+            pairs_identity(hp), "pairs", pair_tf,
+            lambda: extract_pairs(image_tower(), pairs_reader(hp), eval_transform(hp["resolution"]), device=ctx.device,
                                   bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                   desc=f"features {name} image-text pairs"))
         heldout = int(hp["heldout"])
@@ -460,6 +456,7 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
     """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
     init and data order from `seed`) and stored. Returns (model, info)."""
     from filelock import FileLock
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     from ..engine.train import fit, tensor_batches
@@ -467,7 +464,7 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
     key = tower_key(pairs_key, hp, seed)
     folder = home_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path, meta_path = folder / f"{key}.safetensors", folder / f"{key}.json"
+    path = folder / f"{key}.safetensors"  # the weights, with the training info in the file's metadata
 
     def build():
         torch.manual_seed(seed)
@@ -475,10 +472,12 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
                         temperature_init=float(hp["temperature_init"]))
 
     with FileLock(str(folder / f"{key}.lock")):
-        if path.is_file() and meta_path.is_file():
+        if path.is_file():
             model = build()
             model.load_state_dict(load_file(str(path)))
-            return model, {**json.loads(meta_path.read_text()), "tower_cache_hit": True}
+            with safe_open(str(path), "pt") as f:
+                info = json.loads(f.metadata()["info"])
+            return model, {**info, "tower_cache_hit": True}
         model = build().to(ctx.device)
         tokens = tokenizer(hp["context_length"])(list(captions))
         batches = tensor_batches(tokens, torch.from_numpy(features), batch=int(hp["batch"]), steps=int(hp["steps"]),
@@ -489,18 +488,16 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
         out = fit(model, batches, opt, steps=int(hp["steps"]), base_lr=float(hp["lr"]), warmup=int(hp["warmup_steps"]),
                   clip=hp.get("clip") or None, loss_fn=contrastive_loss(model), device=ctx.device, bf16=use_bf16,
                   progress=ctx.progress, desc=f"text tower seed={seed}", splittable=False)
-        info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]), "train_seconds": round(time.time() - started, 2),
+        info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]),
+                "train_seconds": round(time.time() - started, 2),
                 "temperature": round(float(model.scale().detach()), 4),
                 **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {})}
         model = model.cpu()
-        for target, write in ((path, lambda p: save_file({k: v.contiguous() for k, v in model.state_dict().items()}, p)),
-                              (meta_path, lambda p: Path(p).write_text(json.dumps(info)))):
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            os.close(fd)
-            try:
-                write(tmp)
-                os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # written aside, then renamed (checkpoint.py's way)
+        try:
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp),
+                      metadata={"info": json.dumps(info)})
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return model, {**info, "tower_cache_hit": False}

@@ -80,12 +80,6 @@ class CsvPairs:
                 raise MalformedPairsError(f"{self.path}: row {i + 2}: {p} is not a readable image ({e})") from None
             yield image, self.captions[i]
 
-    def identity(self) -> dict:
-        """What determines the pairs: the file's path and sha256 (its rows); images are taken as immutable, as
-        tfds and webdataset shards are (re-exported images belong under a new file name)."""
-        from .folder import sha256_file
-        return {"format": "csv", "path": str(self.path.resolve()), "sha256": sha256_file(self.path)}
-
 
 def sep_name(sep: str) -> str:
     return {"\t": "tab", ",": "comma"}.get(sep, repr(sep))
@@ -139,12 +133,23 @@ class ShardPairs:
             raise MalformedPairsError(f"webdataset shards {urls[0]}..: cannot be read as tar ({e}); "
                                       "expected tar files of KEY.jpg|png + KEY.txt") from None
 
-    def identity(self) -> dict:
-        """The shards' resolved paths, sizes and modification times (hashing terabytes of shards is not an option)."""
-        import hashlib
-        stats = [(str(s.resolve()), s.stat().st_size, s.stat().st_mtime_ns) for s in self.shards]
-        return {"format": "webdataset", "shards": len(stats), "first": stats[0][0],
-                "stats": hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}
+
+def pairs_identity(spec: str) -> dict:
+    """What determines the pairs of `spec` (for the feature cache), without reading them: a CSV's path and
+    sha256 (its rows; hashed once per size and modification time), shards' paths, sizes and modification
+    times (hashing terabytes of shards is not an option). Images a CSV names are taken as immutable, as
+    tfds and webdataset shards are (re-exported images belong under a new file name)."""
+    import hashlib
+
+    from ..engine.cells import file_sha256
+    if str(spec).lower().endswith(CSV_SUFFIXES):
+        path = Path(spec)
+        if not path.is_file():
+            raise DataMissingError(f"image-text CSV {path} does not exist")
+        return {"format": "csv", "path": str(path.resolve()), "sha256": file_sha256(path)}
+    stats = [(str(s.resolve()), s.stat().st_size, s.stat().st_mtime_ns) for s in expand_shards(spec)]
+    return {"format": "webdataset", "shards": len(stats), "first": stats[0][0],
+            "stats": hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}
 
 
 def open_pairs(spec: str, *, img_key: str = "filepath", caption_key: str = "title", sep: str = "\t"):

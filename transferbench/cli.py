@@ -214,9 +214,8 @@ def _remove_empty(folders: list[Path]) -> None:
 def cmd_run(args) -> int:
     from .adapters import check_backbone, prepare_task, resolve_backbone
     from .engine.runner import CellContext, run_task
-    from .reporting.aggregate import aggregate
     from .reporting.records import load_records
-    from .reporting.tables import build_tables, render
+    from .reporting.tables import render, report_tables
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
@@ -248,7 +247,7 @@ def cmd_run(args) -> int:
     records = [r for r in load_records([args.out / task.name]) if r["backbone"] in names] \
         if (args.out / task.name).is_dir() else []
     if records:
-        print(render(build_tables(aggregate(records), reference=args.reference)))
+        print(render(report_tables(records, reference=args.reference)))
     return 1 if summary.failed else 0
 
 
@@ -272,9 +271,8 @@ def cmd_data(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .reporting.aggregate import aggregate
     from .reporting.records import load_records
-    from .reporting.tables import build_tables, render
+    from .reporting.tables import render, report_tables
 
     records = load_records(args.dirs)
     if args.task:
@@ -286,8 +284,7 @@ def cmd_report(args) -> int:
         print(f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "
               "`transferbench run` retries them)", file=sys.stderr)
     # md: one table per report-axis setting (few-shot shots), headline first; csv/json: the wide form
-    text = render(build_tables(aggregate(records), reference=args.reference, split_axes=args.format == "md"),
-                  args.format)
+    text = render(report_tables(records, reference=args.reference, split_axes=args.format == "md"), args.format)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)

@@ -116,32 +116,44 @@ class VtabAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):
-        from ..backbones import create_backbone
-        from ..data.transforms import eval_transform, train_transform
-        from ..engine.train import accuracy, bf16_enabled, cross_entropy, fit, train_batches
+        from ..data.transforms import eval_transform
+        from ..engine.train import accuracy
 
         hp, ds = cell.hparams, config(cell.dataset, cell.dataset_config)
         final = cell.stage == "final"
         train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
         evaluate_on = open_split(ds, "test" if final else "val", ctx.data_dir)
-        torch.manual_seed(cell.seed)
-        model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint)
-        model.reset_classifier(ds["classes"])  # a new zero-initialised head, whatever the checkpoint had
-        model.to(ctx.device)
-        if hp["optimizer"] != "sgd":
-            raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
-        opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"],
-                              weight_decay=hp["weight_decay"])
-        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
-        batches = train_batches(train, train_transform(hp["resolution"], ds["augment"]), batch=hp["batch"],
-                                steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
-        started = time.time()
-        out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-                  loss_fn=cross_entropy, device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
-                  progress=ctx.progress, desc=f"{cell.dataset} lr={hp['lr']} seed={cell.seed}")
-        train_seconds = time.time() - started
-        acc = accuracy(model, evaluate_on, eval_transform(hp["resolution"]), ctx.device, use_bf16, workers=ctx.workers)
+        model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx)
+        acc = accuracy(model, evaluate_on, eval_transform(hp["resolution"]), ctx.device, info["bf16"],
+                       workers=ctx.workers)
         return {("test" if final else "val"): {"accuracy": acc},
-                "info": {**out, "train_examples": len(train), "eval_examples": len(evaluate_on), "bf16": use_bf16,
-                         "train_seconds": round(train_seconds, 2),
-                         "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
+                "info": {**info, "eval_examples": len(evaluate_on)}}
+
+
+def finetune(cell, train, classes: int, augment: str, ctx, desc: str = ""):
+    """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
+    optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, bf16): a new
+    zero-initialised head of `classes`, SGD with momentum, warm-up then cosine, clipping, `augment`.
+    Returns (model, info); other adapters that need a fine-tuned classifier call it too."""
+    from ..backbones import create_backbone
+    from ..data.transforms import train_transform
+    from ..engine.train import bf16_enabled, cross_entropy, fit, train_batches
+
+    hp = cell.hparams
+    torch.manual_seed(cell.seed)
+    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint)
+    model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
+    model.to(ctx.device)
+    if hp["optimizer"] != "sgd":
+        raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
+    opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+    use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
+    batches = train_batches(train, train_transform(hp["resolution"], augment), batch=hp["batch"], steps=hp["steps"],
+                            seed=cell.seed, workers=ctx.workers)
+    started = time.time()
+    out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
+              loss_fn=cross_entropy, device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
+              progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}")
+    train_seconds = time.time() - started
+    return model, {**out, "train_examples": len(train), "bf16": use_bf16, "train_seconds": round(train_seconds, 2),
+                   "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}

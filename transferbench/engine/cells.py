@@ -80,6 +80,7 @@ class Cell:
     group: str | None = None
     order: int = 0
     suite: str = ""
+    report: str = ""  # a report of its own for the task's records ('corruption': reporting.robustness); '' = tables
     checkpoint: str | None = field(default=None, compare=False)
 
     IDENTITY = ("task", "dataset", "backbone", "checkpoint_sha256", "hparams", "seed", "protocol_version",

@@ -233,9 +233,23 @@ def predict(model, batches: Iterator, device: str, bf16: bool) -> tuple[np.ndarr
     return np.concatenate(preds), np.concatenate(labels)
 
 
+def array_batches(images: np.ndarray, labels, *, batch: int = 256) -> Iterator:
+    """Batches of uint8 (N, H, W, 3) images already at the input size, scaled to [-1, 1] as the eval transform
+    scales them (x / 255 normalised by mean 0.5, std 0.5), converted a batch at a time."""
+    labels = np.asarray(labels)
+    for i in range(0, len(images), batch):
+        x = torch.from_numpy(np.array(images[i:i + batch])).permute(0, 3, 1, 2).float()  # a writable copy
+        yield x.div_(255.0).sub_(0.5).div_(0.5), labels[i:i + batch]
+
+
 def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0) -> float:
-    """Top-1 accuracy in percent."""
-    pred, label = predict(model, eval_batches(dataset, transform, batch=batch, workers=workers), device, bf16)
+    """Top-1 accuracy in percent. `transform=None`: the dataset's `array()` holds images at the model's input
+    size, which are only scaled (batched, no per-image transform)."""
+    if transform is None:
+        batches = array_batches(dataset.array(), dataset.labels, batch=batch)
+    else:
+        batches = eval_batches(dataset, transform, batch=batch, workers=workers)
+    pred, label = predict(model, batches, device, bf16)
     return 100.0 * float((pred == label).mean())
 
 

@@ -50,27 +50,48 @@ def plot_deltas(t: TaskTable, path: Path) -> Path | None:
 
 
 def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None) -> Path:
+    from .robustness import is_robustness, plot_severity, tables as robustness_tables
+
     records = load_records(dirs)
-    entries = aggregate(records)
+    entries = aggregate([r for r in records if not is_robustness(r)])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# transferbench leaderboard", "",
              f"Generated {now}" + (f" at git {git_sha[:12]}" if git_sha else "") +
              f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", ""]
-    for task in sorted({e.task for e in entries}):
-        ents = [e for e in entries if e.task == task]
-        backbones = sorted({e.backbone for e in ents})
-        ref = reference if reference in backbones else default_reference(backbones)
-        tables = build_tables(ents, reference=ref)  # one per report-axis setting, headline first
+    robust = {r["task"] for r in records if is_robustness(r)}
+    for task in sorted({e.task for e in entries} | robust):
+        recs = [r for r in records if r["task"] == task]
+        if task in robust:  # corruption robustness: a table and two figures per dataset
+            backbones = sorted({r["backbone"] for r in recs})
+            ref = reference if reference in backbones else default_reference(backbones)
+            tables = robustness_tables([r for r in recs if is_robustness(r)], reference=ref)
+        else:
+            ents = [e for e in entries if e.task == task]
+            backbones = sorted({e.backbone for e in ents})
+            ref = reference if reference in backbones else default_reference(backbones)
+            tables = build_tables(ents, reference=ref)  # one per report-axis setting, headline first
+        if not tables:
+            continue
         t = tables[0]
-        recs = [r for r in records if r["task"] == t.task]
         shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
         devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
         lines += [f"## {t.task}", "",
                   f"Protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
                   f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
                   f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", ""]
+        if task in robust:
+            for x in tables:
+                dataset = x.setting.split(";")[0]
+                lines += [f"### {dataset}", "", to_markdown(x, title=False)]
+                png = plot_severity(recs, task, dataset, out.parent / f"{out.stem}_{task}_{dataset}.png")
+                if png:
+                    lines += [f"![error vs severity, {dataset}]({png.name})", ""]
+                png = plot_deltas(x, out.parent / f"{out.stem}_{task}_{dataset}_delta.png")
+                if png:
+                    lines += [f"![Δ vs {x.reference}, {dataset}]({png.name})", ""]
+            continue
         lines += [to_markdown(x, title=False) for x in tables]
         if len(tables) > 1:  # the wide form: every dataset and setting in one table
             (wide,) = build_tables(ents, reference=ref, split_axes=False)

@@ -206,3 +206,15 @@ def render(tables: list[TaskTable], fmt: str = "md") -> str:
             w.writerows(rows)
         return buf.getvalue()
     raise UserError(f"unknown format {fmt!r}; choose md, csv or json")
+
+
+def report_tables(records: list[dict], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
+    """The tables of any mix of records: corruption-robustness records (reporting.robustness: CE per corruption,
+    mCE) and everything else (one metric per cell, `build_tables`)."""
+    from .aggregate import aggregate
+    from .robustness import is_robustness, tables as robustness_tables
+
+    robust = [r for r in records if is_robustness(r)]
+    rest = [r for r in records if not is_robustness(r)]
+    out = build_tables(aggregate(rest), reference=reference, split_axes=split_axes) if rest else []
+    return out + (robustness_tables(robust, reference) if robust else [])

@@ -1,0 +1,342 @@
+"""Corruption robustness: ImageNet-C's 15 corruptions x 5 severities and mCE as Hendrycks & Dietterich define it
+(PROTOCOLS.md "ImageNet-C"; the formulas are in transferbench.reporting.robustness).
+
+Cells, per dataset and model seed:
+    stage 'classifier':  the classifier under test and its clean top-1 error. With a checkpoint whose head has
+                         the dataset's classes (an ImageNet-1k fine-tuned file) that head is used as it is;
+                         otherwise a head is fine-tuned on the clean training split with the VTAB recipe of the
+                         spec (adapters.vtab.finetune, the same loop) and stored under
+                         $TRANSFERBENCH_HOME/classifiers by the cell's training identity; later cells load it.
+    stage 'corruption':  one per corruption, once the classifier cell is finished: top-1 error at severities
+                         1-5 (metrics error_1 ... error_5; `error` is their mean).
+
+Corrupted data (`corrupted` in the dataset entry):
+    folder    the released ImageNet-C files, <data-dir>/<path>/<corruption>/<severity>/<wnid>/*.JPEG
+    tfds      tfds `imagenet2012_corrupted/<corruption>_<severity>` (split validation) through tfds.data_source
+    npy       CIFAR-10-C style arrays, <data-dir>/<path>/<corruption>.npy + labels.npy
+    generate  the clean test split corrupted here (data.corruptions: imagecorruptions-imaug), for any dataset:
+              each image brought to `render` px as ImageNet-C's were made (short side render / crop_pct, centre
+              crop), corrupted there, resized to the model's resolution; seeded per image and cached by content.
+The clean error of a released set comes from the clean split with the same geometry (resize to
+resolution / crop_pct, centre crop); of a generated set, from the rendered clean images themselves, so that
+clean and corrupted differ by the corruption alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ..data.sources import DatasetEntry
+from ..data.transforms import AUGMENTATIONS
+from ..engine.train import BF16_SETTINGS
+from ..errors import UserError
+from ..reporting.robustness import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, mce, relative_mce  # noqa: F401
+from . import Adapter
+
+CLASSIFIER_VERSION = "1"
+TRAIN_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "clip", "batch", "steps", "warmup_steps", "resolution",
+              "bf16")
+
+
+class CorruptionDataset(DatasetEntry):
+    """A clean dataset (tfds or embedded: `test`, and `train` for fine-tuning a head) and where its corrupted
+    copies come from."""
+    train: str | None = None  # type: ignore[assignment]  # clean training split; None: the checkpoint's head only
+    classes: int
+    augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]
+    crop_pct: float = 0.875  # the test images' geometry: short side resolution / crop_pct, centre crop (256 -> 224)
+    corrupted: Literal["generate", "folder", "tfds", "npy"] = "generate"
+    path: str | None = None  # folder / npy: under --data-dir (or absolute)
+    tfds_corrupted: str = "imagenet2012_corrupted/{corruption}_{severity}"  # corrupted: tfds; a name:version pattern
+    tfds_corrupted_split: str = "validation"
+    baseline: Literal["alexnet", "reference"] = "reference"  # CE normalised by AlexNet's errors or the --reference's
+    limit: int | None = None  # the first N test images only (the embedded suite)
+
+
+def entry(cell) -> dict:
+    return CorruptionDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+
+
+def corruption_list(value) -> list[str]:
+    """The spec's / --set's `corruptions`: 'all' or a list (or comma-separated string) of names."""
+    from ..data.corruptions import check_name
+    if value in (None, "all"):
+        return list(CORRUPTIONS)
+    names = value.strip("[]").split(",") if isinstance(value, str) else list(value)
+    return [check_name(str(n).strip()) for n in names]
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+def open_clean(ds: dict, split: str, data_dir=None):
+    from ..data.sources import open_split
+    data = open_split(ds, split, data_dir)
+    if ds.get("limit") and split == ds["test"]:
+        data = torch.utils.data.Subset(data, range(min(int(ds["limit"]), len(data))))
+        data.labels = np.asarray([data.dataset.labels[i] for i in data.indices]) if hasattr(data.dataset, "labels") \
+            else None
+    return data
+
+
+def released_path(ds: dict, data_dir) -> Path:
+    p = Path(ds["path"] or "").expanduser()
+    return p if p.is_absolute() or data_dir is None else Path(data_dir).expanduser() / p
+
+
+def open_released(ds: dict, corruption: str, severity: int, data_dir=None):
+    """One (corruption, severity) of released corrupted data (folder, npy or tfds)."""
+    from ..data.corruptions import ImageNetCFolder, NpyCorrupted
+    from ..data.tfds_source import TfdsDataset
+    if ds["corrupted"] == "folder":
+        return ImageNetCFolder(released_path(ds, data_dir), corruption, severity, ds["classes"])
+    if ds["corrupted"] == "npy":
+        return NpyCorrupted(released_path(ds, data_dir), corruption, severity, ds["classes"])
+    name = ds["tfds_corrupted"].format(corruption=corruption, severity=severity)
+    return TfdsDataset(name, ds["tfds_corrupted_split"], data_dir_=data_dir)
+
+
+def data_identity(ds: dict, version: str) -> dict:
+    return {k: ds.get(k) for k in ("name", "source", "tfds", "set", "test", "limit")} | {"version": version}
+
+
+def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, ctx, clean=None):
+    """The test split under `corruption` at `severity` (severity 0: clean, through the same geometry), at the
+    model's resolution, from the cache or generated. `clean`: a callable returning the rendered clean images
+    and labels (shared by the severities of a cell, computed on the first miss). Returns (ArraySet, hit)."""
+    from ..data import corruptions as C
+    res, size = int(hp["resolution"]), int(hp.get("render") or hp["resolution"])
+    ident = data_identity(ds, version)
+    geometry = {"render": size, "crop_pct": ds["crop_pct"], "out": res}
+    gen = C.generator_identity() if severity else None
+    key = C.cache_key(data=ident, geometry=geometry, corruption=corruption if severity else "clean", severity=severity,
+                      generator=gen)
+
+    def compute():
+        images, labels = clean()
+        if not severity:
+            return C.resize(images, res), labels
+        base = int(C.cache_key(data=ident)[:8], 16)
+        seeds = [C.image_seed(base, i, corruption, severity) for i in range(len(images))]
+        processes = ctx.workers or (__import__("os").cpu_count() or 1)
+        return C.generate(images, corruption, severity, seeds, res, processes=processes, progress=ctx.progress,
+                          desc=f"{ds['name']} {corruption} {severity}"), labels
+
+    return C.cached(key, compute)
+
+
+def rendered_clean(ds: dict, hp: dict, ctx):
+    """A callable computing the clean test images at the render size (uint8) and their labels, once."""
+    from ..data.corruptions import render
+    memo = {}
+
+    def get():
+        if not memo:
+            data = open_clean(ds, ds["test"], ctx.data_dir)
+            size = int(hp.get("render") or hp["resolution"])
+            it = ctx.progress(range(len(data)), desc=f"{ds['name']} rendering clean images") if ctx.progress else \
+                range(len(data))
+            pairs = [data[i] for i in it]
+            memo["v"] = (np.stack([render(im, size, ds["crop_pct"]) for im, _ in pairs]),
+                         np.asarray([y for _, y in pairs], dtype=np.int64))
+        return memo["v"]
+    return get
+
+
+def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
+    from ..data.transforms import eval_transform
+    from ..engine.train import accuracy
+    res = int(hp["resolution"])
+    fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
+    transform = None if fast else eval_transform(res, resize_small=resize_small)
+    return 100.0 - accuracy(model, data, transform, ctx.device, use_bf16, batch=int(hp.get("eval_batch", 256)),
+                            workers=ctx.workers)
+
+
+# --- the classifier under test ----------------------------------------------------------------------------
+
+def home_dir() -> Path:
+    from ..data.embedded import home
+    return home() / "classifiers"
+
+
+def classifier_key(cell) -> str:
+    """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
+    hyper-parameters and the seed (not the corruption nor how the test images are made)."""
+    import hashlib
+
+    from ..reporting.aggregate import canon
+    ds = entry(cell)
+    ident = {"v": CLASSIFIER_VERSION, "backbone": cell.backbone.partition("@")[0], "weights": cell.checkpoint_sha256,
+             "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
+             "data_version": cell.data_version, "hp": {k: cell.hparams.get(k) for k in TRAIN_KEYS}, "seed": cell.seed}
+    return hashlib.sha256(canon(ident).encode()).hexdigest()[:24]
+
+
+def checkpoint_head(path) -> int | None:
+    """The number of classes of the checkpoint's head, or None without one."""
+    from ..backbones.checkpoint import read_checkpoint
+    w = read_checkpoint(path).state_dict.get("head.weight")
+    return int(w.shape[0]) if w is not None and w.ndim == 2 else None
+
+
+def classifier(cell, ctx):
+    """(model, info): the checkpoint's own head when it has the dataset's classes (hparam classifier auto or
+    checkpoint), else the fine-tuned head from the classifier cache, trained on a miss."""
+    from filelock import FileLock
+
+    from ..backbones import create_backbone
+    from ..backbones.checkpoint import read_checkpoint, save_checkpoint
+    from ..engine.train import bf16_enabled
+
+    hp, ds = cell.hparams, entry(cell)
+    name, mode, res = cell.backbone.partition("@")[0], hp.get("classifier", "auto"), int(hp["resolution"])
+    head = checkpoint_head(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
+    if head == ds["classes"]:
+        model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)
+        return model.to(ctx.device).eval(), {"classifier": "checkpoint head",
+                                             "bf16": bf16_enabled(hp.get("bf16", "auto"), ctx.device)}
+    if mode == "checkpoint":
+        raise UserError(f"backbone {cell.backbone!r}: classifier=checkpoint needs a checkpoint whose head has "
+                        f"{ds['classes']} classes (dataset {cell.dataset!r}); it has "
+                        f"{'none' if head is None else head}: use --set classifier=auto to fine-tune one")
+    if not ds["train"]:
+        raise UserError(f"dataset {cell.dataset!r} has no training split to fine-tune a head on and backbone "
+                        f"{cell.backbone!r} has no head of {ds['classes']} classes: give NAME@CHECKPOINT with an "
+                        f"{ds['classes']}-class head (e.g. an ImageNet-1k fine-tuned file)")
+    folder = home_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = classifier_key(cell)
+    path = folder / f"{key}.safetensors"
+    with FileLock(str(folder / f"{key}.lock")):
+        if path.is_file():
+            ckpt = read_checkpoint(path)
+            model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=path)
+            info = json.loads(ckpt.metadata.get("info", "{}")) if ckpt.metadata else {}
+            return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
+        from .vtab import finetune
+        train = open_clean(ds, ds["train"], ctx.data_dir)
+        model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx,
+                               desc=f"{cell.dataset} fine-tune seed={cell.seed}")
+        info = {**info, "classifier": "fine-tuned", "classifier_key": key}
+        save_checkpoint(model, path, info=info)
+    return model.eval(), {**info, "classifier_cache_hit": False}
+
+
+# --- the adapter ------------------------------------------------------------------------------------------
+
+class CorruptionAdapter(Adapter):
+    name = "corruption"
+    dataset_schema = CorruptionDataset
+    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "classifier": ("auto", "finetune", "checkpoint")}
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        from .spec import SpecError
+        for i, d in enumerate(spec.datasets):
+            ds = CorruptionDataset.model_validate(d.model_dump())
+            if ds.source == "tfds" and not ds.tfds:
+                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            if ds.corrupted in ("folder", "npy") and not ds.path:
+                raise SpecError(f"{source}: datasets.{i}.path: released {ds.corrupted} data needs its folder under "
+                                f"--data-dir (dataset {ds.name!r})")
+            if not 0 < ds.crop_pct <= 1:
+                raise SpecError(f"{source}: datasets.{i}.crop_pct: {ds.crop_pct} is not in (0, 1] (dataset {ds.name!r})")
+        try:
+            corruption_list(spec.hparams.get("corruptions"))
+        except UserError as e:
+            raise SpecError(f"{source}: hparams.corruptions: {e}") from None
+
+    def check_data(self, task, ctx) -> None:
+        """Before any cell: every dataset's clean splits open, released corrupted data is present (its first
+        and last corruption at severities 1 and 5), and generation has its package."""
+        from ..data.corruptions import INSTALL, LAYOUT, generator_identity
+        from ..data.folder import DataMissingError
+        from ..data.tfds_source import data_dir
+
+        for hp in task.grid():
+            corruption_list(hp.get("corruptions"))
+        problems = []
+        for spec in task.datasets:
+            ds = CorruptionDataset.model_validate(spec.model_dump()).model_dump()
+            try:
+                open_clean(ds, ds["test"], ctx.data_dir)
+                if ds["train"]:
+                    open_clean(ds, ds["train"], ctx.data_dir)
+            except DataMissingError as e:
+                problems.append(f"{ds['name']} clean: {e}")
+                continue
+            if ds["corrupted"] == "generate":
+                generator_identity()
+                continue
+            try:
+                for c, s in ((CORRUPTIONS[0], 1), (CORRUPTIONS[-1], 5)):
+                    open_released(ds, c, s, ctx.data_dir)
+            except DataMissingError as e:
+                how = {"folder": f"download ImageNet-C (https://zenodo.org/record/2235448) and untar it so that "
+                                 f"{released_path(ds, ctx.data_dir)} follows {LAYOUT}",
+                       "npy": f"download CIFAR-10-C (https://zenodo.org/record/2535967) into "
+                              f"{released_path(ds, ctx.data_dir)}",
+                       "tfds": f"prepare {ds['tfds_corrupted']} with tfds under {data_dir(ctx.data_dir)}"}[ds["corrupted"]]
+                problems.append(f"{ds['name']}: {str(e).split(';')[0]}; {how} (or score corruptions generated here: "
+                                f"a dataset entry with `corrupted: generate`, e.g. imagenet2012_generated)")
+        if problems:
+            raise UserError(f"robustness data missing: {' | '.join(problems)}; or try `--suite embedded`, which "
+                            f"needs no download (generating corruptions needs {INSTALL})")
+
+    def plan(self, task, backbone, results):
+        from ..engine.cells import make_cell
+        cells = []
+        for ds in task.datasets:
+            for hp in task.grid():
+                names = corruption_list(hp.get("corruptions"))
+                base = {k: v for k, v in hp.items() if k != "corruptions"}
+                for seed in task.seeds:
+                    clf = dataclasses.replace(make_cell(task, ds, backbone, base, seed, "classifier"), report="corruption")
+                    cells.append(clf)
+                    rec = results.store.get(clf)
+                    if rec is not None and rec["status"] == "ok":
+                        cells += [dataclasses.replace(make_cell(task, ds, backbone, {**base, "corruption": c}, seed,
+                                                                "corruption"), report="corruption") for c in names]
+        return cells
+
+    def run(self, cell, ctx):
+        hp, ds = cell.hparams, entry(cell)
+        started = time.time()
+        model, info = classifier(cell, ctx)
+        use_bf16 = info["bf16"]
+        res = int(hp["resolution"])
+        if cell.stage == "classifier":
+            if ds["corrupted"] == "generate":
+                data, hit = generated(ds, cell.data_version, hp, "clean", 0, ctx, rendered_clean(ds, hp, ctx))
+                err = top1_error(model, data, hp, ctx, use_bf16)
+            else:
+                data, hit = open_clean(ds, ds["test"], ctx.data_dir), None
+                err = top1_error(model, data, hp, ctx, use_bf16, resize_small=round(res / ds["crop_pct"]))
+            return {"test": {"error": err, "accuracy": 100.0 - err},
+                    "info": {**info, "eval_examples": len(data), "image_cache_hit": hit,
+                             "seconds_total": round(time.time() - started, 2)}}
+        corruption = hp["corruption"]
+        errors, hits, n = {}, [], 0
+        clean = rendered_clean(ds, hp, ctx)
+        gen_seconds = 0.0
+        for s in (1, 2, 3, 4, 5):
+            t0 = time.time()
+            if ds["corrupted"] == "generate":
+                data, hit = generated(ds, cell.data_version, hp, corruption, s, ctx, clean)
+                hits.append(hit)
+            else:
+                data = open_released(ds, corruption, s, ctx.data_dir)
+            gen_seconds += time.time() - t0
+            errors[f"error_{s}"] = top1_error(model, data, hp, ctx, use_bf16)
+            n = len(data)
+        mean = float(np.mean(list(errors.values())))
+        return {"test": {"error": mean, "accuracy": 100.0 - mean, **errors},
+                "info": {**{k: v for k, v in info.items() if k.startswith("classifier")}, "bf16": use_bf16,
+                         "eval_examples_per_severity": n, "image_cache_hits": hits,
+                         "image_seconds": round(gen_seconds, 2), "seconds_total": round(time.time() - started, 2)}}

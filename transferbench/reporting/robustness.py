@@ -1,0 +1,234 @@
+"""Corruption robustness (Hendrycks & Dietterich, ICLR 2019): CE, mCE and relative mCE from per-severity
+errors, the per-dataset tables (clean error, CE per corruption, mCE, relative mCE, mean ± 95% CI over model
+seeds, paired differences vs a reference) and the error-vs-severity figure.
+
+    CE_c          = 100 · Σ_s E(s, c) / Σ_s E_base(s, c)
+    mCE           = mean over the corruptions of CE_c
+    relative CE_c = 100 · Σ_s (E(s, c) − E_clean) / Σ_s (E_base(s, c) − E_base,clean)
+    relative mCE  = mean over the corruptions of relative CE_c
+
+E_base is AlexNet's published error on ImageNet; on any other dataset, where AlexNet's does not exist,
+the `--reference` backbone's mean error over its seeds (so the reference scores 100 and the others are
+measured in its units). Pure functions over numbers; no torch.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import UserError, close_matches
+from .stats import mean_ci, paired_difference
+from .tables import Cellv, TaskTable
+
+CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
+               "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
+               "jpeg_compression")
+SHORT = dict(zip(CORRUPTIONS, ("gauss", "shot", "impulse", "defocus", "glass", "motion", "zoom", "snow", "frost",
+                               "fog", "bright", "contrast", "elastic", "pixel", "jpeg")))
+FAMILIES = {"noise": CORRUPTIONS[0:3], "blur": CORRUPTIONS[3:7], "weather": CORRUPTIONS[7:11],
+            "digital": CORRUPTIONS[11:15]}
+# AlexNet's top-1 error on ImageNet-C per corruption, mean over the 5 severities (hendrycks/robustness,
+# google-research/augmix; PROTOCOLS.md "ImageNet-C")
+ALEXNET_ERRORS = dict(zip(CORRUPTIONS, (0.886428, 0.894468, 0.922640, 0.819880, 0.826268, 0.785948, 0.798360,
+                                        0.866816, 0.826572, 0.819324, 0.564592, 0.853204, 0.646056, 0.717840,
+                                        0.606500)))
+# AlexNet's clean top-1 error on the ImageNet validation set: torchvision's AlexNet (acc@1 56.522), the model
+# the errors above were measured with (hendrycks/robustness ImageNet-C/test.py); the paper's Table 1 rounds
+# it to 43.5
+ALEXNET_CLEAN_ERROR = 0.43478
+CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
+
+
+def _mean_error(e) -> float:
+    """A corruption's errors: a sequence over severities (their mean) or that mean already."""
+    a = np.asarray(e, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no errors given for a corruption")
+    return float(a.mean())
+
+
+def _check(errors: Mapping, baseline_errors: Mapping) -> None:
+    missing = [c for c in errors if c not in baseline_errors]
+    if missing:
+        raise ValueError(f"no baseline errors for {', '.join(missing)}")
+
+
+def mce(errors: Mapping[str, Sequence[float] | float], baseline_errors: Mapping[str, Sequence[float] | float]) -> dict:
+    """Corruption errors and their mean. `errors` and `baseline_errors` map a corruption to its top-1 errors
+    at the severities (or their mean), in the same units (fractions or percent). Σ_s E / Σ_s E_base equals the
+    ratio of the means when both have all severities. Returns {"ce": {corruption: CE}, "mce": mean CE},
+    CEs in percent of the baseline (AlexNet's own errors give 100 everywhere)."""
+    _check(errors, baseline_errors)
+    ce = {c: 100.0 * _mean_error(e) / _mean_error(baseline_errors[c]) for c, e in errors.items()}
+    return {"ce": ce, "mce": float(np.mean(list(ce.values()))) if ce else float("nan")}
+
+
+def relative_mce(errors: Mapping, clean_error: float, baseline_errors: Mapping, baseline_clean_error: float) -> dict:
+    """Relative CEs: 100 · Σ_s (E(s, c) − E_clean) / Σ_s (E_base(s, c) − E_base,clean), and their mean. A
+    corruption whose baseline error does not exceed the baseline's clean error has no relative CE (NaN) and is
+    left out of the mean."""
+    _check(errors, baseline_errors)
+    rel = {}
+    for c, e in errors.items():
+        gap = _mean_error(baseline_errors[c]) - baseline_clean_error
+        rel[c] = 100.0 * (_mean_error(e) - clean_error) / gap if gap > 0 else float("nan")
+    defined = [v for v in rel.values() if np.isfinite(v)]
+    return {"relative_ce": rel, "relative_mce": float(np.mean(defined)) if defined else float("nan")}
+
+
+# --- records -> tables ------------------------------------------------------------------------------------
+
+def is_robustness(record: dict) -> bool:
+    return record.get("report") == "corruption"
+
+
+def _collect(records: list[dict]) -> dict:
+    """(task, dataset) -> backbone -> {"clean": {seed: err}, "sev": {corruption: {seed: [e1..e5]}}, ...}."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: {"clean": {}, "sev": defaultdict(dict)}))
+    meta: dict = {}
+    for r in sorted(records, key=lambda r: r.get("finished_at", "")):  # the latest record of a seed wins
+        if r["status"] != "ok":
+            continue
+        test = (r.get("metrics") or {}).get("test", {})
+        d = out[(r["task"], r["dataset"])][r["backbone"]]
+        if r["stage"] == "classifier":
+            d["clean"][int(r["seed"])] = float(test["error"])
+        elif r["stage"] == "corruption":
+            d["sev"][r["hparams"]["corruption"]][int(r["seed"])] = [float(test[f"error_{s}"]) for s in range(1, 6)]
+        m = meta.setdefault((r["task"], r["dataset"]), {"versions": set(), "order": r.get("order", 0),
+                                                         "baseline": (r.get("dataset_config") or {}).get("baseline",
+                                                                                                         "reference")})
+        m["versions"].add(r["protocol_version"])
+    return {k: (v, meta[k]) for k, v in out.items()}
+
+
+def _per_seed(d: dict, base: dict | None, base_clean: float | None) -> dict:
+    """column -> {seed: value}: clean error; per corruption its CE (or its mean error without a baseline);
+    mCE and relative mCE for the seeds that have every corruption."""
+    cols = {CLEAN: dict(d["clean"])}
+    corrs = [c for c in CORRUPTIONS if c in d["sev"]]
+    for c in corrs:
+        cols[SHORT[c]] = {s: (100.0 * float(np.mean(e)) / base[c] if base else float(np.mean(e)))
+                          for s, e in d["sev"][c].items()}
+    if base and len(corrs) == len(CORRUPTIONS):
+        seeds = set.intersection(*(set(d["sev"][c]) for c in corrs))
+        cols[MCE] = {s: mce({c: d["sev"][c][s] for c in corrs}, base)["mce"] for s in sorted(seeds)}
+        rel_seeds = seeds & set(d["clean"])
+        cols[REL_MCE] = {s: relative_mce({c: d["sev"][c][s] for c in corrs}, d["clean"][s], base, base_clean)[
+            "relative_mce"] for s in sorted(rel_seeds)}
+    return cols
+
+
+def baseline_for(kind: str, ref: dict | None) -> tuple[dict | None, float | None, str]:
+    """Per-corruption baseline mean errors (percent), baseline clean error, and the table's words for it."""
+    if kind == "alexnet":
+        return ({c: 100.0 * v for c, v in ALEXNET_ERRORS.items()}, 100.0 * ALEXNET_CLEAN_ERROR,
+                "CE normalised by AlexNet's published errors")
+    if ref is None:
+        return None, None, "no reference backbone to normalise by: mean top-1 error (%) per corruption, not CE"
+    base = {c: float(np.mean([np.mean(e) for e in ref["sev"][c].values()])) for c in CORRUPTIONS if c in ref["sev"]}
+    clean = float(np.mean(list(ref["clean"].values()))) if ref["clean"] else None
+    return base, clean, None
+
+
+def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]:
+    """One table per (task, dataset): rows backbones (the reference first), columns clean error, the 15
+    corruptions, mCE and relative mCE; lower is better, bold = significantly lower than the reference."""
+    out, asked = [], reference
+    for (task, dataset), (by_backbone, meta) in sorted(_collect(records).items(), key=lambda kv: (kv[0][0], kv[1][1]["order"], kv[0][1])):
+        backbones, reference = sorted(by_backbone), asked
+        if reference is not None and reference not in backbones:
+            raise UserError(f"--reference {reference!r} has no results for task {task!r} dataset {dataset!r}"
+                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+        chosen = ""
+        if reference is None and meta["baseline"] == "reference":
+            from .leaderboard import default_reference
+            reference = default_reference(backbones)  # the plain backbone the others modify, if there is one
+            chosen = ", the plain backbone; choose another with --reference" if reference else ""
+        ref = by_backbone.get(reference) if reference else None
+        base, base_clean, words = baseline_for(meta["baseline"], ref)
+        if words is None:
+            words = f"CE normalised by {reference}'s mean errors (100 = {reference}{chosen})"
+        per = {b: _per_seed(d, base, base_clean) for b, d in by_backbone.items()}
+        present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
+        groups = [c for c in (MCE, REL_MCE) if c in present]
+        t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
+                      reference=reference, setting=f"{dataset}; {words}")
+        for b in ([reference] if reference else []) + [x for x in backbones if x != reference]:
+            row, ns = {}, set()
+            for col in present:
+                vals = per[b].get(col)
+                if not vals or not all(np.isfinite(list(vals.values()))):
+                    continue
+                est = mean_ci(list(vals.values()))
+                delta = paired_difference(vals, per[reference][col]) if reference and b != reference and \
+                    per[reference].get(col) else None
+                lower = delta is not None and delta.excludes_zero and delta.mean < 0
+                higher = delta is not None and delta.excludes_zero and delta.mean > 0
+                row[col] = Cellv(est, delta, better=lower, worse=higher)
+                ns.add(est.n)
+            t.rows[b] = row
+            t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
+        missing = [b for b in backbones if MCE not in t.rows[b] and base]
+        if missing:
+            t.notes.append(f"no mCE for {', '.join(missing)}: not every one of the 15 corruptions has a result")
+        if meta["baseline"] == "alexnet":
+            t.notes.append(f"AlexNet clean error {100 * ALEXNET_CLEAN_ERROR:.2f}% (relative mCE)")
+        out.append(t)
+    return out
+
+
+def severity_curves(records: list[dict], task: str, dataset: str) -> dict:
+    """backbone -> family -> [(mean, ci half-width) at severity 0 (clean), 1, ..., 5]: the family's mean top-1
+    error per seed, then mean and t-interval over seeds."""
+    collected = _collect([r for r in records if r["task"] == task and r["dataset"] == dataset])
+    if (task, dataset) not in collected:
+        return {}
+    out = {}
+    for b, d in collected[(task, dataset)][0].items():
+        out[b] = {}
+        for fam, members in FAMILIES.items():
+            have = [c for c in members if c in d["sev"]]
+            if not have:
+                continue
+            seeds = sorted(set.intersection(*(set(d["sev"][c]) for c in have)) & set(d["clean"]))
+            if not seeds:
+                continue
+            points = [mean_ci([d["clean"][s] for s in seeds])]
+            for k in range(5):
+                points.append(mean_ci([float(np.mean([d["sev"][c][s][k] for c in have])) for s in seeds]))
+            out[b][fam] = [(p.mean, p.ci or 0.0) for p in points]
+    return out
+
+
+def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
+    """Top-1 error vs severity (0 = clean) per corruption family, one line per backbone, 95% error bars."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = severity_curves(records, task, dataset)
+    if not curves:
+        return None
+    fig, axes = plt.subplots(1, len(FAMILIES), figsize=(3.2 * len(FAMILIES), 3.2), sharey=True)
+    for ax, fam in zip(axes, FAMILIES):
+        for i, (b, fams) in enumerate(sorted(curves.items())):
+            if fam not in fams:
+                continue
+            ys, errs = zip(*fams[fam])
+            ax.errorbar(np.arange(6) + (i - (len(curves) - 1) / 2) * 0.06, ys, yerr=errs, marker="o", ms=3,
+                        capsize=2, label=b)
+        ax.set_title(f"{fam} ({', '.join(SHORT[c] for c in FAMILIES[fam])})", fontsize=8)
+        ax.set_xticks(range(6))
+        ax.set_xticklabels(["clean", "1", "2", "3", "4", "5"])
+        ax.set_xlabel("severity")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("top-1 error (%)")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"{task} / {dataset}: error vs severity, mean ± 95% CI over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

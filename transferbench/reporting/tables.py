@@ -185,7 +185,7 @@ def to_rows(t: TaskTable) -> list[dict]:
         for col, v in row.items():
             e, d = v.estimate, v.delta
             rows.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
-                         "backbone": b, "column": col, "kind": "group" if col in t.group_columns else "dataset",
+                         "setting": t.setting, "backbone": b, "column": col, "kind": "group" if col in t.group_columns else "dataset",
                          "mean": e.mean if e else None, "ci": e.ci if e else None, "n": e.n if e else 0,
                          "reference": t.reference, "delta": d.mean if d else None, "delta_ci": d.ci if d else None,
                          "better": v.better, "worse": v.worse})

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Literal
@@ -79,8 +80,6 @@ def open_clean(ds: dict, split: str, data_dir=None):
     data = open_split(ds, split, data_dir)
     if ds.get("limit") and split == ds["test"]:
         data = torch.utils.data.Subset(data, range(min(int(ds["limit"]), len(data))))
-        data.labels = np.asarray([data.dataset.labels[i] for i in data.indices]) if hasattr(data.dataset, "labels") \
-            else None
     return data
 
 
@@ -105,12 +104,36 @@ def data_identity(ds: dict, version: str) -> dict:
     return {k: ds.get(k) for k in ("name", "source", "tfds", "set", "test", "limit")} | {"version": version}
 
 
-def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, ctx, clean=None):
-    """The test split under `corruption` at `severity` (severity 0: clean, through the same geometry), at the
-    model's resolution, from the cache or generated. `clean`: a callable returning the rendered clean images
-    and labels (shared by the severities of a cell, computed on the first miss). Returns (ArraySet, hit)."""
+def render_size(hp: dict) -> int:
+    """The side the corruption functions run at: `render`, else the model's resolution."""
+    return int(hp.get("render") or hp["resolution"])
+
+
+def rendered(ds: dict, version: str, hp: dict, ctx):
+    """The clean test images brought to the render size as ImageNet-C's were (short side render / crop_pct,
+    centre crop), and their labels: decoded once per dataset and geometry, then read from the cache by every
+    severity, corruption, backbone and seed. Returns (ArraySet, hit)."""
     from ..data import corruptions as C
-    res, size = int(hp["resolution"]), int(hp.get("render") or hp["resolution"])
+    size = render_size(hp)
+
+    def compute():
+        data = open_clean(ds, ds["test"], ctx.data_dir)
+        it = ctx.progress(range(len(data)), desc=f"{ds['name']} rendering clean images") if ctx.progress else \
+            range(len(data))
+        pairs = [data[i] for i in it]
+        return (np.stack([C.render(im, size, ds["crop_pct"]) for im, _ in pairs]),
+                np.asarray([y for _, y in pairs], dtype=np.int64))
+
+    return C.cached(C.cache_key(data=data_identity(ds, version), render=size, crop_pct=ds["crop_pct"]), compute)
+
+
+def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, ctx):
+    """The test split under `corruption` at `severity` (severity 0: clean, through the same geometry), at the
+    model's resolution, from the cache or generated from the rendered clean images. Returns (ArraySet, hit)."""
+    from ..data import corruptions as C
+    res, size = int(hp["resolution"]), render_size(hp)
+    if not severity and size == res:  # the rendered clean images are already at the model's resolution
+        return rendered(ds, version, hp, ctx)
     ident = data_identity(ds, version)
     geometry = {"render": size, "crop_pct": ds["crop_pct"], "out": res}
     gen = C.generator_identity() if severity else None
@@ -118,34 +141,17 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
                       generator=gen)
 
     def compute():
-        images, labels = clean()
+        clean = rendered(ds, version, hp, ctx)[0]
+        images, labels = clean.array(), clean.labels
         if not severity:
             return C.resize(images, res), labels
         base = int(C.cache_key(data=ident)[:8], 16)
         seeds = [C.image_seed(base, i, corruption, severity) for i in range(len(images))]
-        processes = ctx.workers or (__import__("os").cpu_count() or 1)
+        processes = ctx.workers or os.cpu_count() or 1
         return C.generate(images, corruption, severity, seeds, res, processes=processes, progress=ctx.progress,
                           desc=f"{ds['name']} {corruption} {severity}"), labels
 
     return C.cached(key, compute)
-
-
-def rendered_clean(ds: dict, hp: dict, ctx):
-    """A callable computing the clean test images at the render size (uint8) and their labels, once."""
-    from ..data.corruptions import render
-    memo = {}
-
-    def get():
-        if not memo:
-            data = open_clean(ds, ds["test"], ctx.data_dir)
-            size = int(hp.get("render") or hp["resolution"])
-            it = ctx.progress(range(len(data)), desc=f"{ds['name']} rendering clean images") if ctx.progress else \
-                range(len(data))
-            pairs = [data[i] for i in it]
-            memo["v"] = (np.stack([render(im, size, ds["crop_pct"]) for im, _ in pairs]),
-                         np.asarray([y for _, y in pairs], dtype=np.int64))
-        return memo["v"]
-    return get
 
 
 def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
@@ -168,14 +174,12 @@ def home_dir() -> Path:
 def classifier_key(cell) -> str:
     """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
     hyper-parameters and the seed (not the corruption nor how the test images are made)."""
-    import hashlib
-
-    from ..reporting.aggregate import canon
+    from ..reporting.aggregate import digest
     ds = entry(cell)
     ident = {"v": CLASSIFIER_VERSION, "backbone": cell.backbone.partition("@")[0], "weights": cell.checkpoint_sha256,
              "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
              "data_version": cell.data_version, "hp": {k: cell.hparams.get(k) for k in TRAIN_KEYS}, "seed": cell.seed}
-    return hashlib.sha256(canon(ident).encode()).hexdigest()[:24]
+    return digest(ident)
 
 
 def checkpoint_head(path) -> int | None:
@@ -191,7 +195,7 @@ def classifier(cell, ctx):
     from filelock import FileLock
 
     from ..backbones import create_backbone
-    from ..backbones.checkpoint import read_checkpoint, save_checkpoint
+    from ..backbones.checkpoint import save_checkpoint
     from ..engine.train import bf16_enabled
 
     hp, ds = cell.hparams, entry(cell)
@@ -215,9 +219,10 @@ def classifier(cell, ctx):
     path = folder / f"{key}.safetensors"
     with FileLock(str(folder / f"{key}.lock")):
         if path.is_file():
-            ckpt = read_checkpoint(path)
+            from safetensors import safe_open
             model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=path)
-            info = json.loads(ckpt.metadata.get("info", "{}")) if ckpt.metadata else {}
+            with safe_open(str(path), "pt") as f:  # the header only
+                info = json.loads((f.metadata() or {}).get("info", "{}"))
             return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
         from .vtab import finetune
         train = open_clean(ds, ds["train"], ctx.data_dir)
@@ -313,7 +318,7 @@ class CorruptionAdapter(Adapter):
         res = int(hp["resolution"])
         if cell.stage == "classifier":
             if ds["corrupted"] == "generate":
-                data, hit = generated(ds, cell.data_version, hp, "clean", 0, ctx, rendered_clean(ds, hp, ctx))
+                data, hit = generated(ds, cell.data_version, hp, "clean", 0, ctx)
                 err = top1_error(model, data, hp, ctx, use_bf16)
             else:
                 data, hit = open_clean(ds, ds["test"], ctx.data_dir), None
@@ -323,12 +328,11 @@ class CorruptionAdapter(Adapter):
                              "seconds_total": round(time.time() - started, 2)}}
         corruption = hp["corruption"]
         errors, hits, n = {}, [], 0
-        clean = rendered_clean(ds, hp, ctx)
         gen_seconds = 0.0
         for s in (1, 2, 3, 4, 5):
             t0 = time.time()
             if ds["corrupted"] == "generate":
-                data, hit = generated(ds, cell.data_version, hp, corruption, s, ctx, clean)
+                data, hit = generated(ds, cell.data_version, hp, corruption, s, ctx)
                 hits.append(hit)
             else:
                 data = open_released(ds, corruption, s, ctx.data_dir)

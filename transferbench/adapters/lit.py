@@ -440,12 +440,9 @@ class LitAdapter(Adapter):
 def tower_key(pairs_key: str, hp: dict, seed: int) -> str:
     """The text tower's identity: the cached pair features it trains on, every hyper-parameter that shapes
     training (not the zero-shot ones) and the seed."""
-    import hashlib
-
-    from ..reporting.aggregate import canon
+    from ..reporting.aggregate import digest
     shaping = {k: hp.get(k) for k in TRAIN_KEYS}
-    return hashlib.sha256(canon({"v": LIT_VERSION, "pairs": pairs_key, "hp": shaping, "seed": seed}).encode()
-                          ).hexdigest()[:24]
+    return digest({"v": LIT_VERSION, "pairs": pairs_key, "hp": shaping, "seed": seed})
 
 
 TRAIN_KEYS = ("heldout", "image_head", "loss", "temperature_init", "text_width", "text_layers", "text_heads",

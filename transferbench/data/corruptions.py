@@ -19,7 +19,6 @@ split, geometry, corruption, severity, generator version): a rerun reads it inst
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import shutil
 from functools import lru_cache
@@ -184,8 +183,8 @@ def cache_dir() -> Path:
 
 
 def cache_key(**identity) -> str:
-    from ..reporting.aggregate import canon
-    return hashlib.sha256(canon(identity).encode()).hexdigest()[:24]
+    from ..reporting.aggregate import digest
+    return digest(identity)
 
 
 class ArraySet(torch.utils.data.Dataset):

@@ -1,7 +1,6 @@
 """Cells: one unit of work each, identified by a stable hash of what determines its result."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -88,9 +87,8 @@ class Cell:
 
     @property
     def key(self) -> str:
-        from ..reporting.aggregate import canon
-        ident = {k: getattr(self, k) for k in self.IDENTITY}
-        return hashlib.sha256(canon(ident).encode()).hexdigest()[:20]
+        from ..reporting.aggregate import digest
+        return digest({k: getattr(self, k) for k in self.IDENTITY}, 20)
 
     def to_dict(self) -> dict:
         d = asdict(self)

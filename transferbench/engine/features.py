@@ -8,7 +8,6 @@ int64) under $TRANSFERBENCH_HOME/features, written atomically.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -27,11 +26,11 @@ def cache_dir() -> Path:
 def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str,
               pool: str = "model") -> str:
     """`pool`: the backbone's own pre-logits ('model') or the named pooling ('tok', 'gap')."""
-    from ..reporting.aggregate import canon
+    from ..reporting.aggregate import digest
     representation = "pre_logits" if pool == "model" else f"pre_logits:{pool}"
     ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": representation,
              "transform": transform, "dataset": dataset, "split": split}
-    return hashlib.sha256(canon(ident).encode()).hexdigest()[:24]
+    return digest(ident)
 
 
 @torch.inference_mode()

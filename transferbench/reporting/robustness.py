@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import UserError, close_matches
 from .stats import mean_ci, paired_difference
-from .tables import Cellv, TaskTable
+from .tables import Cellv, TaskTable, _judge, seed_counts
 
 CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
                "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
@@ -136,41 +136,36 @@ def baseline_for(kind: str, ref: dict | None) -> tuple[dict | None, float | None
 def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]:
     """One table per (task, dataset): rows backbones (the reference first), columns clean error, the 15
     corruptions, mCE and relative mCE; lower is better, bold = significantly lower than the reference."""
-    out, asked = [], reference
+    out = []
     for (task, dataset), (by_backbone, meta) in sorted(_collect(records).items(), key=lambda kv: (kv[0][0], kv[1][1]["order"], kv[0][1])):
-        backbones, reference = sorted(by_backbone), asked
+        backbones = sorted(by_backbone)
         if reference is not None and reference not in backbones:
             raise UserError(f"--reference {reference!r} has no results for task {task!r} dataset {dataset!r}"
                             f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
-        chosen = ""
-        if reference is None and meta["baseline"] == "reference":
+        ref_name, chosen = reference, ""
+        if ref_name is None and meta["baseline"] == "reference":
             from .leaderboard import default_reference
-            reference = default_reference(backbones)  # the plain backbone the others modify, if there is one
-            chosen = ", the plain backbone; choose another with --reference" if reference else ""
-        ref = by_backbone.get(reference) if reference else None
-        base, base_clean, words = baseline_for(meta["baseline"], ref)
+            ref_name = default_reference(backbones)  # the plain backbone the others modify, if there is one
+            chosen = ", the plain backbone; choose another with --reference" if ref_name else ""
+        base, base_clean, words = baseline_for(meta["baseline"], by_backbone.get(ref_name) if ref_name else None)
         if words is None:
-            words = f"CE normalised by {reference}'s mean errors (100 = {reference}{chosen})"
+            words = f"CE normalised by {ref_name}'s mean errors (100 = {ref_name}{chosen})"
         per = {b: _per_seed(d, base, base_clean) for b, d in by_backbone.items()}
         present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
         groups = [c for c in (MCE, REL_MCE) if c in present]
         t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
-                      reference=reference, setting=f"{dataset}; {words}")
-        for b in ([reference] if reference else []) + [x for x in backbones if x != reference]:
-            row, ns = {}, set()
+                      reference=ref_name, setting=f"{dataset}; {words}")
+        for b in ([ref_name] if ref_name else []) + [x for x in backbones if x != ref_name]:
+            row = {}
             for col in present:
                 vals = per[b].get(col)
                 if not vals or not all(np.isfinite(list(vals.values()))):
                     continue
-                est = mean_ci(list(vals.values()))
-                delta = paired_difference(vals, per[reference][col]) if reference and b != reference and \
-                    per[reference].get(col) else None
-                lower = delta is not None and delta.excludes_zero and delta.mean < 0
-                higher = delta is not None and delta.excludes_zero and delta.mean > 0
-                row[col] = Cellv(est, delta, better=lower, worse=higher)
-                ns.add(est.n)
+                delta = paired_difference(vals, per[ref_name][col]) if ref_name and b != ref_name and \
+                    per[ref_name].get(col) else None
+                row[col] = Cellv(mean_ci(list(vals.values())), delta, *_judge(delta, t.mode))  # mode min: lower wins
             t.rows[b] = row
-            t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
+            t.seeds[b] = seed_counts(v.estimate.n for v in row.values())
         missing = [b for b in backbones if MCE not in t.rows[b] and base]
         if missing:
             t.notes.append(f"no mCE for {', '.join(missing)}: not every one of the 15 corruptions has a result")

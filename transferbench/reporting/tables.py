@@ -132,8 +132,14 @@ def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "
                 delta = paired_suite_difference(per, {c: cell_of[(reference, c)].per_seed for c in members_g})
             row[g] = Cellv(est, delta, *_judge(delta, first.mode))
         t.rows[b] = row
-        t.seeds[b] = (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
+        t.seeds[b] = seed_counts(ns)
     return t
+
+
+def seed_counts(ns) -> str:
+    """A row's seeds column: '3', or '2-3' when its cells have different numbers of seeds, '0' without any."""
+    ns = set(ns)
+    return (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
 
 
 def _fmt(e: Estimate | None, signed=False) -> str:

@@ -182,25 +182,18 @@ def classifier_key(cell) -> str:
     return digest(ident)
 
 
-def checkpoint_head(path) -> int | None:
-    """The number of classes of the checkpoint's head, or None without one."""
-    from ..backbones.checkpoint import read_checkpoint
-    w = read_checkpoint(path).state_dict.get("head.weight")
-    return int(w.shape[0]) if w is not None and w.ndim == 2 else None
-
-
 def classifier(cell, ctx):
     """(model, info): the checkpoint's own head when it has the dataset's classes (hparam classifier auto or
     checkpoint), else the fine-tuned head from the classifier cache, trained on a miss."""
     from filelock import FileLock
 
     from ..backbones import create_backbone
-    from ..backbones.checkpoint import save_checkpoint
+    from ..backbones.checkpoint import head_classes, save_checkpoint
     from ..engine.train import bf16_enabled
 
     hp, ds = cell.hparams, entry(cell)
     name, mode, res = cell.backbone.partition("@")[0], hp.get("classifier", "auto"), int(hp["resolution"])
-    head = checkpoint_head(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
+    head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
     if head == ds["classes"]:
         model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)
         return model.to(ctx.device).eval(), {"classifier": "checkpoint head",

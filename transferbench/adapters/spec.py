@@ -57,6 +57,9 @@ class TaskSpec(BaseModel):
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     groups: list[str] = Field(default_factory=list)
     datasets: list[DatasetSpec]
+    # installed tasks whose dataset entries follow this spec's own (hires: every VTAB dataset); an entry of the
+    # same name here wins
+    datasets_from: list[str] = Field(default_factory=list)
     suites: dict[str, SuiteSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -107,7 +110,28 @@ def load_spec_file(path) -> TaskSpec:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a task spec is a YAML mapping")
-    return parse_spec(data, str(path))
+    return parse_spec(_with_borrowed_datasets(data, path), str(path))
+
+
+def _with_borrowed_datasets(data: dict, path: Path) -> dict:
+    """`datasets_from: [vtab]`: the named installed tasks' dataset entries appended to this spec's own."""
+    borrowed = data.get("datasets_from") or []
+    if not borrowed:
+        return data
+    if not isinstance(borrowed, list):
+        raise SpecError(f"{path}: datasets_from: a list of installed task names, e.g. [vtab]")
+    specs = installed_specs()
+    own = list(data.get("datasets") or [])
+    names = {d.get("name") for d in own if isinstance(d, dict)}
+    for task in borrowed:
+        if task not in specs:
+            raise SpecError(f"{path}: datasets_from: no installed task {task!r}{close_matches(str(task), specs)}")
+        other = yaml.safe_load(Path(specs[task]).read_text())
+        for d in other.get("datasets") or []:
+            if d.get("name") not in names:
+                own.append(d)
+                names.add(d.get("name"))
+    return {**data, "datasets": own}
 
 
 def installed_specs() -> dict[str, Path]:

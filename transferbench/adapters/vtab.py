@@ -36,6 +36,16 @@ class VtabDataset(DatasetEntry):
     augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]
 
 
+class ClassificationDataset(VtabDataset):
+    """A VTAB-style entry for protocols without selection (high-res fine-tune, diagnostics): `val` unused."""
+    val: str | None = None  # type: ignore[assignment]
+
+
+def classification_entry(name: str, fields: dict) -> dict:
+    """A ClassificationDataset entry with the schema's defaults filled in."""
+    return ClassificationDataset.model_validate({**fields, "name": name}).model_dump()
+
+
 class Joined(torch.utils.data.Dataset):
     """train800 + val200 of an image folder, keeping the folder's fast decoded-array access."""
 
@@ -130,19 +140,27 @@ class VtabAdapter(Adapter):
                 "info": {**info, "eval_examples": len(evaluate_on)}}
 
 
-def finetune(cell, train, classes: int, augment: str, ctx, desc: str = ""):
+def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, keep_head: bool = False,
+             on_step=None):
     """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
     optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, bf16): a new
-    zero-initialised head of `classes`, SGD with momentum, warm-up then cosine, clipping, `augment`.
-    Returns (model, info); other adapters that need a fine-tuned classifier call it too."""
+    zero-initialised head of `classes` (with `keep_head`, the checkpoint's own head where it has `classes`
+    outputs), SGD with momentum, warm-up then cosine, clipping, `augment`; the position embeddings are resized
+    to the resolution's grid and DTN's grid factors rebuilt for it. `on_step(model, step)` sees each step's
+    complete gradients (engine.train.fit). Returns (model, info); other adapters that need a fine-tuned
+    classifier (robustness, high-res, diagnostics) call it too."""
     from ..backbones import create_backbone
+    from ..backbones.checkpoint import head_classes
     from ..data.transforms import train_transform
     from ..engine.train import bf16_enabled, cross_entropy, fit, train_batches
 
     hp = cell.hparams
     torch.manual_seed(cell.seed)
-    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint)
-    model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
+    head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
+    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint,
+                            num_classes=classes if head_kept else 0)
+    if not head_kept:
+        model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
     model.to(ctx.device)
     if hp["optimizer"] != "sgd":
         raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
@@ -153,7 +171,8 @@ def finetune(cell, train, classes: int, augment: str, ctx, desc: str = ""):
     started = time.time()
     out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
               loss_fn=cross_entropy, device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
-              progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}")
+              progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
+              on_step=None if on_step is None else (lambda step: on_step(model, step)))
     train_seconds = time.time() - started
-    return model, {**out, "train_examples": len(train), "bf16": use_bf16, "train_seconds": round(train_seconds, 2),
+    return model, {**out, "train_examples": len(train), "bf16": use_bf16, "head": "checkpoint" if head_kept else "new", "train_seconds": round(train_seconds, 2),
                    "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}

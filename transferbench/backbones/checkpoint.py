@@ -129,6 +129,32 @@ def read_checkpoint(path) -> Checkpoint:
     return ckpt
 
 
+def checkpoint_resolution(path) -> tuple[int, int] | None:
+    """The input resolution a checkpoint was trained at: our files state it in their header; timm and big_vision
+    files give it through their position-embedding grid (None where the grid or patch size cannot be read)."""
+    p = check_checkpoint_file(path)
+    if p.suffix == ".safetensors":
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") == FORMAT and meta.get("img_size"):
+            return tuple(json.loads(meta["img_size"]))
+    return read_checkpoint(p).img_size
+
+
+def head_classes(path) -> int | None:
+    """The number of classes of a checkpoint's head, or None without one. A safetensors file (ours or timm's:
+    both name it `head.weight`) answers from its header; other formats are read."""
+    p = check_checkpoint_file(path)
+    if p.suffix == ".safetensors":
+        with safe_open(str(p), framework="pt") as f:
+            if "head.weight" not in f.keys():
+                return None
+            shape = f.get_slice("head.weight").get_shape()
+        return int(shape[0]) if len(shape) == 2 else None
+    w = read_checkpoint(p).state_dict.get("head.weight")
+    return int(w.shape[0]) if w is not None and w.ndim == 2 else None
+
+
 def load_checkpoint(model: nn.Module, path) -> Checkpoint:
     """Load a checkpoint into `model` strictly, resizing position embeddings to its grid. A head of
     a different size (or none in `model`) is not loaded: `model` keeps its zero-initialised head."""

@@ -5,7 +5,9 @@ timm's VisionTransformer, so its state dicts load after one reshape of the conv 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +26,18 @@ def to_2tuple(v: int | tuple[int, int]) -> tuple[int, int]:
 
 
 class Attention(nn.Module):
+    """Multi-head self-attention through `scaled_dot_product_attention`. While `capture` is set (see
+    `attention_maps`), the softmax probabilities are formed explicitly and passed to it; unset, the forward is
+    the fused kernel alone."""
+
+    capture: Callable[[torch.Tensor], None] | None = None
+
     def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
         self.qkv = nn.Linear(dim, 3 * dim)  # fused q, k, v
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -37,7 +46,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        if self.capture is None:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        else:
+            probs = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N queries, N keys)
+            self.capture(probs)
+            x = F.dropout(probs, self.attn_drop, self.training) @ v
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
 
 
@@ -151,23 +165,67 @@ class VisionTransformer(nn.Module):
     def dtn_norms(self) -> list[DynamicTokenNorm]:
         return [m for m in self.modules() if isinstance(m, DynamicTokenNorm)]
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W), pixels as the checkpoint was trained (big_vision: [-1, 1]) ->
-        tokens (B, prefix + N, D) after the final norm."""
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
         if tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(f"input is {tuple(x.shape[-2:])} px but this backbone was built for {self.img_size}; "
                              f"resize the input or create_backbone(..., img_size={tuple(x.shape[-2:])})")
         x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens:]
         if self.patch_embed.norm_after_pos:  # 'postpos' stem: LN after adding the position embedding
             x = self.patch_embed.norm(x)
-        x = self.pos_drop(x)
-        for i, block in enumerate(self.blocks):
+        return self.pos_drop(x)
+
+    def _run_blocks(self, x: torch.Tensor, last: int | None = None) -> Iterator[torch.Tensor]:
+        """Each block's output tokens in turn, up to block `last`; the cls token joins after the DTN blocks
+        (the blocks before it see patch tokens only)."""
+        for i, block in enumerate(self.blocks[: None if last is None else last + 1]):
             if i == self.dtn_layers:
                 x = self._prepend_cls(x)
             x = block(x)
-        if self.dtn_layers == len(self.blocks):
-            x = self._prepend_cls(x)
+            if i + 1 == len(self.blocks) == self.dtn_layers:
+                x = self._prepend_cls(x)
+            yield x
+
+    def prefix_tokens_at(self, index: int) -> int:
+        """Prefix (cls) tokens in block `index`'s output: none in a DTN block's that precedes the cls token."""
+        return self.num_prefix_tokens if index >= self.dtn_layers or index + 1 == len(self.blocks) else 0
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W), pixels as the checkpoint was trained (big_vision: [-1, 1]) ->
+        tokens (B, prefix + N, D) after the final norm."""
+        for x in self._run_blocks(self._embed(x)):
+            pass
         return self.norm(x)
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """timm's API: the outputs of the blocks in `indices` (None: all; an int n: the last n; a list: those
+        indices, negative from the end), optionally through the final norm (`norm`), as (B, D, h, w) maps
+        ('NCHW') or (B, N, D) patch tokens ('NLC'); with `return_prefix_tokens` each is (patch, prefix) where
+        prefix is (B, prefix, D) (no tokens for a DTN block before the cls token joins). Returns
+        (final normed tokens, intermediates), or the intermediates alone with `intermediates_only`;
+        `stop_early` stops after the last block asked for (the final tokens are then that block's, normed,
+        as in timm)."""
+        from timm.models._features import feature_take_indices
+
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, last = feature_take_indices(len(self.blocks), indices)
+        B = x.shape[0]
+        gh, gw = self.grid_size
+        out = []
+        for i, x in enumerate(self._run_blocks(self._embed(x), last if stop_early else None)):
+            if i not in take:
+                continue
+            y = self.norm(x) if norm else x
+            p = self.prefix_tokens_at(i)
+            patches = y[:, p:]
+            if output_fmt == "NCHW":
+                patches = patches.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()
+            out.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+        if intermediates_only:
+            return out
+        return self.norm(x), out
 
     def _prepend_cls(self, x: torch.Tensor) -> torch.Tensor:
         if self.cls_token is None:
@@ -182,3 +240,27 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+@contextmanager
+def attention_maps(model: nn.Module, fn: Callable[[int, torch.Tensor], None] | None = None):
+    """Softmax attention probabilities of every block of `model` while the block runs. With `fn`, each
+    block's attention module calls `fn(block_index, probs)`, probs (B, heads, N queries, N keys) with rows
+    summing to 1 (reduce them there: at b16, storing every layer's costs 1.8 MB per image); without, the
+    context yields a list that collects `(block_index, probs)`. Outside the context the blocks run the fused
+    kernel again: no cost when unused.
+
+        with attention_maps(model) as maps:
+            model(x)
+        layer, probs = maps[0]
+    """
+    collected: list = []
+    store = fn or (lambda i, p: collected.append((i, p.detach())))
+    attns = [b.attn for b in model.blocks]
+    try:
+        for i, a in enumerate(attns):
+            a.capture = partial(store, i)
+        yield collected
+    finally:
+        for a in attns:
+            a.capture = None

@@ -170,13 +170,15 @@ def _is_oom(err: BaseException) -> bool:
 
 def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
         loss_fn: Callable, device: str, bf16: bool, micro_batch: int | None = None, progress=None,
-        desc: str = "train", schedule: str = "cosine", power: float = 0.9, splittable: bool = True) -> dict:
+        desc: str = "train", schedule: str = "cosine", power: float = 0.9, splittable: bool = True,
+        on_step: Callable[[int], None] | None = None) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
     halves the micro-batch and retries the step, so a batch of 512 fits where it can. `schedule`:
     'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0). A loss over the
     batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
-    never split, and running out of memory is an error that says to lower the batch."""
+    never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
+    once the step's gradients are complete, before clipping (diagnostics read the gradient norms there)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if micro_batch and not splittable:
@@ -214,6 +216,8 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
                 optimizer.zero_grad(set_to_none=True)
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
+        if on_step is not None:
+            on_step(step)
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()

@@ -42,6 +42,8 @@ class TaskTable:
     reference: str | None = None
     notes: list[str] = field(default_factory=list)
     setting: str = ""  # the report-axis setting of a table split by axis ('shots=25'), else ''
+    decimals: int = 1  # digits after the point in the markdown cells
+    footnote: str | None = None  # what the cells are, when not the default (means over seeds)
 
 
 def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
@@ -142,22 +144,22 @@ def seed_counts(ns) -> str:
     return (str(min(ns)) if len(ns) == 1 else f"{min(ns)}-{max(ns)}") if ns else "0"
 
 
-def _fmt(e: Estimate | None, signed=False) -> str:
+def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
     if e is None:
         return "—"
-    mean = f"{e.mean:+.1f}" if signed else f"{e.mean:.1f}"
-    return mean if e.ci is None else f"{mean} ± {e.ci:.1f}"
+    mean = f"{e.mean:+.{decimals}f}" if signed else f"{e.mean:.{decimals}f}"
+    return mean if e.ci is None else f"{mean} ± {e.ci:.{decimals}f}"
 
 
 def to_markdown(t: TaskTable, title: bool = True) -> str:
-    direction = "higher is better" if t.mode == "max" else "lower is better"
+    direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "descriptive")
     head = ["backbone", *t.columns, "seeds"]
     body = []
     for b, row in t.rows.items():
         cells = []
         for col in t.columns:
             v = row.get(col)
-            text = _fmt(v.estimate) if v else "—"
+            text = _fmt(v.estimate, decimals=t.decimals) if v else "—"
             cells.append(f"**{text}**" if v and v.better else text)
         body.append([b + (" (ref)" if b == t.reference else ""), *cells, t.seeds[b]])
     at = f" — {t.setting}" if t.setting else ""
@@ -172,12 +174,13 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
             cells = []
             for col in t.columns:
                 v = row.get(col)
-                text = _fmt(v.delta, signed=True) if v else "—"
+                text = _fmt(v.delta, signed=True, decimals=t.decimals) if v else "—"
                 cells.append(f"**{text}**" if v and (v.better or v.worse) else text)
             body.append([b, *cells])
         out += [f"Paired difference vs {t.reference} (same seeds); bold = 95% interval excludes 0.", "",
                 tabulate(body, ["backbone", *t.columns], tablefmt="github", disable_numparse=True), ""]
-    out.append("Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
+    out.append(t.footnote if t.footnote else
+               "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
                " within each dataset); bold: significantly better than the reference." if t.reference else
                "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
                " within each dataset).")
@@ -214,13 +217,31 @@ def render(tables: list[TaskTable], fmt: str = "md") -> str:
     raise UserError(f"unknown format {fmt!r}; choose md, csv or json")
 
 
-def report_tables(records: list[dict], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
-    """The tables of any mix of records: corruption-robustness records (reporting.robustness: CE per corruption,
-    mCE) and everything else (one metric per cell, `build_tables`)."""
-    from .aggregate import aggregate
-    from .robustness import is_robustness, tables as robustness_tables
+def special_report(kind: str):
+    """The tables function of a task whose cells set `report` (corruption: CE and mCE; hires: base vs high and
+    their gain; diagnostics: a table per measure), or None for the ordinary one-metric tables."""
+    if kind == "corruption":
+        from .robustness import tables
+    elif kind == "hires":
+        from .hires import tables
+    elif kind == "diagnostics":
+        from .diagnostics import tables
+    else:
+        return None
+    return tables
 
-    robust = [r for r in records if is_robustness(r)]
-    rest = [r for r in records if not is_robustness(r)]
+
+def report_tables(records: list[dict], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
+    """The tables of any mix of records: those of tasks with a report of their own (`special_report`) and
+    everything else (one metric per cell, `build_tables`)."""
+    from .aggregate import aggregate
+
+    kinds = defaultdict(list)
+    for r in records:
+        kind = r.get("report") or ""
+        kinds[kind if special_report(kind) else ""].append(r)
+    rest = kinds.pop("", [])
     out = build_tables(aggregate(rest), reference=reference, split_axes=split_axes) if rest else []
-    return out + (robustness_tables(robust, reference) if robust else [])
+    for kind, recs in kinds.items():
+        out += special_report(kind)(recs, reference)
+    return out

@@ -1,0 +1,139 @@
+"""High-resolution fine-tuning (DPN App. D; PROTOCOLS.md "High-resolution fine-tune"): a checkpoint trained at its
+own resolution (224) fine-tuned at a higher one (384) with SGD momentum, lr 0.03, no weight decay, clip 1.0,
+batch 512, 5,000 steps of which 500 warm-up then cosine, inception crop + flip; evaluated after resize-small
+418 -> centre crop 384. Position embeddings are resized bilinearly on the patch grid and DTN's grid factors
+are rebuilt for the new grid (backbones.create_backbone with the new img_size).
+
+Cells, per dataset and seed, with the same hyper-parameters (so the record holds both resolutions):
+    stage 'base':  the recipe at `base_resolution` (default: the checkpoint's own), evaluated there;
+    stage 'high':  the recipe at `resolution`, evaluated there.
+Both stages train with the same recipe, so their paired per-seed difference (the report's "gain") is what the
+resolution alone buys. Training is adapters.vtab.finetune (engine.train.fit: the one loop). With `head: auto` a
+checkpoint whose head has the dataset's classes (an ImageNet-1k fine-tuned file for imagenet2012) keeps it, as
+DPN's App. D continues an ImageNet classifier; otherwise the head is new and zero-initialised.
+
+Datasets: imagenet2012 (train / validation) and every dataset of the VTAB spec (`datasets_from: [vtab]`), or
+the embedded sets; the report (reporting/hires.py) shows base and high accuracy side by side with their
+paired gain.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Literal
+
+from ..data.transforms import AUGMENTATIONS
+from ..engine.train import BF16_SETTINGS
+from ..errors import UserError
+from . import Adapter
+from .vtab import ClassificationDataset, classification_entry as entry, open_split
+
+REPORT = "hires"
+STAGES = ("base", "high")
+
+
+@lru_cache(maxsize=32)
+def _checkpoint_resolution(path: str) -> int | None:
+    from ..backbones.checkpoint import checkpoint_resolution
+    size = checkpoint_resolution(path)
+    if size is None:
+        return None
+    if size[0] != size[1]:
+        raise UserError(f"checkpoint {path} was trained at {size[0]}x{size[1]} px; high-res fine-tune starts from "
+                        "square inputs: set --set base_resolution=N")
+    return int(size[0])
+
+
+def base_resolution(hp: dict, backbone) -> int:
+    """`base_resolution` as a number: 'checkpoint' is the resolution the checkpoint was trained at."""
+    value = hp.get("base_resolution", "checkpoint")
+    if value != "checkpoint":
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise UserError(f"base_resolution={value!r}: give a number of pixels or 'checkpoint'") from None
+    if backbone.checkpoint is None:
+        raise UserError(f"backbone {backbone.spec!r} has no checkpoint, so no resolution of its own: give "
+                        "NAME@CHECKPOINT or set --set base_resolution=N")
+    res = _checkpoint_resolution(str(backbone.checkpoint))
+    if res is None:
+        raise UserError(f"checkpoint {backbone.checkpoint} does not say its resolution: set --set base_resolution=N")
+    return res
+
+
+def eval_resize_small(hp: dict, resolution: int) -> int:
+    """The protocol's resize-small before the centre crop, scaled to `resolution` (418 -> 384 at 384; the same
+    crop fraction at the base resolution)."""
+    return max(resolution, round(resolution * float(hp["eval_resize_small"]) / float(hp["resolution"])))
+
+
+class HiresAdapter(Adapter):
+    name = "hires"
+    dataset_schema = ClassificationDataset
+    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "head": ("auto", "new"),
+                      "augment": (*AUGMENTATIONS, "dataset")}
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        from .spec import SpecError
+        for i, d in enumerate(spec.datasets):
+            ds = ClassificationDataset.model_validate(d.model_dump())
+            if ds.source == "tfds" and not ds.tfds:
+                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+
+    def check_data(self, task, ctx) -> None:
+        from ..data.sources import missing as find_missing
+        from ..data.tfds_source import data_dir
+
+        for hp in task.grid():
+            if int(hp["resolution"]) < 1 or float(hp["eval_resize_small"]) < float(hp["resolution"]):
+                raise UserError(f"resolution={hp['resolution']}, eval_resize_small={hp['eval_resize_small']}: the "
+                                "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)")
+        entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
+        missing = find_missing(entries, lambda e: ["train", "test"],
+                               opener=lambda e, role: open_split(e, role, ctx.data_dir))
+        if missing:
+            raise UserError(
+                f"high-res data missing for {len(missing)} of {len(task.datasets)} datasets ({', '.join(missing)}): "
+                f"searched {data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
+                "for prepared tfds data (imagenet2012 needs the manual download: tfds.builder('imagenet2012')"
+                ".download_and_prepare() with the tars in its manual dir) or an export-vtab folder; or try "
+                "`--suite embedded`, which needs no download")
+
+    def plan(self, task, backbone, results):
+        from ..engine.cells import make_cell
+        cells = []
+        for ds in task.datasets:
+            for hp in task.grid():
+                base = base_resolution(hp, backbone)
+                if base >= int(hp["resolution"]):
+                    raise UserError(f"base_resolution {base} is not below resolution {hp['resolution']}: high-res "
+                                    "fine-tune goes up (set --set resolution=N or base_resolution=N)")
+                fixed = {**hp, "base_resolution": base}
+                for seed in task.seeds:
+                    for stage in STAGES:
+                        cells.append(dataclasses.replace(make_cell(task, ds, backbone, fixed, seed, stage),
+                                                         report=REPORT))
+        return cells
+
+    def run(self, cell, ctx):
+        from ..data.transforms import eval_transform
+        from ..engine.train import accuracy
+        from .vtab import finetune
+
+        hp = cell.hparams
+        ds = entry(cell.dataset, cell.dataset_config)
+        res = int(hp["resolution"] if cell.stage == "high" else hp["base_resolution"])
+        train, test = open_split(ds, "train", ctx.data_dir), open_split(ds, "test", ctx.data_dir)
+        augment = ds["augment"] if hp["augment"] == "dataset" else hp["augment"]
+        at = dataclasses.replace(cell, hparams={**hp, "resolution": res})  # finetune builds the model at `res`
+        model, info = finetune(at, train, ds["classes"], augment, ctx, keep_head=hp.get("head", "auto") == "auto",
+                               desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}")
+        resize = eval_resize_small(hp, res)
+        acc = accuracy(model, test, eval_transform(res, resize_small=resize), ctx.device, info["bf16"],
+                       workers=ctx.workers)
+        return {"test": {"accuracy": acc},
+                "info": {**info, "trained_resolution": res, "eval_resize_small": resize, "augment": augment,
+                         "base_resolution": int(hp["base_resolution"]), "high_resolution": int(hp["resolution"]),
+                         "checkpoint_resolution": _checkpoint_resolution(str(cell.checkpoint)) if cell.checkpoint
+                         else None, "eval_examples": len(test)}}

@@ -1,0 +1,75 @@
+"""High-res fine-tune tables: per dataset the accuracy at the base resolution, at the high one and their paired
+gain (high − base over the seeds both have, mean ± 95% t-interval), then the means over datasets (bootstrap over
+seeds within each dataset); with a reference backbone, paired differences vs it per column.
+One table per (task, base → high resolution)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..errors import UserError, close_matches
+from .stats import bootstrap_suite_mean, mean_ci, paired_difference, paired_suite_difference
+from .tables import Cellv, TaskTable, _judge, seed_counts
+
+REPORT = "hires"
+PARTS = ("base", "high", "gain")
+
+
+def is_hires(record: dict) -> bool:
+    return record.get("report") == REPORT
+
+
+def collect(records: list[dict]) -> dict:
+    """(task, base px, high px) -> {"rows": backbone -> dataset -> part -> {seed: accuracy}, "order", "versions"}."""
+    out: dict = {}
+    for r in sorted(records, key=lambda r: r.get("finished_at", "")):  # the latest record of a seed wins
+        if r["status"] != "ok" or r.get("stage") not in ("base", "high"):
+            continue
+        key = (r["task"], int(r["hparams"]["base_resolution"]), int(r["hparams"]["resolution"]))
+        t = out.setdefault(key, {"rows": defaultdict(lambda: defaultdict(lambda: defaultdict(dict))), "order": {},
+                                 "versions": set()})
+        t["rows"][r["backbone"]][r["dataset"]][r["stage"]][int(r["seed"])] = float(r["metrics"]["test"]["accuracy"])
+        t["order"][r["dataset"]] = r.get("order", 0)
+        t["versions"].add(r["protocol_version"])
+    for t in out.values():
+        for by_ds in t["rows"].values():
+            for parts in by_ds.values():
+                parts["gain"] = {s: parts["high"][s] - parts["base"][s] for s in parts["high"] if s in parts["base"]}
+    return out
+
+
+def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]:
+    out = []
+    for (task, base, high), t in sorted(collect(records).items()):
+        backbones = sorted(t["rows"])
+        if reference is not None and reference not in backbones:
+            raise UserError(f"--reference {reference!r} has no results for task {task!r}"
+                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+        datasets = sorted(t["order"], key=lambda d: (t["order"][d], d))
+        columns = [f"{d} {p}" for d in datasets for p in PARTS]
+        means = [f"mean {p}" for p in PARTS] if len(datasets) > 1 else []
+        table = TaskTable(task, sorted(t["versions"]), "accuracy, %", "max", columns + means, means,
+                          reference=reference, setting=f"base {base} px → high {high} px; gain = high − base, paired by seed")
+        ref = t["rows"].get(reference) if reference else None
+        for b in ([reference] if reference else []) + [x for x in backbones if x != reference]:
+            row, mine = {}, t["rows"][b]
+            for d in datasets:
+                for p in PARTS:
+                    vals = mine.get(d, {}).get(p)
+                    if not vals:
+                        continue
+                    delta = paired_difference(vals, ref[d][p]) if ref is not None and b != reference and \
+                        ref.get(d, {}).get(p) else None
+                    row[f"{d} {p}"] = Cellv(mean_ci(list(vals.values())), delta, *_judge(delta, "max"))
+            for p, col in zip(PARTS, means):
+                if not all(mine.get(d, {}).get(p) for d in datasets):
+                    continue  # a backbone missing a dataset has no comparable mean
+                per = {d: mine[d][p] for d in datasets}
+                delta = None
+                if ref is not None and b != reference and all(ref.get(d, {}).get(p) for d in datasets):
+                    delta = paired_suite_difference(per, {d: ref[d][p] for d in datasets})
+                row[col] = Cellv(bootstrap_suite_mean({d: list(v.values()) for d, v in per.items()}), delta,
+                                 *_judge(delta, "max"))
+            table.rows[b] = row
+            table.seeds[b] = seed_counts(v.estimate.n for v in row.values() if v.estimate)
+        out.append(table)
+    return out

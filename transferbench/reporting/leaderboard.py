@@ -50,23 +50,28 @@ def plot_deltas(t: TaskTable, path: Path) -> Path | None:
 
 
 def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None) -> Path:
-    from .robustness import is_robustness, plot_severity, tables as robustness_tables
+    from .diagnostics import figures as diagnostic_figures
+    from .robustness import plot_severity
+    from .tables import special_report
 
     records = load_records(dirs)
-    entries = aggregate([r for r in records if not is_robustness(r)])
+    kind_of = {r["task"]: r.get("report") or "" for r in records}
+    kind_of = {t: k if special_report(k) else "" for t, k in kind_of.items()}
+    entries = aggregate([r for r in records if not kind_of[r["task"]]])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# transferbench leaderboard", "",
              f"Generated {now}" + (f" at git {git_sha[:12]}" if git_sha else "") +
              f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", ""]
-    robust = {r["task"] for r in records if is_robustness(r)}
-    for task in sorted({e.task for e in entries} | robust):
+    for task in sorted(kind_of):
         recs = [r for r in records if r["task"] == task]
-        if task in robust:  # corruption robustness: a table and two figures per dataset
+        kind = kind_of[task]
+        if kind:  # robustness, high-res, diagnostics: their own tables
             backbones = sorted({r["backbone"] for r in recs})
             ref = reference if reference in backbones else default_reference(backbones)
-            tables = robustness_tables([r for r in recs if is_robustness(r)], reference=ref)
+            tables = special_report(kind)([r for r in recs if (r.get("report") or "") == kind],
+                                          reference=None if kind == "diagnostics" else ref)
         else:
             ents = [e for e in entries if e.task == task]
             backbones = sorted({e.backbone for e in ents})
@@ -81,7 +86,7 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
                   f"Protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
                   f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
                   f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", ""]
-        if task in robust:
+        if kind == "corruption":  # a table and two figures per dataset
             for x in tables:
                 dataset = x.setting.split(";")[0]
                 lines += [f"### {dataset}", "", to_markdown(x, title=False)]
@@ -92,8 +97,15 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
                 if png:
                     lines += [f"![Δ vs {x.reference}, {dataset}]({png.name})", ""]
             continue
+        if kind == "diagnostics":  # per dataset: the figures, then a table per measure
+            pngs = diagnostic_figures(recs, out.parent, out.stem)
+            for dataset in dict.fromkeys(x.setting.split(";")[0] for x in tables):
+                lines += [f"### {dataset}", ""]
+                lines += [f"![{caption}, {dataset}]({png.name})\n" for d, caption, png in pngs if d == dataset]
+                lines += [to_markdown(x, title=False) for x in tables if x.setting.split(";")[0] == dataset]
+            continue
         lines += [to_markdown(x, title=False) for x in tables]
-        if len(tables) > 1:  # the wide form: every dataset and setting in one table
+        if len(tables) > 1 and not kind:  # the wide form: every dataset and setting in one table
             (wide,) = build_tables(ents, reference=ref, split_axes=False)
             lines += ["<details><summary>Every setting in one table</summary>", "", to_markdown(wide, title=False),
                       "</details>", ""]

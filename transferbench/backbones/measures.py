@@ -1,0 +1,160 @@
+"""What the seed papers measure inside a ViT (PROTOCOLS.md "Diagnostics"), as functions of tensors:
+
+- patch cosine similarity (over-smoothing): mean over i != j of cos(h_i, h_j) over a layer's patch tokens,
+  computed as (||sum_i u_i||^2 - N) / (N (N - 1)) with u_i = h_i / ||h_i||: O(N D), not O(N^2 D);
+- attention smoothness: the std of each query's softmax attention row (over keys), averaged over heads and
+  queries; a uniform row has std 0;
+- mean attention distance per head (ViT paper Fig. 7, ConViT): sum_j A_ij ||pos_i - pos_j|| in pixels, over patch
+  queries and patch keys (the cls token has no position; rows are renormalised over the patch keys), averaged
+  over queries;
+- DPN's first LayerNorm scale (p*p*3 weights in the stem's (p1 p2 c) order) as three p x p maps;
+- DTN per norm and head: sigmoid(mix_mean), sigmoid(mix_var) and the effective width of the positional kernel
+  P^h (eq. 7): its mean distance sum_s P_ts ||pos_t - pos_s|| in pixels, averaged over target tokens.
+
+`Probe` runs a backbone over image batches and keeps the per-image values of every layer: one forward through
+`forward_intermediates` with `attention_maps` reducing each layer's probabilities as they are made.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def patch_cosine(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, N, D) patch tokens -> (B,) mean pairwise cosine similarity over i != j."""
+    n = tokens.shape[1]
+    if n < 2:
+        raise ValueError("patch_cosine needs at least 2 tokens")
+    u = F.normalize(tokens.float(), dim=-1)
+    total = u.sum(dim=1).pow(2).sum(dim=-1)  # sum over all i, j of u_i . u_j
+    return (total - u.pow(2).sum(dim=(1, 2))) / (n * (n - 1))  # minus the diagonal (1 per nonzero token)
+
+
+def token_norm(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, N, D) -> (B,) mean L2 norm of the tokens."""
+    return tokens.float().norm(dim=-1).mean(dim=1)
+
+
+def attention_row_std(probs: torch.Tensor) -> torch.Tensor:
+    """(B, H, Nq, Nk) attention probabilities -> (B,) std over keys of each row (population std), averaged
+    over heads and queries."""
+    return probs.float().std(dim=-1, unbiased=False).mean(dim=(1, 2))
+
+
+@lru_cache(maxsize=16)
+def _grid_distances(gh: int, gw: int, patch: float, device: str) -> torch.Tensor:
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    pos = torch.stack([ys.flatten(), xs.flatten()], dim=-1).double() * patch
+    return torch.cdist(pos, pos).float().to(device)
+
+
+def grid_distances(grid: tuple[int, int], patch_size: float = 1.0, device="cpu") -> torch.Tensor:
+    """(N, N) Euclidean distances between the centres of a row-major grid's patches, in pixels."""
+    return _grid_distances(int(grid[0]), int(grid[1]), float(patch_size), str(device))
+
+
+def attention_distance(probs: torch.Tensor, grid: tuple[int, int], patch_size: float = 1.0,
+                       prefix: int = 0) -> torch.Tensor:
+    """(B, H, prefix + N, prefix + N) probabilities on a grid of N patches -> (B, H) mean attention distance in
+    pixels per head: over patch queries i, sum_j A_ij ||pos_i - pos_j|| / sum_j A_ij over patch keys j."""
+    a = probs[..., prefix:, prefix:].float()
+    d = grid_distances(grid, patch_size, a.device)
+    if a.shape[-1] != d.shape[0]:
+        raise ValueError(f"attention over {a.shape[-1]} patch keys but the grid {tuple(grid)} has {d.shape[0]} patches")
+    mass = a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)
+    return (torch.einsum("bhij,ij->bhi", a, d) / mass).mean(dim=-1)
+
+
+def stem_scale_maps(model: nn.Module) -> torch.Tensor | None:
+    """The scale of the norm on the patch pixels (DPN's first LayerNorm) as (C, p, p) maps, or None for a stem
+    without a learnable one. The stem flattens patches in (p1 p2 c) order, so weight[(y * p + x) * C + c]
+    scales pixel (y, x) of channel c."""
+    pe = getattr(model, "patch_embed", None)
+    w = getattr(getattr(pe, "norm_pre", None), "weight", None)
+    if w is None:
+        return None
+    p, c = pe.patch_size, w.numel() // (pe.patch_size ** 2)
+    return w.detach().float().cpu().reshape(p, p, c).permute(2, 0, 1)
+
+
+def dtn_statistics(model: nn.Module) -> list[dict]:
+    """Per DynamicTokenNorm of `model` (block order; norm1 then norm2): its name, sigmoid(mix_mean),
+    sigmoid(mix_var) and the positional kernel's effective width in pixels, each per head."""
+    from .dtn import DynamicTokenNorm
+    patch = float(getattr(model, "patch_size", 1))
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, DynamicTokenNorm):
+            with torch.no_grad():
+                width = attention_distance(m.positional_weights()[None], m.grid, patch)[0]
+            out.append({"name": name.removeprefix("blocks."), "lambda_mean": torch.sigmoid(m.mix_mean).tolist(),
+                        "lambda_var": torch.sigmoid(m.mix_var).tolist(), "width": width.tolist()})
+    return out
+
+
+def weight_measures(model: nn.Module) -> dict:
+    """What the weights alone show: DPN's stem scale maps, DTN's mixing weights and kernel widths."""
+    maps = stem_scale_maps(model)
+    return {"stem_scale_maps": None if maps is None else maps.tolist(), "dtn": dtn_statistics(model)}
+
+
+class Probe:
+    """Per-image measures of every layer of a VisionTransformer over batches (inference mode):
+    patch_cosine, token_norm, attn_std (each a list per layer of (B,) values) and attn_distance ((B, H))."""
+
+    MEASURES = ("patch_cosine", "attn_std", "token_norm", "attn_distance")
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.values = {k: [[] for _ in model.blocks] for k in self.MEASURES}
+
+    def _attention(self, layer: int, probs: torch.Tensor) -> None:
+        m = self.model
+        prefix = m.num_prefix_tokens if layer >= m.dtn_layers else 0  # DTN blocks run before the cls token joins
+        self.values["attn_std"][layer].append(attention_row_std(probs).cpu())
+        self.values["attn_distance"][layer].append(attention_distance(probs, m.grid_size, m.patch_size, prefix).cpu())
+
+    @torch.inference_mode()
+    def __call__(self, x: torch.Tensor) -> None:
+        from .vit import attention_maps
+        with attention_maps(self.model, self._attention):
+            layers = self.model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
+        for i, tokens in enumerate(layers):
+            self.values["patch_cosine"][i].append(patch_cosine(tokens).cpu())
+            self.values["token_norm"][i].append(token_norm(tokens).cpu())
+
+    def summary(self) -> dict:
+        """measure -> {"mean": per layer (per head for attn_distance), "sd": same, "n": images}."""
+        out = {}
+        for k, per_layer in self.values.items():
+            arrays = [torch.cat(v).double().numpy() for v in per_layer]
+            out[k] = {"mean": [a.mean(axis=0).tolist() for a in arrays],
+                      "sd": [a.std(axis=0, ddof=1).tolist() if len(a) > 1 else (a * 0).mean(axis=0).tolist()
+                             for a in arrays],
+                      "n": int(len(arrays[0]))}
+        return out
+
+
+def layer_grad_norms(model: nn.Module) -> tuple[list[float], float]:
+    """(L2 norm of each block's parameter gradients, of the patch embedding's) from the current `.grad`s."""
+    def norm(module):
+        gs = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
+        return float(torch.stack(gs).sum().sqrt()) if gs else 0.0
+    return [norm(b) for b in model.blocks], norm(model.patch_embed)
+
+
+def pool(parts: list[dict]) -> dict:
+    """Pool per-seed {"mean", "sd", "n"} summaries (arrays of the same shape) into one over all their samples:
+    the grand mean and the standard deviation from the within- and between-part sums of squares."""
+    means = [np.asarray(p["mean"], dtype=np.float64) for p in parts]
+    sds = [np.asarray(p["sd"], dtype=np.float64) for p in parts]
+    ns = np.asarray([p["n"] for p in parts], dtype=np.float64)
+    total = ns.sum()
+    grand = sum(n * m for n, m in zip(ns, means)) / total
+    ss = sum((n - 1) * s ** 2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
+    sd = np.sqrt(ss / max(total - 1, 1))
+    return {"mean": grand, "sd": sd, "n": int(total)}

@@ -1,0 +1,310 @@
+"""Diagnostics reports: a table per measure (rows backbones, columns layers: mean ± 95% CI) and the figures —
+measure vs depth with one line per backbone and a 95% band, mean attention distance per head against depth (the
+ViT / ConViT scatter), DPN's stem scale maps as images, DTN's mixing weights and kernel widths per head, and the
+patch embedding's gradient norm over the fine-tuning steps.
+
+Intervals: forward measures pool every image of every seed (per-seed summaries pooled by
+backbones.measures.pool; a t-interval over images), gradient norms pool the last `grad_last` steps of every seed.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as _scipy
+
+from .stats import Estimate
+from .tables import Cellv, TaskTable
+
+REPORT = "diagnostics"
+DEPTH_MEASURES = {  # key -> title
+    "patch_cosine": "patch cosine similarity",
+    "attn_std": "attention row std",
+    "token_norm": "token norm",
+    "attn_distance": "mean attention distance (px, mean over heads)",
+    "grad_norm": "gradient norm (last steps)",
+}
+DECIMALS = {"patch_cosine": 3, "attn_std": 4, "token_norm": 2, "attn_distance": 2, "grad_norm": 3}
+
+
+def is_diagnostics(record: dict) -> bool:
+    return record.get("report") == REPORT
+
+
+def collect(records: list[dict]) -> dict:
+    """(task, dataset) -> {"order", "versions", "forward": backbone -> [diag per seed], "gradients": same}; the
+    latest record of a (backbone, seed, stage) wins."""
+    latest = {}
+    for r in sorted(records, key=lambda r: r.get("finished_at", "")):
+        if r["status"] == "ok" and is_diagnostics(r):
+            latest[(r["task"], r["dataset"], r["backbone"], r["stage"], int(r["seed"]))] = r
+    out: dict = {}
+    for (task, ds, b, stage, seed), r in sorted(latest.items()):
+        t = out.setdefault((task, ds), {"order": r.get("order", 0), "versions": set(),
+                                        "forward": defaultdict(list), "gradients": defaultdict(list)})
+        t["versions"].add(r["protocol_version"])
+        t[stage][b].append(r["info"]["diagnostics"])
+    return out
+
+
+def pooled(parts: list[dict], key: str) -> dict | None:
+    """A measure pooled over seeds: {"mean", "sd", "n", "ci"} arrays (ci: 95% t half-width)."""
+    from ..backbones.measures import pool
+    have = [p[key] for p in parts if key in p]
+    if not have:
+        return None
+    p = pool(have)
+    t = _scipy.t.ppf(0.975, p["n"] - 1) if p["n"] > 1 else float("nan")
+    p["ci"] = t * p["sd"] / math.sqrt(p["n"]) if p["n"] > 1 else np.full_like(p["mean"], np.nan)
+    return p
+
+
+def _estimate(mean: float, ci: float, n: int) -> Estimate:
+    if not np.isfinite(ci):
+        return Estimate(float(mean), None, n)
+    return Estimate(float(mean), float(ci), n, float(mean - ci), float(mean + ci))
+
+
+def depth_curves(t: dict) -> dict:
+    """measure -> backbone -> (mean per layer, ci per layer, n); attention distance averaged over heads (its
+    interval: the heads' intervals averaged, a conservative band)."""
+    out: dict = defaultdict(dict)
+    for key in DEPTH_MEASURES:
+        stage = "gradients" if key == "grad_norm" else "forward"
+        for b, parts in sorted(t[stage].items()):
+            p = pooled(parts, key)
+            if p is None:
+                continue
+            mean, ci = np.asarray(p["mean"]), np.asarray(p["ci"])
+            if mean.ndim == 2:  # per layer and head
+                mean, ci = mean.mean(axis=1), ci.mean(axis=1)
+            out[key][b] = (mean, ci, p["n"])
+    return out
+
+
+def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]:
+    """One table per (task, dataset, measure): rows backbones, columns layers L0 ..; then the DTN statistics per
+    norm and head, and the DPN stem scale per channel. Diagnostics describe; they mark no winner (no bold)."""
+    out = []
+    for (task, ds), t in sorted(collect(records).items(), key=lambda kv: (kv[0][0], kv[1]["order"], kv[0][1])):
+        versions = sorted(t["versions"])
+        for key, curves in depth_curves(t).items():
+            depth = max(len(m) for m, _, _ in curves.values())
+            cols = [f"L{i}" for i in range(depth)]
+            what = "images" if key != "grad_norm" else "steps"
+            table = TaskTable(task, versions, DEPTH_MEASURES[key], "none", cols, [], setting=ds,
+                              decimals=DECIMALS[key],
+                              footnote=f"Cells: mean ± 95% CI half-width (t-interval over the {what} of all seeds); "
+                                       "seeds: how many were pooled.")
+            for b, (mean, ci, n) in curves.items():
+                table.rows[b] = {c: Cellv(_estimate(m, e, n)) for c, m, e in zip(cols, mean, ci)}
+                table.seeds[b] = str(len(t["gradients" if key == "grad_norm" else "forward"][b]))
+            out.append(table)
+        out += _dtn_tables(task, ds, versions, t) + _stem_tables(task, ds, versions, t)
+    return out
+
+
+def _first(parts: list[dict], key: str):
+    """A weight measure (the same for every seed of a checkpoint; seed 0's for random-init)."""
+    return next((p[key] for p in parts if p.get(key)), None)
+
+
+def _dtn_tables(task, ds, versions, t) -> list[TaskTable]:
+    out = []
+    for b, parts in sorted(t["forward"].items()):
+        norms = _first(parts, "dtn")
+        if not norms:
+            continue
+        heads = len(norms[0]["width"])
+        cols = [f"{what} h{h}" for what in ("λμ", "λσ", "width") for h in range(heads)]
+        table = TaskTable(task, versions, f"DTN per norm and head of {b}", "none", cols, [], setting=ds, decimals=3,
+                          footnote="λμ = sigmoid(mix_mean), λσ = sigmoid(mix_var) (1: LayerNorm's statistics, 0: "
+                                   "the positional kernel's); width: the kernel's mean distance in pixels.")
+        for n in norms:
+            vals = [*n["lambda_mean"], *n["lambda_var"], *n["width"]]
+            table.rows[n["name"]] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
+            table.seeds[n["name"]] = "1"
+        out.append(table)
+    return out
+
+
+def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
+    rows = {}
+    for b, parts in sorted(t["forward"].items()):
+        maps = _first(parts, "stem_scale_maps")
+        if maps is not None:
+            rows[b] = np.asarray(maps)
+    if not rows:
+        return []
+    channels = min(m.shape[0] for m in rows.values())
+    cols = [f"{c} {s}" for c in "RGB"[:channels] for s in ("mean", "min", "max")]
+    table = TaskTable(task, versions, "stem LayerNorm scale per colour channel", "none", cols, [], setting=ds,
+                      decimals=3, footnote="The first LayerNorm's scale over the p x p pixels of each channel (the "
+                                           "maps are in the figure).")
+    for b, m in rows.items():
+        vals = [f(m[c]) for c in range(channels) for f in (np.mean, np.min, np.max)]
+        table.rows[b] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
+        table.seeds[b] = "1"
+    return [table]
+
+
+# --- figures ----------------------------------------------------------------------------------------------
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _colours(backbones) -> dict:
+    plt = _plt()
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {b: cycle[i % len(cycle)] for i, b in enumerate(sorted(backbones))}
+
+
+def plot_depth(t: dict, title: str, path: Path) -> Path | None:
+    """Each depth measure against the layer, one line per backbone, 95% band."""
+    plt = _plt()
+    curves = depth_curves(t)
+    if not curves:
+        return None
+    colours = _colours({b for c in curves.values() for b in c})
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.1 * len(curves), 3.0))
+    for ax, (key, per) in zip(np.atleast_1d(axes), curves.items()):
+        for b, (mean, ci, _) in per.items():
+            xs = np.arange(len(mean))
+            ax.plot(xs, mean, marker="o", ms=3, color=colours[b], label=b)
+            if np.all(np.isfinite(ci)):
+                ax.fill_between(xs, mean - ci, mean + ci, color=colours[b], alpha=0.2, lw=0)
+        ax.set_title(DEPTH_MEASURES[key], fontsize=8)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"{title}: per layer, mean and 95% band", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
+    """Mean attention distance of every head against its layer (ViT Fig. 7): a dot per head, a colour per backbone."""
+    plt = _plt()
+    per = {b: pooled(parts, "attn_distance") for b, parts in sorted(t["forward"].items())}
+    per = {b: np.asarray(p["mean"]) for b, p in per.items() if p is not None}
+    if not per:
+        return None
+    colours = _colours(per)
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for i, (b, d) in enumerate(per.items()):
+        layers, heads = d.shape
+        xs = np.repeat(np.arange(layers), heads) + (i - (len(per) - 1) / 2) * 0.12
+        ax.scatter(xs, d.reshape(-1), s=12, color=colours[b], label=b, alpha=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean attention distance (px)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    ax.set_title(f"{title}: mean attention distance per head", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_stem_maps(t: dict, title: str, path: Path) -> Path | None:
+    """The stem LayerNorm's scale as p x p images, one per colour channel, a row per backbone that has one."""
+    plt = _plt()
+    rows = {b: np.asarray(m) for b, parts in sorted(t["forward"].items())
+            if (m := _first(parts, "stem_scale_maps")) is not None}
+    if not rows:
+        return None
+    channels = max(m.shape[0] for m in rows.values())
+    fig, axes = plt.subplots(len(rows), channels, figsize=(2.3 * channels + 0.6, 2.2 * len(rows)), squeeze=False)
+    for r, (b, maps) in enumerate(rows.items()):
+        lo, hi = float(maps.min()), float(maps.max())
+        for c in range(channels):
+            ax = axes[r][c]
+            im = ax.imshow(maps[c], cmap="viridis", vmin=lo, vmax=hi)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{b}: {'RGB'[c] if channels == 3 else c}", fontsize=7)
+        fig.colorbar(im, ax=list(axes[r]), fraction=0.04)
+    fig.suptitle(f"{title}: stem LayerNorm scale per pixel of the patch", fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_dtn(t: dict, title: str, path: Path) -> Path | None:
+    """DTN's λμ, λσ and kernel width per head against the layer, a colour per backbone."""
+    plt = _plt()
+    rows = {b: n for b, parts in sorted(t["forward"].items()) if (n := _first(parts, "dtn"))}
+    if not rows:
+        return None
+    colours = _colours(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.0))
+    for i, (b, norms) in enumerate(rows.items()):
+        for n_i, n in enumerate(norms):
+            layer = int(n["name"].split(".")[0]) + (0.25 if n["name"].endswith("norm2") else 0.0)
+            for ax, key in zip(axes, ("lambda_mean", "lambda_var", "width")):
+                v = n[key]
+                ax.scatter([layer + i * 0.06] * len(v), v, s=12, color=colours[b], label=b if n_i == 0 else None)
+    for ax, label in zip(axes, ("λμ = sigmoid(mix_mean)", "λσ = sigmoid(mix_var)", "kernel width (px)")):
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("layer (norm1; norm2 at +0.25)")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"{title}: DTN per head (λ = 1: LayerNorm's statistics; 0: the positional kernel's)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
+    """The patch embedding's gradient norm at every fine-tuning step, mean and 95% band over seeds."""
+    plt = _plt()
+    series = {b: np.asarray([p["embed_grad_norm_steps"] for p in parts]) for b, parts in sorted(t["gradients"].items())}
+    if not series:
+        return None
+    colours = _colours(series)
+    fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    for b, s in series.items():
+        mean = s.mean(axis=0)
+        xs = np.arange(len(mean))
+        ax.plot(xs, mean, color=colours[b], label=b)
+        if len(s) > 1:
+            ci = _scipy.t.ppf(0.975, len(s) - 1) * s.std(axis=0, ddof=1) / math.sqrt(len(s))
+            ax.fill_between(xs, mean - ci, mean + ci, color=colours[b], alpha=0.2, lw=0)
+    ax.set_xlabel("fine-tuning step")
+    ax.set_ylabel("patch embedding gradient norm")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    ax.set_title(f"{title}: patch embedding gradient norm (before clipping)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+FIGURES = (("depth", plot_depth, "measures vs depth"), ("distance", plot_attention_distance, "attention distance per head"),
+           ("stem", plot_stem_maps, "DPN stem scale maps"), ("dtn", plot_dtn, "DTN mixing weights and widths"),
+           ("embed_grad", plot_embed_grad, "patch embedding gradient norm"))
+
+
+def figures(records: list[dict], folder: Path, stem: str) -> list[tuple[str, str, Path]]:
+    """Every figure of every (task, dataset) into `folder` as `{stem}_{task}_{dataset}_{kind}.png`; returns
+    (dataset, caption, path) for each written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for (task, ds), t in sorted(collect(records).items(), key=lambda kv: (kv[0][0], kv[1]["order"], kv[0][1])):
+        for kind, fn, caption in FIGURES:
+            path = fn(t, f"{task} / {ds}", folder / f"{stem}_{task}_{ds}_{kind}.png")
+            if path is not None:
+                out.append((ds, caption, path))
+    return out

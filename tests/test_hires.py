@@ -39,7 +39,7 @@ def test_base_resolution_is_the_checkpoints_own(tmp_path):
         base_resolution({"base_resolution": "checkpoint"}, resolve_backbone("mu4"))
 
 
-def _task(*sets, datasets=("mini_digits",)):
+def _task(*sets, datasets=("mini_mnist",)):
     from transferbench.adapters import prepare_task
     return prepare_task("hires", suite="embedded", datasets=list(datasets), seeds=[0, 1],
                         sets=["steps=3", "warmup_steps=1", "batch=16", *sets])
@@ -66,13 +66,13 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     acc = {(r["backbone"].split("@")[0], r["stage"], r["seed"]): r["metrics"]["test"]["accuracy"] for r in recs}
     ref = f"mu4@{paths['mu4']}"
     (t,) = report_tables(recs, reference=ref)
-    assert t.columns == ["mini_digits base", "mini_digits high", "mini_digits gain"]
+    assert t.columns == ["mini_mnist base", "mini_mnist high", "mini_mnist gain"]
     assert "base 16 px → high 32 px" in t.setting
     gains = {b: [acc[(b, "high", s)] - acc[(b, "base", s)] for s in (0, 1)] for b in ("mu4", "mu4_dtn")}
     dtn = t.rows[f"mu4_dtn@{paths['mu4_dtn']}"]
-    assert dtn["mini_digits gain"].estimate.mean == pytest.approx(np.mean(gains["mu4_dtn"]))
-    assert dtn["mini_digits gain"].delta.mean == pytest.approx(np.mean(gains["mu4_dtn"]) - np.mean(gains["mu4"]))
-    assert dtn["mini_digits high"].estimate.mean == pytest.approx(np.mean([acc[("mu4_dtn", "high", s)] for s in (0, 1)]))
+    assert dtn["mini_mnist gain"].estimate.mean == pytest.approx(np.mean(gains["mu4_dtn"]))
+    assert dtn["mini_mnist gain"].delta.mean == pytest.approx(np.mean(gains["mu4_dtn"]) - np.mean(gains["mu4"]))
+    assert dtn["mini_mnist high"].estimate.mean == pytest.approx(np.mean([acc[("mu4_dtn", "high", s)] for s in (0, 1)]))
     assert run_task(_task(), backbones, out, show_progress=False).skipped == 8
 
 
@@ -99,3 +99,18 @@ def test_a_base_resolution_not_below_the_high_one_is_refused(tmp_path):
     task = _task()
     with pytest.raises(UserError, match="not below resolution 32"):
         task.adapter.plan(task, resolve_backbone(f"mu4@{path}"), None)
+
+
+def test_missing_data_and_a_bad_borrowed_task_are_one_line(tmp_path):
+    from transferbench.adapters import prepare_task
+    from transferbench.adapters.spec import SpecError, load_spec_file
+    from transferbench.engine.runner import CellContext
+    from transferbench.errors import UserError
+    task = prepare_task("hires", datasets=["imagenet2012"])
+    with pytest.raises(UserError, match=r"high-res data missing for 1 of 1 datasets \(imagenet2012\)"):
+        task.adapter.check_data(task, CellContext("cpu", data_dir=str(tmp_path)))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("task: s\nadapter: hires\nprotocol_version: '1'\nmetric: accuracy\ndatasets: []\n"
+                    "datasets_from: [vtabb]\n")
+    with pytest.raises(SpecError, match="no installed task 'vtabb'.*vtab"):
+        load_spec_file(spec)

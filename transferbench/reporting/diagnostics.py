@@ -120,6 +120,7 @@ def _dtn_tables(task, ds, versions, t) -> list[TaskTable]:
         heads = len(norms[0]["width"])
         cols = [f"{what} h{h}" for what in ("λμ", "λσ", "width") for h in range(heads)]
         table = TaskTable(task, versions, f"DTN per norm and head of {b}", "none", cols, [], setting=ds, decimals=3,
+                          row_label="block.norm",
                           footnote="λμ = sigmoid(mix_mean), λσ = sigmoid(mix_var) (1: LayerNorm's statistics, 0: "
                                    "the positional kernel's); width: the kernel's mean distance in pixels.")
         for n in norms:
@@ -281,7 +282,7 @@ def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
             ax.fill_between(xs, mean - ci, mean + ci, color=colours[b], alpha=0.2, lw=0)
     ax.set_xlabel("fine-tuning step")
     ax.set_ylabel("patch embedding gradient norm")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)  # step 0: the zero-initialised head passes no gradient back to the stem
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title(f"{title}: patch embedding gradient norm (before clipping)", fontsize=9)

@@ -44,6 +44,7 @@ class TaskTable:
     setting: str = ""  # the report-axis setting of a table split by axis ('shots=25'), else ''
     decimals: int = 1  # digits after the point in the markdown cells
     footnote: str | None = None  # what the cells are, when not the default (means over seeds)
+    row_label: str = "backbone"  # what a row is (the DTN diagnostics table: a norm of one backbone)
 
 
 def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
@@ -153,7 +154,7 @@ def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
 
 def to_markdown(t: TaskTable, title: bool = True) -> str:
     direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "descriptive")
-    head = ["backbone", *t.columns, "seeds"]
+    head = [t.row_label, *t.columns, "seeds"]
     body = []
     for b, row in t.rows.items():
         cells = []

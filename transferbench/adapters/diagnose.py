@@ -27,7 +27,7 @@ import torch
 from ..engine.train import BF16_SETTINGS
 from ..errors import UserError
 from . import Adapter
-from .vtab import ClassificationDataset, classification_entry as entry, open_split
+from .vtab import ClassificationDataset, classification_entry as entry, open_split, require_splits, validate_entries
 
 REPORT = "diagnostics"
 STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "min")}
@@ -54,8 +54,7 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
     probe = Probe(model)
     use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
     batches = eval_batches(subset, eval_transform(int(hp["resolution"])), batch=batch, workers=ctx.workers)
-    it = ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward") if ctx.progress else batches
-    for x, _ in it:
+    for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))
     return probe.summary()
@@ -63,7 +62,7 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
 
 def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
     """Per-step gradient norms of every block and of the patch embedding over the VTAB recipe's steps."""
-    from ..backbones.measures import layer_grad_norms
+    from ..backbones.measures import layer_grad_norms, summarise
     from .vtab import finetune
 
     layers, embed = [], []
@@ -76,9 +75,7 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
     _, info = finetune(cell, data, classes, augment, ctx, on_step=record,
                        desc=f"{cell.dataset} gradients seed={cell.seed}")
     k = max(1, min(int(cell.hparams["grad_last"]), len(layers)))
-    last = np.asarray(layers[-k:], dtype=np.float64)  # (k, depth)
-    return {"grad_norm": {"mean": last.mean(0).tolist(), "sd": last.std(0, ddof=1).tolist() if k > 1 else [0.0] * last.shape[1],
-                          "n": k},
+    return {"grad_norm": summarise(layers[-k:]),  # (k steps, depth)
             "embed_grad_norm_steps": embed,
             "train": {k2: info[k2] for k2 in ("final_loss", "bf16", "train_seconds", "head") if k2 in info}}
 
@@ -88,22 +85,16 @@ class DiagnoseAdapter(Adapter):
     dataset_schema = ClassificationDataset
     hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS}
 
-    def check_data(self, task, ctx) -> None:
-        from ..data.sources import missing as find_missing
-        from ..data.tfds_source import data_dir
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        validate_entries(spec, source)
 
+    def check_data(self, task, ctx) -> None:
         for hp in task.grid():
             if int(hp["images"]) < 1 or int(hp["steps"]) < 1 or int(hp["grad_last"]) < 1:
                 raise UserError(f"images={hp['images']}, steps={hp['steps']}, grad_last={hp['grad_last']}: each must "
                                 "be at least 1 (set them with --set KEY=N)")
-        entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
-        missing = find_missing(entries, lambda e: ["train", "test"],
-                               opener=lambda e, role: open_split(e, role, ctx.data_dir))
-        if missing:
-            raise UserError(
-                f"diagnostics data missing for {len(missing)} of {len(task.datasets)} datasets ({', '.join(missing)}): "
-                f"searched {data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
-                "for prepared tfds data or an export-vtab folder; or try `--suite embedded`, which needs no download")
+        require_splits(task, ctx, "diagnostics")
 
     def plan(self, task, backbone, results):
         from ..engine.cells import make_cell

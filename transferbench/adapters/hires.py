@@ -26,7 +26,7 @@ from ..data.transforms import AUGMENTATIONS
 from ..engine.train import BF16_SETTINGS
 from ..errors import UserError
 from . import Adapter
-from .vtab import ClassificationDataset, classification_entry as entry, open_split
+from .vtab import ClassificationDataset, classification_entry as entry, open_split, require_splits, validate_entries
 
 REPORT = "hires"
 STAGES = ("base", "high")
@@ -75,30 +75,14 @@ class HiresAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from .spec import SpecError
-        for i, d in enumerate(spec.datasets):
-            ds = ClassificationDataset.model_validate(d.model_dump())
-            if ds.source == "tfds" and not ds.tfds:
-                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+        validate_entries(spec, source)
 
     def check_data(self, task, ctx) -> None:
-        from ..data.sources import missing as find_missing
-        from ..data.tfds_source import data_dir
-
         for hp in task.grid():
             if int(hp["resolution"]) < 1 or float(hp["eval_resize_small"]) < float(hp["resolution"]):
                 raise UserError(f"resolution={hp['resolution']}, eval_resize_small={hp['eval_resize_small']}: the "
                                 "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)")
-        entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
-        missing = find_missing(entries, lambda e: ["train", "test"],
-                               opener=lambda e, role: open_split(e, role, ctx.data_dir))
-        if missing:
-            raise UserError(
-                f"high-res data missing for {len(missing)} of {len(task.datasets)} datasets ({', '.join(missing)}): "
-                f"searched {data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
-                "for prepared tfds data (imagenet2012 needs the manual download: tfds.builder('imagenet2012')"
-                ".download_and_prepare() with the tars in its manual dir) or an export-vtab folder; or try "
-                "`--suite embedded`, which needs no download")
+        require_splits(task, ctx, "high-res")
 
     def plan(self, task, backbone, results):
         from ..engine.cells import make_cell

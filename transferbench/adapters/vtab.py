@@ -46,6 +46,38 @@ def classification_entry(name: str, fields: dict) -> dict:
     return ClassificationDataset.model_validate({**fields, "name": name}).model_dump()
 
 
+def validate_entries(spec, source: str) -> None:
+    """What the schema cannot say about VTAB-style entries (VTAB, high-res, diagnostics): a tfds dataset names
+    its tfds builder, and the label rule exists."""
+    from ..data.vtab import LABEL_RULES
+    from .spec import SpecError
+    for i, ds in enumerate(spec.datasets):
+        d = ds.model_dump()
+        if d.get("source", "tfds") == "tfds" and not d.get("tfds"):
+            raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+        if d.get("label", "label") not in LABEL_RULES:
+            raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
+                            f"{', '.join(LABEL_RULES)} (dataset {ds.name!r})")
+
+
+def require_splits(task, ctx, what: str, roles=("train", "test")) -> None:
+    """Before any cell of a protocol on ClassificationDataset entries (high-res, diagnostics): every dataset's
+    `roles` open, or one line names the missing datasets, where they were looked for and how to prepare them."""
+    from ..data.sources import missing as find_missing
+    from ..data.tfds_source import data_dir
+    from ..errors import UserError
+
+    entries = [classification_entry(ds.name, ds.model_dump()) for ds in task.datasets]
+    missing = find_missing(entries, lambda e: list(roles), opener=lambda e, role: open_split(e, role, ctx.data_dir))
+    if missing:
+        raise UserError(
+            f"{what} data missing for {len(missing)} of {len(task.datasets)} datasets ({', '.join(missing)}): "
+            f"searched {data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
+            "for prepared tfds data (imagenet2012 needs the manual download: tfds.builder('imagenet2012')"
+            ".download_and_prepare() with the tars in its manual dir) or an export-vtab folder; or try "
+            "`--suite embedded`, which needs no download")
+
+
 class Joined(torch.utils.data.Dataset):
     """train800 + val200 of an image folder, keeping the folder's fast decoded-array access."""
 
@@ -94,15 +126,7 @@ class VtabAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from ..data.vtab import LABEL_RULES
-        from .spec import SpecError
-        for i, ds in enumerate(spec.datasets):
-            d = ds.model_dump()
-            if d.get("source", "tfds") == "tfds" and not d.get("tfds"):
-                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
-            if d.get("label", "label") not in LABEL_RULES:
-                raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
-                                f"{', '.join(LABEL_RULES)} (dataset {ds.name!r})")
+        validate_entries(spec, source)
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's splits open, or one line says what is missing and where."""

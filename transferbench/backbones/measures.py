@@ -129,14 +129,16 @@ class Probe:
 
     def summary(self) -> dict:
         """measure -> {"mean": per layer (per head for attn_distance), "sd": same, "n": images}."""
-        out = {}
-        for k, per_layer in self.values.items():
-            arrays = [torch.cat(v).double().numpy() for v in per_layer]
-            out[k] = {"mean": [a.mean(axis=0).tolist() for a in arrays],
-                      "sd": [a.std(axis=0, ddof=1).tolist() if len(a) > 1 else (a * 0).mean(axis=0).tolist()
-                             for a in arrays],
-                      "n": int(len(arrays[0]))}
-        return out
+        return {k: summarise(np.stack([torch.cat(v).double().numpy() for v in per_layer], axis=1))
+                for k, per_layer in self.values.items()}
+
+
+def summarise(samples) -> dict:
+    """Samples (n, ...) -> {"mean", "sd" (ddof 1; 0 for one sample), "n"}, arrays as lists: what records keep and
+    `pool` combines over seeds."""
+    a = np.asarray(samples, dtype=np.float64)
+    sd = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1:])
+    return {"mean": a.mean(axis=0).tolist(), "sd": sd.tolist(), "n": int(len(a))}
 
 
 def layer_grad_norms(model: nn.Module) -> tuple[list[float], float]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as _scipy
 
+from .figures import finish, pyplot
 from .stats import Estimate
 from .tables import Cellv, TaskTable
 
@@ -153,22 +154,15 @@ def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
 
 # --- figures ----------------------------------------------------------------------------------------------
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _colours(backbones) -> dict:
-    plt = _plt()
+    plt = pyplot()
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return {b: cycle[i % len(cycle)] for i, b in enumerate(sorted(backbones))}
 
 
 def plot_depth(t: dict, title: str, path: Path) -> Path | None:
     """Each depth measure against the layer, one line per backbone, 95% band."""
-    plt = _plt()
+    plt = pyplot()
     curves = depth_curves(t)
     if not curves:
         return None
@@ -183,17 +177,13 @@ def plot_depth(t: dict, title: str, path: Path) -> Path | None:
         ax.set_title(DEPTH_MEASURES[key], fontsize=8)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"{title}: per layer, mean and 95% band", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, np.atleast_1d(axes)[-1])
 
 
 def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
     """Mean attention distance of every head against its layer (ViT Fig. 7): a dot per head, a colour per backbone."""
-    plt = _plt()
+    plt = pyplot()
     per = {b: pooled(parts, "attn_distance") for b, parts in sorted(t["forward"].items())}
     per = {b: np.asarray(p["mean"]) for b, p in per.items() if p is not None}
     if not per:
@@ -207,17 +197,13 @@ def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
     ax.set_xlabel("layer")
     ax.set_ylabel("mean attention distance (px)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title(f"{title}: mean attention distance per head", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, ax)
 
 
 def plot_stem_maps(t: dict, title: str, path: Path) -> Path | None:
     """The stem LayerNorm's scale as p x p images, one per colour channel, a row per backbone that has one."""
-    plt = _plt()
+    plt = pyplot()
     rows = {b: np.asarray(m) for b, parts in sorted(t["forward"].items())
             if (m := _first(parts, "stem_scale_maps")) is not None}
     if not rows:
@@ -234,14 +220,12 @@ def plot_stem_maps(t: dict, title: str, path: Path) -> Path | None:
             ax.set_title(f"{b}: {'RGB'[c] if channels == 3 else c}", fontsize=7)
         fig.colorbar(im, ax=list(axes[r]), fraction=0.04)
     fig.suptitle(f"{title}: stem LayerNorm scale per pixel of the patch", fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, tight=False)  # the colour bars are placed by hand
 
 
 def plot_dtn(t: dict, title: str, path: Path) -> Path | None:
     """DTN's λμ, λσ and kernel width per head against the layer, a colour per backbone."""
-    plt = _plt()
+    plt = pyplot()
     rows = {b: n for b, parts in sorted(t["forward"].items()) if (n := _first(parts, "dtn"))}
     if not rows:
         return None
@@ -257,17 +241,13 @@ def plot_dtn(t: dict, title: str, path: Path) -> Path | None:
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("layer (norm1; norm2 at +0.25)")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"{title}: DTN per head (λ = 1: LayerNorm's statistics; 0: the positional kernel's)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, axes[-1])
 
 
 def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
     """The patch embedding's gradient norm at every fine-tuning step, mean and 95% band over seeds."""
-    plt = _plt()
+    plt = pyplot()
     series = {b: np.asarray([p["embed_grad_norm_steps"] for p in parts]) for b, parts in sorted(t["gradients"].items())}
     if not series:
         return None
@@ -284,12 +264,8 @@ def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
     ax.set_ylabel("patch embedding gradient norm")
     ax.set_ylim(bottom=0)  # step 0: the zero-initialised head passes no gradient back to the stem
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.set_title(f"{title}: patch embedding gradient norm (before clipping)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, ax)
 
 
 FIGURES = (("depth", plot_depth, "measures vs depth"), ("distance", plot_attention_distance, "attention distance per head"),

@@ -17,10 +17,9 @@ def default_reference(backbones: list[str]) -> str | None:
 
 
 def plot_deltas(t: TaskTable, path: Path) -> Path | None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .figures import finish, pyplot
 
+    plt = pyplot()
     others = [b for b in t.rows if b != t.reference]
     if not t.reference or not others:
         return None
@@ -42,11 +41,7 @@ def plot_deltas(t: TaskTable, path: Path) -> Path | None:
     ax.set_xticklabels(t.columns, rotation=30, ha="right")
     ax.set_ylabel(f"Δ {t.metric} vs {t.reference}")
     ax.set_title(f"{t.task}{' (' + t.setting + ')' if t.setting else ''}: paired difference, 95% CI over seeds")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a point
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return finish(fig, path, ax, dpi=120, fontsize=8, gap=1.01)
 
 
 def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None) -> Path:

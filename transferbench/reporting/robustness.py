@@ -200,10 +200,9 @@ def severity_curves(records: list[dict], task: str, dataset: str) -> dict:
 
 def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
     """Top-1 error vs severity (0 = clean) per corruption family, one line per backbone, 95% error bars."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .figures import finish, pyplot
 
+    plt = pyplot()
     curves = severity_curves(records, task, dataset)
     if not curves:
         return None
@@ -221,9 +220,5 @@ def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
         ax.set_xlabel("severity")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("top-1 error (%)")
-    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"{task} / {dataset}: error vs severity, mean ± 95% CI over seeds", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, path, axes[-1])

@@ -1,4 +1,4 @@
-"""transferbench command line: list, run, report, leaderboard, regress."""
+"""transferbench command line: list, run, pretrain, data, report, leaderboard, regress, nightly."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +22,9 @@ examples:
   transferbench report runs/vtab --reference b32
   transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
   transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22 --threshold 0.5
+  transferbench run vtab --suite embedded --jobs 2                # two cells at once on this machine
+  transferbench run vtab --backbone b16,b16_dpn --executor ray --address auto --gpus-per-cell 1 --data-dir /shared/tfds
+  transferbench nightly --baseline results/runs --suite embedded --out nightly
 """
 
 
@@ -46,13 +49,36 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
                                                           "load in the main process; results do not depend on it)")
     p.add_argument("--micro-batch", type=int, help="largest chunk of a batch run at once (gradient accumulation; "
                                                    "default: the whole batch, halved automatically on out-of-memory)")
+    g = p.add_argument_group(
+        "executors", "where cells run; none changes a result, each keeps the same guarantees (records written "
+                     "atomically by this process, each cell computed once across runs into one --out, resumable)")
+    g.add_argument("--executor", default="local", metavar="{local,ray}",
+                   help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
+                        "(pip install 'transferbench[scale]')")
+    g.add_argument("--jobs", "-j", type=int, default=1,
+                   help="local: cells at once, each in its own worker process with cores/N threads and, when "
+                        "several GPUs are visible, its own GPU (default 1: in this process, one at a time)")
+    g.add_argument("--address", help="ray: the cluster to join: auto (`ray start` ran here), HOST:6379, or "
+                                     "ray://HOST:10001 (Ray Client); default: start Ray on this machine")
+    g.add_argument("--cpus-per-cell", type=float, help="CPUs (and torch threads) per cell (ray default 1; local "
+                                                       "default: cores/--jobs)")
+    g.add_argument("--gpus-per-cell", type=float, help="ray: GPUs per cell (default: 1 when the cluster has GPUs, else 0)")
+    g.add_argument("--retries", type=int, default=1,
+                   help="times a cell whose worker process died (killed, out of memory, a lost node) is started "
+                        "again before it is recorded failed (default 1)")
 
 
-def _check_execution_options(args) -> None:
+def _check_execution_options(args):
+    """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
+    from .engine.executors import make_executor
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise UserError(f"--micro-batch must be >= 1, got {args.micro_batch}")
+    if args.retries < 0:
+        raise UserError(f"--retries must be >= 0, got {args.retries}")
+    return make_executor(args.executor, jobs=args.jobs, address=args.address, cpus_per_cell=args.cpus_per_cell,
+                         gpus_per_cell=args.gpus_per_cell)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +171,30 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
     rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
+
+    nt = sub.add_parser(
+        "nightly", help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
+        formatter_class=fmt,
+        description="The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the "
+                    "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
+                    "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression or a failed "
+                    "cell (and, with --fail-on-missing, on baseline cells the run lacks), 2 on bad input, else 0.",
+        epilog="examples:\n  transferbench nightly --baseline results/runs --suite embedded --out nightly\n"
+               "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
+               "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
+               "--executor ray --address auto")
+    nt.add_argument("--baseline", required=True, type=Path, help="records folder to compare against (last night's, "
+                                                                 "or the committed results/runs)")
+    nt.add_argument("--suite", "-s", default="embedded", help="suite of each task (default: embedded)")
+    nt.add_argument("--tasks", "-t", type=_csv, help="comma-separated tasks (default: every task the baseline holds "
+                                                     "records of for --suite)")
+    nt.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: each suite's)")
+    nt.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the suite's)")
+    nt.add_argument("--out", "-o", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)")
+    nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
+    nt.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
+    nt.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when the run lacks baseline cells")
+    _execution_options(nt)
     return p
 
 
@@ -212,43 +262,60 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 def cmd_run(args) -> int:
-    from .adapters import check_backbone, prepare_task, resolve_backbone
-    from .engine.runner import CellContext, run_task
+    from .adapters import prepare_task
     from .reporting.records import load_records
     from .reporting.tables import render, report_tables
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = args.backbone or list(task.backbones or [])
-    if not names:
-        raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
-                        f"{task.name!r} names no default backbones")
-    for name in names:
-        check_backbone(name)
-    if args.reference and args.reference not in names:
+    if args.reference and names and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
-    _check_execution_options(args)
-    made = _records_folder(args.out)
-    try:
-        if hasattr(task.adapter, "check_data"):
-            task.adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
-        backbones = [resolve_backbone(b) for b in names]
-    except UserError:
-        _remove_empty(made)
-        raise
-    print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
-          f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {args.out}", file=sys.stderr)
-    summary = run_task(task, backbones, args.out, force=args.force, device=args.device, data_dir=args.data_dir,
-                       workers=args.workers, micro_batch=args.micro_batch,
-                       show_progress=not args.no_progress)
-    print(f"{task.name}: {summary.line()}", file=sys.stderr)
-    for f in summary.failures:
-        print(f"  failed: {f}", file=sys.stderr)
+    executor = _check_execution_options(args)
+    summary = _run(task, _prepare(task, names, args.out, args), args.out, args, executor)
     records = [r for r in load_records([args.out / task.name]) if r["backbone"] in names] \
         if (args.out / task.name).is_dir() else []
     if records:
         print(render(report_tables(records, reference=args.reference)))
     return 1 if summary.failed else 0
+
+
+def _prepare(task, names: list[str], out: Path, args) -> list:
+    """Check the backbones, make --out and check the data (removing the folders it made when one fails), then
+    resolve the backbones (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs."""
+    from .adapters import check_backbone, resolve_backbone
+    from .engine.runner import CellContext
+
+    if not names:
+        raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
+                        f"{task.name!r} names no default backbones")
+    for name in names:
+        check_backbone(name)
+    made = _records_folder(out)
+    try:
+        if hasattr(task.adapter, "check_data"):
+            task.adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
+        return [resolve_backbone(b) for b in names]
+    except UserError:
+        _remove_empty(made)
+        raise
+
+
+def _run(task, backbones: list, out: Path, args, executor):
+    """Run every cell of `task` for `backbones` into `out` with `executor`; prints and returns the summary."""
+    from .engine.runner import run_task
+
+    how = "" if args.executor == "local" and args.jobs == 1 else \
+        f" ({args.executor} executor{f', {args.jobs} jobs' if args.executor == 'local' else ''})"
+    print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
+          f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {out}{how}", file=sys.stderr)
+    summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
+                       workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
+                       executor=executor, retries=args.retries)
+    print(f"{task.name}: {summary.line()}", file=sys.stderr)
+    for f in summary.failures:
+        print(f"  failed: {f}", file=sys.stderr)
+    return summary
 
 
 def cmd_pretrain(args) -> int:
@@ -305,22 +372,59 @@ def cmd_leaderboard(args) -> int:
 
 def cmd_regress(args) -> int:
     from .reporting.records import load_records
-    from .reporting.regress import compare, report
+    from .reporting.regress import verdict
 
-    comparisons, missing, new = compare(load_records([args.baseline]), load_records([args.current]), args.threshold)
-    text = report(comparisons, missing, new, args.threshold)
+    text, code = verdict(load_records([args.baseline]), load_records([args.current]), args.threshold,
+                         fail_on_missing=args.fail_on_missing)
     print(text)
     if args.output:
         args.output.write_text(text)
-    regressed = any(c.verdict == "regressed" for c in comparisons)
-    return 1 if regressed or (args.fail_on_missing and missing) else 0
+    return code
+
+
+def cmd_nightly(args) -> int:
+    from datetime import datetime, timezone
+
+    from .adapters import prepare_task
+    from .engine.runner import environment
+    from .reporting.leaderboard import write_leaderboard
+    from .reporting.records import load_records
+    from .reporting.regress import verdict
+
+    executor = _check_execution_options(args)
+    date = args.date or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    if not date or "/" in date or date.startswith("."):
+        raise UserError(f"--date {date!r}: give a plain folder name such as 2026-11-23")
+    baseline = [r for r in load_records([args.baseline]) if (r.get("suite") or "") == args.suite]
+    in_baseline = sorted({r["task"] for r in baseline})
+    names = args.tasks or in_baseline
+    if not names:
+        raise UserError(f"--baseline {args.baseline} holds no records of suite {args.suite!r}: give a records folder "
+                        f"of a `transferbench run TASK --suite {args.suite}` (or --tasks to run without a baseline)")
+    # every task, suite, backbone and data set is checked before the first cell runs
+    tasks = [prepare_task(t, suite=args.suite, seeds=args.seeds) for t in names]
+    current = args.out / date
+    backbones = {t.name: args.backbone or list(t.backbones or []) for t in tasks}
+    resolved = {t.name: _prepare(t, backbones[t.name], current, args) for t in tasks}
+    for task in tasks:
+        _run(task, resolved[task.name], current, args, executor)
+    ran = {(t.spec.task, b) for t in tasks for b in backbones[t.name]}
+    text, code = verdict([r for r in baseline if (r["task"], r["backbone"]) in ran], load_records([current]),
+                         args.threshold, fail_on_missing=args.fail_on_missing, fail_on_failed=True,
+                         title=f"Nightly {date}: {current} vs {args.baseline}")
+    (current / "REGRESSION.md").write_text(text)
+    board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
+    print(text)
+    print(f"wrote {current / 'REGRESSION.md'} and {board}", file=sys.stderr)
+    return code
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "data": cmd_data, "report": cmd_report,
-                "leaderboard": cmd_leaderboard, "regress": cmd_regress}[args.command](args)
+                "leaderboard": cmd_leaderboard, "regress": cmd_regress,
+                "nightly": cmd_nightly}[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return code
     except BrokenPipeError:

@@ -23,6 +23,8 @@ _TMP = ".tmp"
 class RecordStore:
     def __init__(self, root):
         self.root = Path(root)
+        self._finished: dict[Path, dict] = {}  # finished records do not change: planning reads them once
+
 
     def path(self, cell) -> Path:
         return self._path(cell.task, cell.dataset, cell.key)
@@ -32,10 +34,15 @@ class RecordStore:
 
     def get(self, cell) -> dict | None:
         p = self.path(cell)
+        if p in self._finished:
+            return self._finished[p]
         try:
-            return json.loads(p.read_text())
+            rec = json.loads(p.read_text())
         except FileNotFoundError:
             return None
+        if rec.get("status") in FINISHED:
+            self._finished[p] = rec
+        return rec
 
     def finished(self, cell) -> bool:
         rec = self.get(cell)
@@ -50,6 +57,7 @@ class RecordStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
+        self._finished.pop(p, None)
         return p
 
     def lock(self, cell) -> FileLock:

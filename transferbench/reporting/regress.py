@@ -74,24 +74,42 @@ def compare(baseline: list[dict], current: list[dict], threshold: float = 0.5):
     return comparisons, missing, new
 
 
-def report(comparisons: list[Comparison], missing: list, new: list, threshold: float) -> str:
+def verdict(baseline: list[dict], current: list[dict], threshold: float = 0.5, *, fail_on_missing: bool = False,
+            fail_on_failed: bool = False, title: str = "Regression report") -> tuple[str, int]:
+    """(markdown report, exit code): 1 when a metric regressed, or a cell of `current` failed (with
+    `fail_on_failed`: a nightly run whose cells crash must not pass), or baseline cells are missing from
+    `current` (with `fail_on_missing`); else 0."""
+    comparisons, missing, new = compare(baseline, current, threshold)
+    failed = [r for r in current if r["status"] == "failed"]
+    text = report(comparisons, missing, new, threshold, title=title, failed=failed)
+    regressed = any(c.verdict == "regressed" for c in comparisons)
+    return text, int(regressed or (fail_on_failed and bool(failed)) or (fail_on_missing and bool(missing)))
+
+
+def report(comparisons: list[Comparison], missing: list, new: list, threshold: float, *,
+           title: str = "Regression report", failed: list[dict] = ()) -> str:
     reg = [x for x in comparisons if x.verdict == "regressed"]
     imp = [x for x in comparisons if x.verdict == "improved"]
-    lines = ["# Regression report", "",
+    lines = [f"# {title}", "",
              f"**{'REGRESSION' if reg else 'OK'}**: {len(reg)} regressed, {len(imp)} improved, "
              f"{len(comparisons) - len(reg) - len(imp)} unchanged of {len(comparisons)} compared "
              f"(tolerance = max({threshold}, baseline seed std)); {len(missing)} cells missing from current, "
-             f"{len(new)} new.", ""]
+             f"{len(new)} new" + (f"; {len(failed)} cells of current failed" if failed else "") + ".", ""]
     head = ["task", "dataset", "backbone", "split", "metric", "baseline", "current", "change", "tolerance", "n", "setting"]
-    for title, rows in (("Regressions", reg), ("Improvements", imp)):
+    for heading, rows in (("Regressions", reg), ("Improvements", imp)):
         if rows:
-            lines += [f"## {title}", "", tabulate(
+            lines += [f"## {heading}", "", tabulate(
                 [[x.task, x.dataset, x.backbone, x.split, x.metric, f"{x.baseline:.2f}", f"{x.current:.2f}",
                   f"{x.change:+.2f}", f"{x.tolerance:.2f}", x.n, x.setting] for x in rows],
                 head, tablefmt="github", disable_numparse=True), ""]
-    for title, keys in (("Missing from current", missing), ("New in current", new)):
+    if failed:
+        lines += ["## Failed in current", "", tabulate(
+            [[r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"], r.get("reason", "")]
+             for r in failed], ["task", "dataset", "backbone", "stage", "seed", "reason"], tablefmt="github",
+            disable_numparse=True), ""]
+    for heading, keys in (("Missing from current", missing), ("New in current", new)):
         if keys:
-            lines += [f"## {title}", ""] + [f"- {k[0]} / {k[1]} / {k[2]} {k[3]} {k[4]} (protocol v{k[5]})"
+            lines += [f"## {heading}", ""] + [f"- {k[0]} / {k[1]} / {k[2]} {k[3]} {k[4]} (protocol v{k[5]})"
                                            for k in keys[:50]]
             if len(keys) > 50:
                 lines.append(f"- ... and {len(keys) - 50} more")

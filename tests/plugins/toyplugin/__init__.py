@@ -28,6 +28,13 @@ def toy_accuracy(backbone: str, offset: float, lr: float, seed: int, split: str,
     return 60.0 + bonus + offset - 15.0 * (math.log10(lr) + 2.0) ** 2 + noise
 
 
+def degraded(dataset: str) -> float:
+    """TOY_DEGRADE=alpha:5,beta:1 lowers those datasets' accuracy by those points: a deliberate regression,
+    outside the cell's identity (as a code change would be) for the nightly tests."""
+    spec = dict(part.split(":") for part in os.environ.get("TOY_DEGRADE", "").split(",") if part)
+    return float(spec.get(dataset, 0.0))
+
+
 class ToyAdapter(Adapter):
     name = "toy"
     dataset_schema = ToyDataset
@@ -39,6 +46,9 @@ class ToyAdapter(Adapter):
         if os.environ.get("TOY_LOG"):  # one line per computation: the tests count recomputations
             with open(os.environ["TOY_LOG"], "a") as f:
                 f.write(cell.key + "\n")
+        if os.environ.get("TOY_PID_DIR"):  # which process computes which cell: the tests kill one mid-cell
+            with open(os.path.join(os.environ["TOY_PID_DIR"], f"{cell.key}.{os.getpid()}.pid"), "w") as f:
+                f.write(str(os.getpid()))
         hp = cell.hparams
         if os.environ.get("TOY_FAIL") == cell.dataset:  # outside the cell's identity: a rerun retries it
             raise RuntimeError(f"toy failure on {cell.dataset}")
@@ -51,6 +61,7 @@ class ToyAdapter(Adapter):
             check_finite(loss, step=step)
         offset = cell.dataset_config["offset"]
         split = "val" if cell.stage == "select" else "test"
-        return {split: {"accuracy": toy_accuracy(cell.backbone, offset, hp["lr"], cell.seed, split, cell.dataset)},
+        acc = toy_accuracy(cell.backbone, offset, hp["lr"], cell.seed, split, cell.dataset) - degraded(cell.dataset)
+        return {split: {"accuracy": acc},
                 "info": {"final_loss": loss}}
 

@@ -1,0 +1,263 @@
+"""Executors: a local process pool and Ray run the toy plan with the guarantees of the in-process runner
+(same records, plan re-evaluated as results arrive, a killed worker's cell retried or failed, never torn or
+duplicated, two drivers on one folder computing each cell once)."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from toyplugin import toy_accuracy
+
+from transferbench.adapters import prepare_task
+from transferbench.cli import main
+from transferbench.engine.cells import resolve_backbone
+from transferbench.engine.executors import InlineExecutor, PoolExecutor, make_executor
+from transferbench.engine.runner import run_task
+from transferbench.errors import UserError
+from transferbench.reporting.aggregate import aggregate
+from transferbench.reporting.records import load_records
+from transferbench.reporting.tables import build_tables, render
+
+BACKBONES = ["mu4", "mu4_dpn"]
+OFFSET = {"alpha": 5.0, "beta": 0.0, "gamma": -10.0}
+SETS = ["lr=0.01,0.1", "steps=2"]  # per dataset and backbone: 2 lrs x 2 seeds -> val, then the winner x 2 seeds
+CELLS = 3 * 2 * (2 * 2 + 2)
+
+
+def run(out, executor=None, sets=(), **kw):
+    task = prepare_task("toy", sets=[*SETS, *sets], seeds=[0, 1])
+    return run_task(task, [resolve_backbone(b) for b in BACKBONES], out, show_progress=False, executor=executor, **kw)
+
+
+def metrics(out) -> dict:
+    """key -> (status, metrics as JSON text): what must be byte-identical whichever executor computed it."""
+    return {r["key"]: (r["status"], json.dumps(r["metrics"], sort_keys=True)) for r in load_records([out])}
+
+
+def table(out) -> str:
+    return render(build_tables(aggregate(load_records([out])), reference="mu4"))
+
+
+def check_toy_records(out) -> None:
+    """Every record parses, none is left half-written, and each final metric is the closed form's."""
+    assert not [p for p in Path(out).rglob("*") if ".tmp" in p.name]
+    for e in aggregate(load_records([out])):
+        assert e.selected == {"lr": 0.01}
+        assert e.per_seed == pytest.approx({s: toy_accuracy(e.backbone, OFFSET[e.dataset], 0.01, s, "test", e.dataset)
+                                            for s in (0, 1)}, abs=1e-12)
+
+
+def kill_first_worker(pid_dir: Path, done: threading.Event, killed: list) -> None:
+    """SIGKILL the process that computes the first cell to start (once), as the OOM killer would."""
+    deadline = time.time() + 120
+    while not done.is_set() and time.time() < deadline:
+        files = sorted(pid_dir.glob("*.pid"))
+        if files:
+            key, pid = files[0].name.split(".")[:2]
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append((key, int(pid)))
+            return
+        time.sleep(0.01)
+
+
+# --- the local process pool -----------------------------------------------------------------------------------
+
+def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep_ends(tmp_path, monkeypatch):
+    log = tmp_path / "computed.log"
+    monkeypatch.setenv("TOY_LOG", str(log))
+    inline = run(tmp_path / "inline")
+    log.unlink()
+    pooled = run(tmp_path / "pool", PoolExecutor(2))
+    assert (pooled.ok, pooled.diverged, pooled.failed) == (inline.ok, inline.diverged, inline.failed) == (CELLS, 0, 0)
+    assert metrics(tmp_path / "pool") == metrics(tmp_path / "inline")  # same keys, byte-identical metrics
+    assert table(tmp_path / "pool") == table(tmp_path / "inline")
+    check_toy_records(tmp_path / "pool")
+    # the plan is asked again as cells finish: the first final cell starts while other select cells are still
+    # to come (a round-based runner would run all 24 select cells first)
+    stage = {r["key"]: r["stage"] for r in load_records([tmp_path / "pool"])}
+    order = [stage[k] for k in log.read_text().split()]
+    assert len(order) == CELLS and order.index("final") < len(order) - 1 - order[::-1].index("select")
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, monkeypatch, retries):
+    log, pids = tmp_path / "computed.log", tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("TOY_LOG", str(log))
+    monkeypatch.setenv("TOY_PID_DIR", str(pids))
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_first_worker, args=(pids, done, killed))
+    killer.start()
+    try:
+        s = run(tmp_path / "out", PoolExecutor(2), sets=["delay=0.1"], retries=retries)
+    finally:
+        done.set()
+        killer.join()
+    (key, pid), = killed
+    records = {r["key"]: r for r in load_records([tmp_path / "out"])}
+    computed = Counter(log.read_text().split())
+    others = {k: n for k, n in computed.items() if k != key}
+    assert set(others.values()) == {1}  # the cells beside the killed one ran once, in their own workers
+    if retries:
+        assert computed[key] == 2 and (s.ok, s.failed) == (CELLS, 0) and len(records) == CELLS
+        check_toy_records(tmp_path / "out")
+    else:  # recorded failed, naming the lost worker; a rerun computes exactly that cell (and what it unlocks)
+        assert computed[key] == 1 and s.failed == 1
+        assert records[key]["status"] == "failed" and records[key]["reason"].startswith(
+            f"WorkerLost: worker process {pid} died while computing the cell")
+        again = run(tmp_path / "out", PoolExecutor(2), sets=["delay=0.1"])
+        assert again.failed == 0 and again.ok == CELLS - s.ok
+        check_toy_records(tmp_path / "out")
+
+
+def test_two_pool_drivers_into_one_folder_compute_each_cell_once(tmp_path):
+    out, log = tmp_path / "shared", tmp_path / "computed.log"
+    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
+           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", "--jobs", "2", "--no-progress",
+           "--out", str(out)]
+    env = {**os.environ, "TOY_LOG": str(log)}
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    computed = Counter(log.read_text().split())
+    assert set(computed) == {r["key"] for r in load_records([out])} and set(computed.values()) == {1}
+    assert len(computed) == CELLS
+    check_toy_records(out)
+
+
+def test_inline_is_jobs_1_and_bad_executor_options_are_one_line(tmp_path, capsys):
+    assert isinstance(make_executor("local", jobs=1), InlineExecutor)
+    pool = make_executor("local", jobs=3)
+    assert isinstance(pool, PoolExecutor) and pool.slots == 3 and pool.threads == max(1, len(os.sched_getaffinity(0)) // 3)
+    assert make_executor("local", jobs=2, cpus_per_cell=1).threads == 1
+    for argv, message in (
+            (["--executor", "rya"], "--executor 'rya' is not one of local, ray; did you mean ray?"),
+            (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+            (["--address", "auto"], "--address and --gpus-per-cell are for --executor ray"),
+            (["--executor", "ray", "--jobs", "2"], "--jobs is for --executor local"),
+            (["--executor", "ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be > 0, got 0"),
+            (["--retries", "-1"], "--retries must be >= 0, got -1")):
+        assert main(["run", "toy", "--backbone", "mu4", "--out", str(tmp_path / "never-made"), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("transferbench: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "never-made").exists()
+
+
+# --- Ray --------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A 2-CPU Ray instance on the loopback address, started once for this module. The toy's log and pid folder
+    are set before it starts, so its workers see them."""
+    ray = pytest.importorskip("ray", reason="the scale extra (Ray) is not installed")
+    d = tmp_path_factory.mktemp("ray")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TOY_LOG", str(d / "computed.log"))
+    mp.setenv("TOY_PID_DIR", str(d / "pids"))
+    (d / "pids").mkdir()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20, _node_ip_address="127.0.0.1",
+             logging_level="WARNING", log_to_driver=False)
+    yield d, ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    mp.undo()
+
+
+def fresh(d: Path) -> tuple[Path, Path]:
+    log, pids = d / "computed.log", d / "pids"
+    log.unlink(missing_ok=True)
+    for p in pids.glob("*.pid"):
+        p.unlink()
+    return log, pids
+
+
+def test_ray_gives_the_local_records(ray_cluster, tmp_path):
+    from transferbench.engine.executors import RayExecutor
+    d, _ = ray_cluster
+    log, _ = fresh(d)
+    run(tmp_path / "local")
+    log.unlink()
+    s = run(tmp_path / "ray", RayExecutor())
+    assert (s.ok, s.failed) == (CELLS, 0)
+    assert metrics(tmp_path / "ray") == metrics(tmp_path / "local")
+    assert table(tmp_path / "ray") == table(tmp_path / "local")
+    assert set(Counter(log.read_text().split()).values()) == {1}
+    again = run(tmp_path / "ray", RayExecutor())  # a rerun skips every finished cell
+    assert (again.ok, again.skipped) == (0, CELLS)
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_ray_worker_killed_mid_cell_is_retried_or_recorded_failed(ray_cluster, tmp_path, retries):
+    from transferbench.engine.executors import RayExecutor
+    log, pids = fresh(ray_cluster[0])
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_first_worker, args=(pids, done, killed))
+    killer.start()
+    try:
+        s = run(tmp_path / "out", RayExecutor(), sets=["delay=0.1"], retries=retries)
+    finally:
+        done.set()
+        killer.join()
+    (key, pid), = killed
+    records = {r["key"]: r for r in load_records([tmp_path / "out"])}
+    computed = Counter(log.read_text().split())
+    assert {n for k, n in computed.items() if k != key} == {1}
+    assert not [p for p in (tmp_path / "out").rglob("*") if ".tmp" in p.name]
+    if retries:
+        assert computed[key] == 2 and (s.ok, s.failed) == (CELLS, 0) and len(records) == CELLS
+        check_toy_records(tmp_path / "out")
+    else:
+        assert computed[key] == 1 and s.failed == 1 and records[key]["status"] == "failed"
+        assert records[key]["reason"].startswith("WorkerLost: Ray worker lost while computing the cell")
+
+
+def test_two_ray_drivers_into_one_folder_compute_each_cell_once(ray_cluster, tmp_path):
+    log, _ = fresh(ray_cluster[0])
+    out = tmp_path / "shared"
+    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
+           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", "--executor", "ray", "--address",
+           ray_cluster[1], "--no-progress", "--out", str(out)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    computed = Counter(log.read_text().split())
+    assert set(computed) == {r["key"] for r in load_records([out])} and set(computed.values()) == {1}
+    assert len(computed) == CELLS
+    check_toy_records(out)
+
+
+def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_cluster, tmp_path, monkeypatch):
+    import dataclasses
+
+    import ray
+
+    from transferbench.engine.cells import Cell
+    from transferbench.engine.executors import local_checkpoint
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    blob = os.urandom(4096)
+    sha = hashlib.sha256(blob).hexdigest()
+    cell = Cell("toy", "alpha", "mu4@x", sha, {}, 0, "1", checkpoint=str(tmp_path / "driver-only" / "w.safetensors"))
+    ref = [ray.put(blob)]
+    got = local_checkpoint(cell, ref)  # the driver's path does not exist here: the object store's bytes
+    assert got == tmp_path / "home" / "checkpoints" / f"{sha}.safetensors" and got.read_bytes() == blob
+    same = tmp_path / "shared.safetensors"
+    same.write_bytes(blob)
+    assert local_checkpoint(dataclasses.replace(cell, checkpoint=str(same)), ref) == same  # a shared path is used
+    stale = tmp_path / "stale.safetensors"
+    stale.write_bytes(blob[::-1])  # same path, other bytes (a node's own old file): not trusted
+    assert local_checkpoint(dataclasses.replace(cell, checkpoint=str(stale)), ref) == got
+
+
+def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
+    from transferbench.engine.executors import RayExecutor
+    with pytest.raises(UserError, match=r"no node of the Ray cluster can hold a cell of 1 CPUs and 1 GPUs \(nodes: "
+                                        r"2 CPUs, 0 GPUs\); lower --cpus-per-cell / --gpus-per-cell"):
+        run(tmp_path / "out", RayExecutor(gpus_per_cell=1))
+    assert not list(tmp_path.rglob("*.json"))  # refused before any cell

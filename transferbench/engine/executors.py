@@ -1,0 +1,346 @@
+"""Executors: where a run's cells are computed. The runner (`engine.runner.run_task`) plans, takes each
+cell's lock, submits the cell and writes its record from the outcome that comes back; an executor only
+computes. Records are therefore written by the driver alone, under its locks, in its --out folder: workers
+need no shared file system for them, and a worker that dies leaves nothing behind.
+
+- `InlineExecutor`: this process, one cell at a time (`--executor local --jobs 1`, the default).
+- `PoolExecutor`: N worker processes on this machine (`--executor local --jobs N`), each with its share of
+  the cores and, when several GPUs are visible, its own GPU.
+- `RayExecutor`: one Ray task per cell on a Ray cluster (`--executor ray`; extra `scale`).
+
+`submit(cell)` returns a `concurrent.futures.Future` of the cell's outcome (`engine.runner.compute_cell`).
+A future that fails with `WorkerLost` means that the process computing it died (kill -9, the out-of-memory
+killer, a lost node): the runner submits the cell again or records it failed. `slots` is how many cells
+may be in flight at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+from ..errors import UserError
+
+EXECUTORS = ("local", "ray")
+
+
+class WorkerLost(RuntimeError):
+    """The process computing a cell died before returning its outcome."""
+
+
+def _chain(inner: Future, translate) -> Future:
+    """A future with `inner`'s result, or `translate(exception)` raised in its place."""
+    outer: Future = Future()
+
+    def done(f):
+        try:
+            outer.set_result(f.result())
+        except BaseException as e:  # noqa: BLE001 - handed to the runner through the future
+            outer.set_exception(translate(e))
+    inner.add_done_callback(done)
+    return outer
+
+
+class InlineExecutor:
+    """One cell at a time in this process, with its progress bars: transferbench's behaviour before executors."""
+    slots = 1
+
+    def start(self, adapter, ctx) -> None:
+        self.adapter, self.ctx = adapter, ctx
+
+    def submit(self, cell) -> Future:
+        from .runner import compute_cell
+        f: Future = Future()
+        f.set_result(compute_cell(self.adapter, cell, self.ctx))  # a KeyboardInterrupt propagates from here
+        return f
+
+    def close(self, interrupted: bool = False) -> None:
+        pass
+
+
+# --- a pool of worker processes on this machine ---------------------------------------------------------------
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process sees, as CUDA_VISIBLE_DEVICES entries."""
+    import torch
+    if not torch.cuda.is_available():
+        return []
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return listed or [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the driver dies (kill -9 included), so an orphan never goes on
+    computing a cell whose lock its dead driver no longer holds."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _init_worker(threads: int, gpu: str | None, pid) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle workers ignore Ctrl-C; a computing one stops its cell
+    _die_with_parent()
+    if gpu is not None:  # before CUDA is initialised: the worker sees one GPU, as cuda:0
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    import torch
+    from threadpoolctl import threadpool_limits
+    torch.set_num_threads(threads)
+    threadpool_limits(threads)  # numpy's BLAS (few-shot solvers, statistics) too
+    pid.value = os.getpid()
+
+
+def _compute_in_worker(adapter, cell, ctx) -> dict:
+    from .runner import compute_cell
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return compute_cell(adapter, cell, ctx)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class PoolExecutor:
+    """`jobs` worker processes (spawned: nothing of the driver's state is shared), each a one-process
+    `concurrent.futures.ProcessPoolExecutor`, so that a worker's death breaks its own cell only: the slot
+    gets a fresh process and the cells beside it go on. Workers live for the whole run, keeping what they
+    cached in memory from cell to cell. Each gets `cores // jobs` threads (torch and BLAS) and, when several
+    GPUs are visible and the device is CUDA, GPU number `slot % GPUs`."""
+
+    def __init__(self, jobs: int, threads: int | None = None):
+        if jobs < 1:
+            raise UserError(f"--jobs must be >= 1, got {jobs}")
+        self.slots = jobs
+        self.threads = threads or max(1, usable_cores() // jobs)
+        self._pools: list = [None] * jobs
+        self._busy: list[bool] = [False] * jobs
+        self._lock = threading.Lock()
+
+    def start(self, adapter, ctx) -> None:
+        import multiprocessing
+        self._mp = multiprocessing.get_context("spawn")
+        self.adapter = adapter
+        self.ctx = dataclasses.replace(ctx, show_progress=False)  # the driver's bar counts cells; workers stay quiet
+        gpus = visible_gpus() if ctx.device is None or ctx.device == "cuda" else []
+        self._gpus = gpus if len(gpus) > 1 else []
+        self._pids = [self._mp.Value("i", 0, lock=False) for _ in range(self.slots)]
+
+    def _pool(self, slot: int):
+        from concurrent.futures import ProcessPoolExecutor
+        if self._pools[slot] is None:
+            gpu = self._gpus[slot % len(self._gpus)] if self._gpus else None
+            self._pools[slot] = ProcessPoolExecutor(1, mp_context=self._mp, initializer=_init_worker,
+                                                    initargs=(self.threads, gpu, self._pids[slot]))
+        return self._pools[slot]
+
+    def submit(self, cell) -> Future:
+        from concurrent.futures.process import BrokenProcessPool
+        with self._lock:
+            slot = self._busy.index(False)  # the runner keeps at most `slots` cells in flight
+            self._busy[slot] = True
+        try:
+            inner = self._pool(slot).submit(_compute_in_worker, self.adapter, cell, self.ctx)
+        except BrokenProcessPool:  # its worker died while idle
+            self._pools[slot] = None
+            inner = self._pool(slot).submit(_compute_in_worker, self.adapter, cell, self.ctx)
+        pool, outer = self._pools[slot], Future()
+
+        def done(f):
+            try:
+                outcome, error = f.result(), None
+            except BrokenProcessPool:
+                self._pools[slot] = None  # the next cell in this slot gets a fresh process
+                pool.shutdown(wait=False)
+                outcome, error = None, WorkerLost(f"worker process {self._pids[slot].value} died while computing "
+                                                  "the cell (killed, or out of memory)")
+            except BaseException as e:  # noqa: BLE001 - handed to the runner through the future
+                outcome, error = None, e
+            self._busy[slot] = False  # free before the runner sees the outcome
+            outer.set_result(outcome) if error is None else outer.set_exception(error)
+        inner.add_done_callback(done)
+        return outer
+
+    def close(self, interrupted: bool = False) -> None:
+        pools = [(slot, p) for slot, p in enumerate(self._pools) if p is not None]
+        if interrupted:  # stop the cells in flight (a Ctrl-C from the terminal reached them already)
+            busy = [self._pids[slot].value for slot, _ in pools if self._busy[slot] and self._pids[slot].value]
+            for pid in busy:
+                _signal(pid, signal.SIGINT)
+            watchdog = threading.Timer(30.0, lambda: [_signal(pid, signal.SIGKILL) for pid in busy])
+            watchdog.daemon = True
+            watchdog.start()
+        for _, p in pools:  # all at once: each worker takes a second or two to exit
+            p.shutdown(wait=False, cancel_futures=True)
+        for _, p in pools:
+            p.shutdown(wait=True)
+        if interrupted:
+            watchdog.cancel()
+        self._pools = [None] * self.slots
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# --- Ray ------------------------------------------------------------------------------------------------------
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray: pip install 'transferbench[scale]' (on the driver and on every "
+                        "node of the cluster)") from None
+    return ray
+
+
+def _ray_compute(adapter, cell, ctx, threads: int, checkpoint_ref) -> dict:
+    """A cell inside a Ray task: `threads` torch threads (the task's CPUs); the checkpoint from the shared path
+    when this node sees the same file there, else from the object store into this node's cache."""
+    import torch
+
+    from .runner import compute_cell
+    torch.set_num_threads(threads)
+    if cell.checkpoint is not None:
+        cell = dataclasses.replace(cell, checkpoint=str(local_checkpoint(cell, checkpoint_ref)))
+    return compute_cell(adapter, cell, ctx)
+
+
+def local_checkpoint(cell, checkpoint_ref) -> Path:
+    """`cell.checkpoint` where this node has that file (same sha256), else the driver's copy from the object
+    store written into $TRANSFERBENCH_HOME/checkpoints/<sha256><suffix> (atomically: tasks on one node may
+    race)."""
+    from ..data.embedded import home
+    from .cells import file_sha256
+
+    path = Path(cell.checkpoint)
+    if path.is_file() and file_sha256(path) == cell.checkpoint_sha256:
+        return path
+    cached = home() / "checkpoints" / f"{cell.checkpoint_sha256}{path.suffix}"
+    if not cached.is_file() or file_sha256(cached) != cell.checkpoint_sha256:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(_ray().get(checkpoint_ref[0]))
+        os.replace(tmp, cached)
+    return cached
+
+
+class RayExecutor:
+    """One Ray task per cell, with `cpus_per_cell` CPUs and `gpus_per_cell` GPUs (None: 1 when the cluster has
+    GPUs, else 0). `address`: None starts a Ray instance on this machine; 'auto' joins the cluster that
+    `ray start` runs here; 'ray://host:10001' connects through Ray Client; 'host:6379' joins as a driver.
+    At most as many cells are in flight as the cluster's nodes hold (read again as nodes join or leave), so
+    the progress bar's 'running' is what runs. Ray's own task retries are off: a lost worker comes back to the
+    runner as WorkerLost, which counts attempts the same way for every executor."""
+
+    def __init__(self, address: str | None = None, cpus_per_cell: float = 1, gpus_per_cell: float | None = None,
+                 runtime_env: dict | None = None, init: dict | None = None):
+        if cpus_per_cell <= 0:
+            raise UserError(f"--cpus-per-cell must be > 0, got {cpus_per_cell}")
+        if gpus_per_cell is not None and gpus_per_cell < 0:
+            raise UserError(f"--gpus-per-cell must be >= 0, got {gpus_per_cell}")
+        self.address, self.cpus, self.gpus = address, cpus_per_cell, gpus_per_cell
+        self.runtime_env, self.init = runtime_env, init or {}
+        self._started_here = False
+        self._capacity_at = 0.0
+        self._slots = 1
+
+    def start(self, adapter, ctx) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            kwargs = {"logging_level": "WARNING", **self.init}
+            if self.address is None:
+                kwargs.setdefault("include_dashboard", False)
+            try:
+                ray.init(address=self.address, **kwargs)
+            except ConnectionError as e:
+                raise UserError(f"--address {self.address}: no Ray cluster there ({e}); start one with "
+                                "`ray start --head`, or leave --address out to run Ray on this machine") from None
+            self._started_here = True
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        if self.gpus is None:
+            self.gpus = 1 if any(r.get("GPU", 0) >= 1 for r in nodes) else 0
+        if not any(r.get("CPU", 0) >= self.cpus and r.get("GPU", 0) >= self.gpus for r in nodes):
+            have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in nodes)
+            raise UserError(f"no node of the Ray cluster can hold a cell of {self.cpus:g} CPUs and {self.gpus:g} GPUs "
+                            f"(nodes: {have}); lower --cpus-per-cell / --gpus-per-cell")
+        self.ctx = dataclasses.replace(ctx, show_progress=False)
+        self._adapter = ray.put(adapter)
+        self._checkpoints: dict[str, list] = {}
+        self._remote = ray.remote(_ray_compute).options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=0,
+                                                        runtime_env=self.runtime_env)
+        self._inflight: set = set()
+
+    @property
+    def slots(self) -> int:
+        """Cells the live nodes hold at once (per node: its CPUs and GPUs over a cell's), read every 5 s."""
+        if time.time() - self._capacity_at > 5:
+            ray = _ray()
+            fits = 0
+            for n in ray.nodes():
+                if n.get("Alive"):
+                    r = n["Resources"]
+                    fit = int(r.get("CPU", 0) // self.cpus)
+                    fits += min(fit, int(r.get("GPU", 0) // self.gpus)) if self.gpus else fit
+            self._slots, self._capacity_at = max(1, fits), time.time()
+        return self._slots
+
+    def submit(self, cell) -> Future:
+        ray = _ray()
+        ref = None
+        if cell.checkpoint is not None:  # into the object store once per checkpoint; fetched only where needed
+            ref = self._checkpoints.get(cell.checkpoint_sha256)
+            if ref is None:
+                ref = self._checkpoints[cell.checkpoint_sha256] = [ray.put(Path(cell.checkpoint).read_bytes())]
+        task = self._remote.remote(self._adapter, cell, self.ctx, max(1, int(self.cpus)), ref)
+        self._inflight.add(task)
+        future = task.future()
+        future.add_done_callback(lambda _: self._inflight.discard(task))
+
+        def translate(e):
+            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
+                    ray.exceptions.OwnerDiedError, ray.exceptions.TaskCancelledError)
+            if isinstance(e, lost):
+                return WorkerLost(f"Ray worker lost while computing the cell ({type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+            return e
+
+        return _chain(future, translate)
+
+    def close(self, interrupted: bool = False) -> None:
+        ray = _ray()
+        if interrupted:
+            for task in list(self._inflight):
+                ray.cancel(task, force=True)
+        if self._started_here:
+            ray.shutdown()
+
+
+def make_executor(name: str = "local", *, jobs: int = 1, address: str | None = None, cpus_per_cell: float | None = None,
+                  gpus_per_cell: float | None = None):
+    """The executor that `transferbench run --executor NAME` asks for."""
+    if name == "local":
+        if address is not None or gpus_per_cell is not None:
+            raise UserError("--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
+                            "(each job gets its share of the cores and, with several GPUs, its own)")
+        if jobs < 1:
+            raise UserError(f"--jobs must be >= 1, got {jobs}")
+        return InlineExecutor() if jobs == 1 else PoolExecutor(jobs, threads=None if cpus_per_cell is None
+                                                               else max(1, int(cpus_per_cell)))
+    if name == "ray":
+        if jobs != 1:
+            raise UserError("--jobs is for --executor local; with --executor ray the cluster's size sets how many "
+                            "cells run at once (--cpus-per-cell / --gpus-per-cell size each one)")
+        return RayExecutor(address, 1 if cpus_per_cell is None else cpus_per_cell, gpus_per_cell)
+    from ..errors import close_matches
+    raise UserError(f"--executor {name!r} is not one of {', '.join(EXECUTORS)}{close_matches(name, EXECUTORS)}")

@@ -8,7 +8,8 @@ per call is compared. The end-to-end rows run
 `transferbench run vtab|seg|lit|imagenet_c|hires|diagnose --suite embedded`, each in a fresh $TRANSFERBENCH_HOME
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
-through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the rest about 3. CI does not run this.
+through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the executor rows about 15 (the embedded
+VTAB suite with --jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from . import (backbone_overhead, corruption_speed, diagnostics_speed, dtn_layer, fewshot_solver, gemm_peak, lit_speed,
-               seg_eval)
+from . import (backbone_overhead, corruption_speed, diagnostics_speed, dtn_layer, executors, fewshot_solver, gemm_peak,
+               lit_speed, seg_eval)
 
 HERE = Path(__file__).parent
 
@@ -98,6 +99,7 @@ def main() -> None:
     section("Diagnostics: all measures vs a plain forward pass at the b16 shape",
             diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)))
     if not args.skip_e2e:
+        section("Executors: the embedded VTAB suite in parallel and on Ray", executors.markdown(executors.run()))
         section("Embedded suites end to end",
                 E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg", "lit", "imagenet_c", "hires", "diagnose")))
     head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "

@@ -92,7 +92,7 @@ def environment() -> dict:
     from .. import __version__
     env = {"python": platform.python_version(), "platform": platform.platform(), "transferbench": __version__,
            "torch": torch.__version__, "timm": timm.__version__, "numpy": numpy.__version__,
-           "device": _device_name(), "git_sha": _git_sha()}
+           "device": _device_name(), "git_sha": _git_sha(), "host": platform.node()}
     return env
 
 
@@ -242,6 +242,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
             done, _ = wait(list(inflight), timeout=0.5 if held else None, return_when=FIRST_COMPLETED)
             for future in done:
                 finish(future)
+        show()
         interrupted = False
     finally:
         executor.close(interrupted=interrupted)

@@ -1,0 +1,106 @@
+"""`transferbench nightly` end to end with the toy adapter: an unchanged backbone passes, a degraded one fails
+with its regressed cells named, a crashing cell fails the night too, and bad input is one line."""
+import numpy as np
+import pytest
+from toyplugin import toy_accuracy
+
+from transferbench.cli import main
+
+NIGHTLY = ["nightly", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--no-progress"]
+
+
+@pytest.fixture
+def baseline(tmp_path):
+    base = tmp_path / "baseline"
+    assert main(["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(base), "--no-progress"]) == 0
+    return base
+
+
+def tolerance(backbone: str, split: str) -> float:
+    """regress's tolerance for the quick suite's alpha cells: max(0.5, the baseline's std over seeds 0 and 1)."""
+    values = [toy_accuracy(backbone, 5.0, 0.01, s, split, "alpha") for s in (0, 1)]
+    return max(0.5, float(np.std(values, ddof=1)))
+
+
+def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, capsys):
+    out = tmp_path / "nightly"
+    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-23"]) == 0
+    night = out / "2026-11-23"
+    report = (night / "REGRESSION.md").read_text()
+    # 2 backbones x (select on val, final on test), every one compared on both seeds
+    assert report.startswith(f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, "
+                             "4 unchanged of 4 compared")
+    assert "0 cells missing from current, 0 new." in report
+    assert "## toy" in (night / "LEADERBOARD.md").read_text()
+    assert capsys.readouterr().out.strip() == report.strip()
+    # the same date again resumes: every cell is skipped
+    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-23"]) == 0
+    assert "0 ok, 0 diverged, 0 failed, 8 skipped" in capsys.readouterr().err
+
+
+def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
+    out = tmp_path / "nightly"
+    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-24"]) == 1
+    report = (out / "2026-11-24" / "REGRESSION.md").read_text()
+    assert "**REGRESSION**: 4 regressed, 0 improved, 0 unchanged of 4 compared" in report
+    rows = [line for line in report.splitlines() if line.startswith("| toy ")]
+    assert len(rows) == 4
+    for backbone in ("mu4", "mu4_dpn"):
+        for split, stage in (("val", "select"), ("test", "final")):
+            base = np.mean([toy_accuracy(backbone, 5.0, 0.01, s, split, "alpha") for s in (0, 1)])
+            cells = ["toy", "alpha", backbone, split, "accuracy", f"{base:.2f}", f"{base - 5:.2f}", "-5.00",
+                     f"{tolerance(backbone, split):.2f}", "2"]
+            assert any([c.strip() for c in row.strip("|").split("|")][:10] == cells and stage in row for row in rows)
+    assert "REGRESSION" in capsys.readouterr().out
+
+
+def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOY_FAIL", "alpha")
+    out = tmp_path / "nightly"
+    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "d"]) == 1
+    report = (out / "d" / "REGRESSION.md").read_text()
+    assert "**OK**: 0 regressed" in report and "; 4 cells of current failed." in report
+    failed = report.split("## Failed in current")[1]
+    assert failed.count("RuntimeError: toy failure on alpha") == 4
+
+
+def test_bad_input_is_one_line_and_runs_nothing(baseline, tmp_path, capsys):
+    out = tmp_path / "nightly"
+    for argv, message in (
+            (["--suite", "default"], "holds no records of suite 'default'"),
+            (["--tasks", "toyy"], "did you mean toy"),
+            (["--date", "../x"], "--date '../x': give a plain folder name"),
+            (["--backbone", "mu4_dnp"], "mu4_dnp")):
+        code = main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("transferbench: error: ") and message in err[0], err
+    assert not list(tmp_path.glob("nightly/**/*.json"))
+
+
+def test_the_workflow_runs_nightly_with_options_it_has_on_a_baseline_that_exists():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from transferbench.cli import build_parser
+    from transferbench.reporting.records import load_records
+
+    root = Path(__file__).parent.parent
+    flow = yaml.safe_load((root / ".github/workflows/nightly.yml").read_text())
+    triggers = flow.get("on", flow.get(True))  # YAML 1.1 reads the bare key `on` as true
+    assert {"schedule", "workflow_dispatch"} <= set(triggers)
+    steps = flow["jobs"]["nightly"]["steps"]
+    (script,) = [s["run"] for s in steps if "transferbench nightly" in s.get("run", "")]
+    nightly = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "nightly")[1]
+    known = {o for a in nightly._actions for o in a.option_strings}
+    used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", script.split("transferbench nightly", 1)[1]))
+    assert used and used <= known, used - known
+    assert "--suite embedded" in script and "base=results/runs" in script
+    uploads = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))["with"]["path"]
+    assert "REGRESSION.md" in uploads and "LEADERBOARD" in uploads
+    # the first night's baseline: the committed embedded records, one task each the nightly will run
+    records = load_records([root / "results/runs"])
+    assert {r["suite"] for r in records} == {"embedded"}
+    assert {r["task"] for r in records} == {"vtab", "fewshot", "ade20k", "lit", "imagenet_c", "hires", "diagnose"}

@@ -67,6 +67,45 @@ def kill_first_worker(pid_dir: Path, done: threading.Event, killed: list) -> Non
         time.sleep(0.01)
 
 
+def run_killing_one(out, executor, retries: int, log: Path, pids: Path):
+    """Run the toy plan (cells of 2 x 0.1 s) with `executor` while the first cell's process is SIGKILLed; checks
+    what holds either way and returns (summary, killed cell's key, its pid, records by key, computations by key)."""
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_first_worker, args=(pids, done, killed))
+    killer.start()
+    try:
+        s = run(out, executor, sets=["delay=0.1"], retries=retries)
+    finally:
+        done.set()
+        killer.join()
+    (key, pid), = killed
+    records = {r["key"]: r for r in load_records([out])}
+    computed = Counter(log.read_text().split())
+    assert {n for k, n in computed.items() if k != key} == {1}  # the cells beside the killed one ran once
+    assert not [p for p in Path(out).rglob("*") if ".tmp" in p.name]
+    if retries:
+        assert computed[key] == 2 and (s.ok, s.failed) == (CELLS, 0) and len(records) == CELLS
+        check_toy_records(out)
+    else:
+        assert computed[key] == 1 and s.failed == 1 and records[key]["status"] == "failed"
+    return s, key, pid, records
+
+
+def two_drivers(out: Path, log: Path, executor_args: list[str], env=None) -> None:
+    """Two `transferbench run` processes at once into `out`: both succeed and every cell is computed once."""
+    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
+           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", *executor_args, "--no-progress",
+           "--out", str(out)]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    computed = Counter(log.read_text().split())
+    assert set(computed) == {r["key"] for r in load_records([out])} and set(computed.values()) == {1}
+    assert len(computed) == CELLS
+    check_toy_records(out)
+
+
 # --- the local process pool -----------------------------------------------------------------------------------
 
 def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep_ends(tmp_path, monkeypatch):
@@ -92,45 +131,17 @@ def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, mon
     pids.mkdir()
     monkeypatch.setenv("TOY_LOG", str(log))
     monkeypatch.setenv("TOY_PID_DIR", str(pids))
-    done, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_first_worker, args=(pids, done, killed))
-    killer.start()
-    try:
-        s = run(tmp_path / "out", PoolExecutor(2), sets=["delay=0.1"], retries=retries)
-    finally:
-        done.set()
-        killer.join()
-    (key, pid), = killed
-    records = {r["key"]: r for r in load_records([tmp_path / "out"])}
-    computed = Counter(log.read_text().split())
-    others = {k: n for k, n in computed.items() if k != key}
-    assert set(others.values()) == {1}  # the cells beside the killed one ran once, in their own workers
-    if retries:
-        assert computed[key] == 2 and (s.ok, s.failed) == (CELLS, 0) and len(records) == CELLS
-        check_toy_records(tmp_path / "out")
-    else:  # recorded failed, naming the lost worker; a rerun computes exactly that cell (and what it unlocks)
-        assert computed[key] == 1 and s.failed == 1
-        assert records[key]["status"] == "failed" and records[key]["reason"].startswith(
-            f"WorkerLost: worker process {pid} died while computing the cell")
+    s, key, pid, records = run_killing_one(tmp_path / "out", PoolExecutor(2), retries, log, pids)
+    if not retries:  # recorded failed, naming the lost worker; a rerun computes exactly that cell (and what it unlocks)
+        assert records[key]["reason"].startswith(f"WorkerLost: worker process {pid} died while computing the cell")
         again = run(tmp_path / "out", PoolExecutor(2), sets=["delay=0.1"])
         assert again.failed == 0 and again.ok == CELLS - s.ok
         check_toy_records(tmp_path / "out")
 
 
 def test_two_pool_drivers_into_one_folder_compute_each_cell_once(tmp_path):
-    out, log = tmp_path / "shared", tmp_path / "computed.log"
-    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
-           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", "--jobs", "2", "--no-progress",
-           "--out", str(out)]
-    env = {**os.environ, "TOY_LOG": str(log)}
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    errs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errs
-    computed = Counter(log.read_text().split())
-    assert set(computed) == {r["key"] for r in load_records([out])} and set(computed.values()) == {1}
-    assert len(computed) == CELLS
-    check_toy_records(out)
+    log = tmp_path / "computed.log"
+    two_drivers(tmp_path / "shared", log, ["--jobs", "2"], env={**os.environ, "TOY_LOG": str(log)})
 
 
 def test_inline_is_jobs_1_and_bad_executor_options_are_one_line(tmp_path, capsys):
@@ -197,40 +208,14 @@ def test_ray_gives_the_local_records(ray_cluster, tmp_path):
 def test_ray_worker_killed_mid_cell_is_retried_or_recorded_failed(ray_cluster, tmp_path, retries):
     from transferbench.engine.executors import RayExecutor
     log, pids = fresh(ray_cluster[0])
-    done, killed = threading.Event(), []
-    killer = threading.Thread(target=kill_first_worker, args=(pids, done, killed))
-    killer.start()
-    try:
-        s = run(tmp_path / "out", RayExecutor(), sets=["delay=0.1"], retries=retries)
-    finally:
-        done.set()
-        killer.join()
-    (key, pid), = killed
-    records = {r["key"]: r for r in load_records([tmp_path / "out"])}
-    computed = Counter(log.read_text().split())
-    assert {n for k, n in computed.items() if k != key} == {1}
-    assert not [p for p in (tmp_path / "out").rglob("*") if ".tmp" in p.name]
-    if retries:
-        assert computed[key] == 2 and (s.ok, s.failed) == (CELLS, 0) and len(records) == CELLS
-        check_toy_records(tmp_path / "out")
-    else:
-        assert computed[key] == 1 and s.failed == 1 and records[key]["status"] == "failed"
+    s, key, pid, records = run_killing_one(tmp_path / "out", RayExecutor(), retries, log, pids)
+    if not retries:
         assert records[key]["reason"].startswith("WorkerLost: Ray worker lost while computing the cell")
 
 
 def test_two_ray_drivers_into_one_folder_compute_each_cell_once(ray_cluster, tmp_path):
-    log, _ = fresh(ray_cluster[0])
-    out = tmp_path / "shared"
-    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
-           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", "--executor", "ray", "--address",
-           ray_cluster[1], "--no-progress", "--out", str(out)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    errs = [p.communicate(timeout=300)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errs
-    computed = Counter(log.read_text().split())
-    assert set(computed) == {r["key"] for r in load_records([out])} and set(computed.values()) == {1}
-    assert len(computed) == CELLS
-    check_toy_records(out)
+    log, _ = fresh(ray_cluster[0])  # the cluster's workers log there: the drivers are only clients
+    two_drivers(tmp_path / "shared", log, ["--executor", "ray", "--address", ray_cluster[1]])
 
 
 def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_cluster, tmp_path, monkeypatch):
@@ -261,3 +246,17 @@ def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
                                         r"2 CPUs, 0 GPUs\); lower --cpus-per-cell / --gpus-per-cell"):
         run(tmp_path / "out", RayExecutor(gpus_per_cell=1))
     assert not list(tmp_path.rglob("*.json"))  # refused before any cell
+
+
+def test_real_cells_give_the_same_records_in_process_and_in_the_pool_at_the_same_threads(suite_home, tmp_path):
+    """VTAB fine-tuning on embedded digits: the executor does not change a metric; only the threads per cell
+    (the floating-point reduction order) could."""
+    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["lr=0.03", "steps=8"])
+    backbone = [resolve_backbone("mu4")]
+    inline = run_task(task, backbone, tmp_path / "inline", show_progress=False, executor=make_executor("local", jobs=1,
+                                                                                                          cpus_per_cell=1))
+    pooled = run_task(task, backbone, tmp_path / "pool", show_progress=False, executor=PoolExecutor(2, threads=1))
+    assert (inline.ok, pooled.ok) == (2, 2)  # select (train -> val) and final (trainval -> test)
+    a, b = load_records([tmp_path / "inline"]), load_records([tmp_path / "pool"])
+    assert metrics(tmp_path / "inline") == metrics(tmp_path / "pool")
+    assert [r["info"]["final_loss"] for r in a] == [r["info"]["final_loss"] for r in b]

@@ -50,8 +50,9 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, help="largest chunk of a batch run at once (gradient accumulation; "
                                                    "default: the whole batch, halved automatically on out-of-memory)")
     g = p.add_argument_group(
-        "executors", "where cells run; none changes a result, each keeps the same guarantees (records written "
-                     "atomically by this process, each cell computed once across runs into one --out, resumable)")
+        "executors", "where cells run; each keeps the same guarantees (records written atomically by this process, "
+                     "each cell computed once across runs into one --out, resumable). Records depend on the threads "
+                     "per cell, not the executor: the same --cpus-per-cell gives the same metrics with any of them")
     g.add_argument("--executor", default="local", metavar="{local,ray}",
                    help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
                         "(pip install 'transferbench[scale]')")
@@ -61,7 +62,8 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--address", help="ray: the cluster to join: auto (`ray start` ran here), HOST:6379, or "
                                      "ray://HOST:10001 (Ray Client); default: start Ray on this machine")
     g.add_argument("--cpus-per-cell", type=float, help="CPUs (and torch threads) per cell (ray default 1; local "
-                                                       "default: cores/--jobs)")
+                                                       "default: cores/--jobs; --jobs 1 --cpus-per-cell 1 reproduces "
+                                                       "the records of --jobs 2 or Ray at 1 CPU per cell)")
     g.add_argument("--gpus-per-cell", type=float, help="ray: GPUs per cell (default: 1 when the cluster has GPUs, else 0)")
     g.add_argument("--retries", type=int, default=1,
                    help="times a cell whose worker process died (killed, out of memory, a lost node) is started "

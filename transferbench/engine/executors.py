@@ -46,11 +46,21 @@ def _chain(inner: Future, translate) -> Future:
 
 
 class InlineExecutor:
-    """One cell at a time in this process, with its progress bars: transferbench's behaviour before executors."""
+    """One cell at a time in this process, with its progress bars: transferbench's behaviour before executors.
+    `threads` (--cpus-per-cell) sets torch's threads for the run, e.g. 1 to reproduce a pool's or Ray's records
+    exactly: the threads per cell, not the executor, decide the floating-point reduction order."""
     slots = 1
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self._restore = None
 
     def start(self, adapter, ctx) -> None:
         self.adapter, self.ctx = adapter, ctx
+        if self.threads:
+            import torch
+            self._restore = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
 
     def submit(self, cell) -> Future:
         from .runner import compute_cell
@@ -59,7 +69,9 @@ class InlineExecutor:
         return f
 
     def close(self, interrupted: bool = False) -> None:
-        pass
+        if self._restore:
+            import torch
+            torch.set_num_threads(self._restore)
 
 
 # --- a pool of worker processes on this machine ---------------------------------------------------------------
@@ -335,8 +347,8 @@ def make_executor(name: str = "local", *, jobs: int = 1, address: str | None = N
                             "(each job gets its share of the cores and, with several GPUs, its own)")
         if jobs < 1:
             raise UserError(f"--jobs must be >= 1, got {jobs}")
-        return InlineExecutor() if jobs == 1 else PoolExecutor(jobs, threads=None if cpus_per_cell is None
-                                                               else max(1, int(cpus_per_cell)))
+        threads = None if cpus_per_cell is None else max(1, int(cpus_per_cell))
+        return InlineExecutor(threads) if jobs == 1 else PoolExecutor(jobs, threads)
     if name == "ray":
         if jobs != 1:
             raise UserError("--jobs is for --executor local; with --executor ray the cluster's size sets how many "

@@ -40,12 +40,21 @@ def _run(task: str, suite: str, out: Path, home: str, extra: list[str]) -> tuple
 
 
 def _same(a: dict, b: dict) -> str:
+    """'identical', or how many cells differ and by how much (accuracy points, the largest per split)."""
     if set(a) != set(b):
         return f"different cells ({len(set(a) ^ set(b))} differ)"
-    diffs = [abs(a[k]["metrics"][s][m] - b[k]["metrics"][s][m]) for k in a for s in a[k]["metrics"]
-             for m in a[k]["metrics"][s]]
-    same = sum(d == 0 for d in diffs)
-    return "identical" if same == len(diffs) else f"{same}/{len(diffs)} identical, max |Δ| {max(diffs):.3g}"
+    worst: dict[str, float] = {}
+    differ = 0
+    for k in a:
+        d = {s: max(abs(a[k]["metrics"][s][m] - b[k]["metrics"][s][m]) for m in a[k]["metrics"][s])
+             for s in a[k]["metrics"]}
+        differ += any(v > 0 for v in d.values())
+        for s, v in d.items():
+            worst[s] = max(worst.get(s, 0.0), v)
+    if not differ:
+        return "identical"
+    return (f"{len(a) - differ}/{len(a)} cells identical; largest difference "
+            + ", ".join(f"{s} {v:.2f}" for s, v in sorted(worst.items())) + " points")
 
 
 def run(task: str = "vtab", suite: str = "embedded", jobs: int = 2, ray: bool = True) -> dict:

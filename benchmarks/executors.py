@@ -5,8 +5,9 @@
 - `--executor local --jobs 1` (in process, torch on every core) against `--jobs N` (N worker processes with
   cores/N threads each): wall-clock ratio, and whether the records are the same (keys, and metrics to the
   last digit);
-- with Ray installed (extra `scale`), `--executor ray` on a local Ray instance of N CPUs (one CPU per cell, so
-  N cells at once, as `--jobs N`) against `--jobs N`: the overhead per cell in seconds, Ray's start included.
+- with Ray installed (extra `scale`), `--executor ray` on a local Ray instance of this machine's cores, one
+  CPU per cell (on 2 cores: 2 cells at once, as `--jobs 2`), against `--jobs N`: the overhead per cell in
+  seconds, Ray's start included, and whether the records are the same.
 
 The embedded data is generated before the first run, so no run pays for it. Each run is a
 `transferbench run` subprocess timed from start to exit. About 15 minutes on 2 cores.
@@ -14,6 +15,7 @@ The embedded data is generated before the first run, so no run pays for it. Each
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -72,12 +74,8 @@ def run(task: str = "vtab", suite: str = "embedded", jobs: int = 2, ray: bool = 
         many, _ = _run(task, suite, root / "jobsN", home, ["--jobs", str(jobs)])
         res = {"task": task, "suite": suite, "jobs": jobs, "cores": usable_cores(), "cells": cells,
                "jobs1": one, "jobsN": many, "same": _same(_records(root / "jobs1"), _records(root / "jobsN"))}
-        try:
-            import ray as _  # noqa: F401
-        except ImportError:
-            ray = False
-        if ray:
-            # a local Ray instance of `jobs` CPUs, one per cell: as many cells at once as --jobs
+        if ray and importlib.util.find_spec("ray") is not None:
+            # a local Ray instance on this machine's cores, one CPU per cell (on 2 cores: 2 at once, as --jobs 2)
             wall, _ = _run(task, suite, root / "ray", home, ["--executor", "ray", "--cpus-per-cell", "1"])
             res.update(ray=wall, ray_same=_same(_records(root / "jobsN"), _records(root / "ray")))
     return res

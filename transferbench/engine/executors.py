@@ -264,6 +264,7 @@ class RayExecutor:
         self.address, self.cpus, self.gpus = address, cpus_per_cell, gpus_per_cell
         self.runtime_env, self.init = runtime_env, init or {}
         self._started_here = False
+        self._inflight: set = set()
         self._capacity_at = 0.0
         self._slots = 1
 
@@ -283,6 +284,7 @@ class RayExecutor:
         if self.gpus is None:
             self.gpus = 1 if any(r.get("GPU", 0) >= 1 for r in nodes) else 0
         if not any(r.get("CPU", 0) >= self.cpus and r.get("GPU", 0) >= self.gpus for r in nodes):
+            self.close()
             have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in nodes)
             raise UserError(f"no node of the Ray cluster can hold a cell of {self.cpus:g} CPUs and {self.gpus:g} GPUs "
                             f"(nodes: {have}); lower --cpus-per-cell / --gpus-per-cell")
@@ -291,7 +293,6 @@ class RayExecutor:
         self._checkpoints: dict[str, list] = {}
         self._remote = ray.remote(_ray_compute).options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=0,
                                                         runtime_env=self.runtime_env)
-        self._inflight: set = set()
 
     @property
     def slots(self) -> int:
@@ -336,6 +337,7 @@ class RayExecutor:
                 ray.cancel(task, force=True)
         if self._started_here:
             ray.shutdown()
+            self._started_here = False
 
 
 def make_executor(name: str = "local", *, jobs: int = 1, address: str | None = None, cpus_per_cell: float | None = None,

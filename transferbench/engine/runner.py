@@ -39,9 +39,9 @@ def check_finite(value, what: str = "loss", step: int | None = None) -> None:
 @dataclass
 class CellContext:
     """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
-    a cell's result (so none is part of its key): device (None: the worker's default, cuda if it has one),
-    data directory, DataLoader workers, the
-    largest micro-batch (gradient accumulation; None = the whole batch) and progress bars."""
+    a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
+    data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
+    batch) and progress bars."""
     device: str | None
     show_progress: bool = True
     data_dir: str | None = None
@@ -151,7 +151,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
         adapter.check_data(task, ctx)
     summary = RunSummary(uuid.uuid4().hex[:12])
     attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
-    queue: deque = deque()  # cells to compute, in plan order
+    queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
     held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
     inflight: dict = {}  # future -> (cell, lock, attempt)
     bar = tqdm(total=0, desc=f"{task.name} cells", unit="cell", position=0, dynamic_ncols=True,

@@ -270,8 +270,8 @@ def cmd_run(args) -> int:
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
-    names = args.backbone or list(task.backbones or [])
-    if args.reference and names and args.reference not in names:
+    names = _check_backbones(task, args.backbone)
+    if args.reference and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
     executor = _check_execution_options(args)
     summary = _run(task, _prepare(task, names, args.out, args), args.out, args, executor)
@@ -282,17 +282,25 @@ def cmd_run(args) -> int:
     return 1 if summary.failed else 0
 
 
-def _prepare(task, names: list[str], out: Path, args) -> list:
-    """Check the backbones, make --out and check the data (removing the folders it made when one fails), then
-    resolve the backbones (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs."""
-    from .adapters import check_backbone, resolve_backbone
-    from .engine.runner import CellContext
+def _check_backbones(task, given: list[str] | None) -> list[str]:
+    """--backbone, else the suite's backbones, each checked by what costs nothing (name, checkpoint header)."""
+    from .adapters import check_backbone
 
+    names = given or list(task.backbones or [])
     if not names:
         raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
                         f"{task.name!r} names no default backbones")
     for name in names:
         check_backbone(name)
+    return names
+
+
+def _prepare(task, names: list[str], out: Path, args) -> list:
+    """Make --out and check the data (removing the folders it made when either fails), then resolve the checked
+    backbones `names` (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs."""
+    from .adapters import resolve_backbone
+    from .engine.runner import CellContext
+
     made = _records_folder(out)
     try:
         if hasattr(task.adapter, "check_data"):
@@ -398,15 +406,14 @@ def cmd_nightly(args) -> int:
     if not date or "/" in date or date.startswith("."):
         raise UserError(f"--date {date!r}: give a plain folder name such as 2026-11-23")
     baseline = [r for r in load_records([args.baseline]) if (r.get("suite") or "") == args.suite]
-    in_baseline = sorted({r["task"] for r in baseline})
-    names = args.tasks or in_baseline
+    names = args.tasks or sorted({r["task"] for r in baseline})
     if not names:
         raise UserError(f"--baseline {args.baseline} holds no records of suite {args.suite!r}: give a records folder "
                         f"of a `transferbench run TASK --suite {args.suite}` (or --tasks to run without a baseline)")
     # every task, suite, backbone and data set is checked before the first cell runs
     tasks = [prepare_task(t, suite=args.suite, seeds=args.seeds) for t in names]
     current = args.out / date
-    backbones = {t.name: args.backbone or list(t.backbones or []) for t in tasks}
+    backbones = {t.name: _check_backbones(t, args.backbone) for t in tasks}
     resolved = {t.name: _prepare(t, backbones[t.name], current, args) for t in tasks}
     for task in tasks:
         _run(task, resolved[task.name], current, args, executor)

@@ -32,15 +32,18 @@ class WorkerLost(RuntimeError):
     """The process computing a cell died before returning its outcome."""
 
 
-def _chain(inner: Future, translate) -> Future:
-    """A future with `inner`'s result, or `translate(exception)` raised in its place."""
+def _chain(inner: Future, translate, settle=lambda: None) -> Future:
+    """A future with `inner`'s result, or `translate(exception)` raised in its place; `settle()` runs first (the
+    executor frees what the cell held, so that the runner may submit the next cell as soon as it sees this one)."""
     outer: Future = Future()
 
     def done(f):
         try:
-            outer.set_result(f.result())
+            result, error = f.result(), None
         except BaseException as e:  # noqa: BLE001 - handed to the runner through the future
-            outer.set_exception(translate(e))
+            result, error = None, translate(e)
+        settle()
+        outer.set_result(result) if error is None else outer.set_exception(error)
     inner.add_done_callback(done)
     return outer
 
@@ -163,22 +166,16 @@ class PoolExecutor:
         except BrokenProcessPool:  # its worker died while idle
             self._pools[slot] = None
             inner = self._pool(slot).submit(_compute_in_worker, self.adapter, cell, self.ctx)
-        pool, outer = self._pools[slot], Future()
+        pool = self._pools[slot]
 
-        def done(f):
-            try:
-                outcome, error = f.result(), None
-            except BrokenProcessPool:
-                self._pools[slot] = None  # the next cell in this slot gets a fresh process
-                pool.shutdown(wait=False)
-                outcome, error = None, WorkerLost(f"worker process {self._pids[slot].value} died while computing "
-                                                  "the cell (killed, or out of memory)")
-            except BaseException as e:  # noqa: BLE001 - handed to the runner through the future
-                outcome, error = None, e
-            self._busy[slot] = False  # free before the runner sees the outcome
-            outer.set_result(outcome) if error is None else outer.set_exception(error)
-        inner.add_done_callback(done)
-        return outer
+        def translate(e):
+            if not isinstance(e, BrokenProcessPool):
+                return e
+            self._pools[slot] = None  # the next cell in this slot gets a fresh process
+            pool.shutdown(wait=False)
+            return WorkerLost(f"worker process {self._pids[slot].value} died while computing the cell (killed, or "
+                              "out of memory)")
+        return _chain(inner, translate, settle=lambda: self._busy.__setitem__(slot, False))
 
     def close(self, interrupted: bool = False) -> None:
         pools = [(slot, p) for slot, p in enumerate(self._pools) if p is not None]
@@ -317,8 +314,6 @@ class RayExecutor:
                 ref = self._checkpoints[cell.checkpoint_sha256] = [ray.put(Path(cell.checkpoint).read_bytes())]
         task = self._remote.remote(self._adapter, cell, self.ctx, max(1, int(self.cpus)), ref)
         self._inflight.add(task)
-        future = task.future()
-        future.add_done_callback(lambda _: self._inflight.discard(task))
 
         def translate(e):
             lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
@@ -328,7 +323,7 @@ class RayExecutor:
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
             return e
 
-        return _chain(future, translate)
+        return _chain(task.future(), translate, settle=lambda: self._inflight.discard(task))
 
     def close(self, interrupted: bool = False) -> None:
         ray = _ray()

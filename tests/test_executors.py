@@ -162,6 +162,20 @@ def test_inline_is_jobs_1_and_bad_executor_options_are_one_line(tmp_path, capsys
     assert not (tmp_path / "never-made").exists()
 
 
+def test_an_address_where_no_ray_cluster_answers_is_one_line_and_leaves_no_folder(tmp_path, capsys):
+    pytest.importorskip("ray", reason="the scale extra (Ray) is not installed")
+    out = tmp_path / "runs" / "x"
+    # port 1 refuses at once (Ray alone would retry an unreachable head for minutes); runs before this module's
+    # Ray instance starts, so the executor does not find Ray already initialised
+    assert main(["run", "toy", "--backbone", "mu4", "--out", str(out), "--executor", "ray", "--address",
+                 "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("transferbench: error: --address 127.0.0.1:1: no Ray cluster there (127.0.0.1:1 does not answer: "
+                   "Connection refused); start one with `ray start --head`, or leave --address out to run Ray on this "
+                   "machine")
+    assert not (tmp_path / "runs").exists()
+
+
 # --- Ray --------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -274,7 +274,8 @@ def cmd_run(args) -> int:
     if args.reference and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
     executor = _check_execution_options(args)
-    summary = _run(task, _prepare(task, names, args.out, args), args.out, args, executor)
+    backbones, made = _prepare(task, names, args.out, args)
+    summary = _run(task, backbones, args.out, args, executor, made)
     records = [r for r in load_records([args.out / task.name]) if r["backbone"] in names] \
         if (args.out / task.name).is_dir() else []
     if records:
@@ -295,9 +296,9 @@ def _check_backbones(task, given: list[str] | None) -> list[str]:
     return names
 
 
-def _prepare(task, names: list[str], out: Path, args) -> list:
+def _prepare(task, names: list[str], out: Path, args) -> tuple[list, list[Path]]:
     """Make --out and check the data (removing the folders it made when either fails), then resolve the checked
-    backbones `names` (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs."""
+    backbones `names` (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs and the folders made."""
     from .adapters import resolve_backbone
     from .engine.runner import CellContext
 
@@ -305,23 +306,28 @@ def _prepare(task, names: list[str], out: Path, args) -> list:
     try:
         if hasattr(task.adapter, "check_data"):
             task.adapter.check_data(task, CellContext("cpu", data_dir=args.data_dir))
-        return [resolve_backbone(b) for b in names]
+        return [resolve_backbone(b) for b in names], made
     except UserError:
         _remove_empty(made)
         raise
 
 
-def _run(task, backbones: list, out: Path, args, executor):
-    """Run every cell of `task` for `backbones` into `out` with `executor`; prints and returns the summary."""
+def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
+    """Run every cell of `task` for `backbones` into `out` with `executor`; prints and returns the summary. When
+    the executor cannot start (no Ray cluster there), the folders `made` for this run go again, being empty."""
     from .engine.runner import run_task
 
     how = "" if args.executor == "local" and args.jobs == 1 else \
         f" ({args.executor} executor{f', {args.jobs} jobs' if args.executor == 'local' else ''})"
     print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
           f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {out}{how}", file=sys.stderr)
-    summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
-                       workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
-                       executor=executor, retries=args.retries)
+    try:
+        summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
+                           workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
+                           executor=executor, retries=args.retries)
+    except UserError:
+        _remove_empty(made)
+        raise
     print(f"{task.name}: {summary.line()}", file=sys.stderr)
     for f in summary.failures:
         print(f"  failed: {f}", file=sys.stderr)
@@ -416,7 +422,8 @@ def cmd_nightly(args) -> int:
     backbones = {t.name: _check_backbones(t, args.backbone) for t in tasks}
     resolved = {t.name: _prepare(t, backbones[t.name], current, args) for t in tasks}
     for task in tasks:
-        _run(task, resolved[task.name], current, args, executor)
+        refs, made = resolved[task.name]
+        _run(task, refs, current, args, executor, made)
     ran = {(t.spec.task, b) for t in tasks for b in backbones[t.name]}
     text, code = verdict([r for r in baseline if (r["task"], r["backbone"]) in ran], load_records([current]),
                          args.threshold, fail_on_missing=args.fail_on_missing, fail_on_failed=True,

@@ -244,6 +244,21 @@ def local_checkpoint(cell, checkpoint_ref) -> Path:
     return cached
 
 
+def _reachable(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT or ray://HOST:PORT address answers on TCP within `timeout` s, else ConnectionError: Ray itself
+    retries an unreachable head for minutes before it gives up."""
+    if not address or address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConnectionError("expected auto, HOST:PORT or ray://HOST:PORT")
+    import socket
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConnectionError(f"{host}:{port} does not answer: {e.strerror or e}") from None
+
+
 class RayExecutor:
     """One Ray task per cell, with `cpus_per_cell` CPUs and `gpus_per_cell` GPUs (None: 1 when the cluster has
     GPUs, else 0). `address`: None starts a Ray instance on this machine; 'auto' joins the cluster that
@@ -272,6 +287,7 @@ class RayExecutor:
             if self.address is None:
                 kwargs.setdefault("include_dashboard", False)
             try:
+                _reachable(self.address)
                 ray.init(address=self.address, **kwargs)
             except ConnectionError as e:
                 raise UserError(f"--address {self.address}: no Ray cluster there ({e}); start one with "

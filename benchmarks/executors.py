@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -26,8 +25,8 @@ from pathlib import Path
 
 
 def _records(out: Path) -> dict:
-    return {json.loads(p.read_text())["key"]: json.loads(p.read_text()) for p in out.rglob("*.json")
-            if not p.name.startswith(".")}
+    from transferbench.reporting.records import load_records
+    return {r["key"]: r for r in load_records([out])}
 
 
 def _run(task: str, suite: str, out: Path, home: str, extra: list[str]) -> tuple[float, int]:

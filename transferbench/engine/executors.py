@@ -358,8 +358,6 @@ def make_executor(name: str = "local", *, jobs: int = 1, address: str | None = N
         if address is not None or gpus_per_cell is not None:
             raise UserError("--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
                             "(each job gets its share of the cores and, with several GPUs, its own)")
-        if jobs < 1:
-            raise UserError(f"--jobs must be >= 1, got {jobs}")
         threads = None if cpus_per_cell is None else max(1, int(cpus_per_cell))
         return InlineExecutor(threads) if jobs == 1 else PoolExecutor(jobs, threads)
     if name == "ray":

@@ -81,11 +81,11 @@ def main() -> None:
             for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8)) for backward in (False, True)]
     # a training-size batch, where DTN's cache-sized slices matter; timm and DPN are left out for time
     rows.append(backbone_overhead.run("s16", 32, False, True, args.seconds, models=("ours", "dtn")))
-    if gemm_peak.bf16_enabled("auto", "cpu"):
+    if gemm_peak.cpu_bf16_units():
         rows += [backbone_overhead.run(size, batch, True, backward, args.seconds)
                  for size, batch in (("s16", 8), ("b32", 8)) for backward in (False, True)]
     section("Backbone throughput vs timm, DPN and DTN overhead", backbone_overhead.markdown(rows)
-            + ("" if gemm_peak.bf16_enabled("auto", "cpu") else
+            + ("" if gemm_peak.cpu_bf16_units() else
                "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))

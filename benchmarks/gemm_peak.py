@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batch_script, median_seconds
 from transferbench import create_backbone
-from transferbench.engine.train import bf16_enabled
+from transferbench.engine.precision import cpu_bf16_units
 
 
 def gemm_peak(dtype: torch.dtype, seconds: float) -> float:
@@ -33,7 +33,7 @@ def run(batch: int = 32, seconds: float = 2.0) -> list[dict]:
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         bf16 = dtype == torch.bfloat16
-        if bf16 and not (bf16_enabled("auto", "cpu") or torch.cuda.is_available()):
+        if bf16 and not (cpu_bf16_units() or torch.cuda.is_available()):
             rows.append({"dtype": "bf16", "model_gflops": float("nan"), "peak_gflops": float("nan"),
                          "fraction": float("nan"), "native_bf16": False})
             continue  # emulated bf16: minutes of timing for a number that says nothing
@@ -45,7 +45,7 @@ def run(batch: int = 32, seconds: float = 2.0) -> list[dict]:
         t = median_seconds("f()", {"f": infer}, seconds)
         peak = gemm_peak(dtype, seconds)
         rows.append({"dtype": "bf16" if bf16 else "fp32", "model_gflops": flops / t / 1e9, "peak_gflops": peak / 1e9,
-                     "fraction": flops / t / peak, "native_bf16": bf16_enabled("auto", "cpu")})
+                     "fraction": flops / t / peak, "native_bf16": cpu_bf16_units()})
     return rows
 
 

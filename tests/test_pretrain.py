@@ -7,7 +7,7 @@ from transferbench.adapters import prepare_task
 from transferbench.backbones import create_backbone
 from transferbench.adapters import pretrain, resolve_backbone
 from transferbench.engine import cells
-from transferbench.engine.train import bf16_enabled, cosine_lr, cross_entropy, sigmoid_cross_entropy
+from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
 from transferbench.errors import UserError
 from transferbench.reporting.records import load_records
 
@@ -25,12 +25,6 @@ def test_sigmoid_cross_entropy_by_hand():
     # every class at p = 1/2: each of the 4 binary terms costs ln 2, summed over classes
     assert float(sigmoid_cross_entropy(logits, torch.tensor([0, 3]))) == pytest.approx(4 * math.log(2))
     assert float(cross_entropy(logits, torch.tensor([0, 3]))) == pytest.approx(math.log(4))
-
-
-def test_bf16_setting():
-    assert bf16_enabled("on", "cpu") and not bf16_enabled("off", "cpu")
-    flags = open("/proc/cpuinfo").read()
-    assert bf16_enabled("auto", "cpu") == ("avx512_bf16" in flags or "amx_bf16" in flags)
 
 
 def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):

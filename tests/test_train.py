@@ -108,3 +108,66 @@ def test_batches_do_not_depend_on_workers_or_global_seed():
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
     assert not all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
     assert a[0][0].shape == (4, 3, 8, 8) and float(a[0][0].min()) >= -1 and float(a[0][0].max()) <= 1
+
+
+class InMemory(torch.utils.data.Dataset):
+    """An in-memory set as the folder reader offers it: `array()` of equal-size uint8 images and labels."""
+
+    def __init__(self, n=24, h=11, w=9, seed=0):
+        rng = np.random.default_rng(seed)
+        self._array = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)  # random pixels: a wrong crop shows
+        self.labels = rng.integers(0, 5, n)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def array(self):
+        return self._array
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self._array[i]).permute(2, 0, 1), int(self.labels[i])
+
+
+class PerExample(torch.utils.data.Dataset):
+    """The same images without `array()`: the per-example DataLoader path."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        return self.base[i]
+
+
+@pytest.mark.parametrize("augment", ["none", "crop", "flip", "crop_flip", "inception_flip"])
+def test_batched_augmentation_equals_the_per_example_pipeline(augment):
+    """In-memory sets are augmented a batch at a time from the same per-example draws; the tensors are the
+    per-example v2 pipeline's to within one uint8 interpolation level (they are equal on the CPUs measured)."""
+    from transferbench.engine.train import batched
+    data = InMemory()
+    tf = train_transform(8, augment)
+    assert batched(data, tf) and not batched(PerExample(data), tf)
+    fast = list(train_batches(data, tf, batch=5, steps=7, seed=3))
+    slow = list(train_batches(PerExample(data), tf, batch=5, steps=7, seed=3))
+    assert len(fast) == len(slow) == 7
+    for (xf, yf), (xs, ys) in zip(fast, slow):
+        assert xf.shape == xs.shape == (5, 3, 8, 8) and xf.dtype == xs.dtype == torch.float32
+        assert torch.equal(yf, ys)
+        torch.testing.assert_close(xf, xs, atol=2 / 255 + 1e-6, rtol=0)
+    if augment != "none":  # the draws differ between examples: some crops or flips differ from the first's
+        assert not all(torch.equal(fast[0][0][0], x) for x in fast[0][0][1:])
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"resize_small": 10}, {"resize_square": 12}])
+def test_batched_evaluation_equals_the_per_example_pipeline(kwargs):
+    from transferbench.data.transforms import eval_transform
+    from transferbench.engine.train import eval_batches
+    data, tf = InMemory(n=13), eval_transform(8, **kwargs)
+    fast = list(eval_batches(data, tf, batch=4))
+    slow = list(eval_batches(PerExample(data), tf, batch=4))
+    assert [len(y) for _, y in fast] == [4, 4, 4, 1]
+    for (xf, yf), (xs, ys) in zip(fast, slow):
+        assert torch.equal(torch.as_tensor(yf), torch.as_tensor(ys))
+        torch.testing.assert_close(xf, xs, atol=2 / 255 + 1e-6, rtol=0)

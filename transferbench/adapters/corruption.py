@@ -189,15 +189,12 @@ def classifier(cell, ctx):
 
     from ..backbones import create_backbone
     from ..backbones.checkpoint import head_classes, save_checkpoint
-    from ..engine.train import bf16_enabled
-
     hp, ds = cell.hparams, entry(cell)
     name, mode, res = cell.backbone.partition("@")[0], hp.get("classifier", "auto"), int(hp["resolution"])
     head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
     if head == ds["classes"]:
         model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)
-        return model.to(ctx.device).eval(), {"classifier": "checkpoint head",
-                                             "bf16": bf16_enabled(hp.get("bf16", "auto"), ctx.device)}
+        return model.to(ctx.device).eval(), {"classifier": "checkpoint head"}
     if mode == "checkpoint":
         raise UserError(f"backbone {cell.backbone!r}: classifier=checkpoint needs a checkpoint whose head has "
                         f"{ds['classes']} classes (dataset {cell.dataset!r}); it has "
@@ -307,8 +304,13 @@ class CorruptionAdapter(Adapter):
         hp, ds = cell.hparams, entry(cell)
         started = time.time()
         model, info = classifier(cell, ctx)
-        use_bf16 = info["bf16"]
         res = int(hp["resolution"])
+        from ..engine.precision import for_forward
+        choice = for_forward(hp.get("bf16", "auto"), ctx.device, model, int(hp.get("eval_batch", 256)), res)
+        use_bf16 = choice.bf16
+        if "bf16" in info:  # what the fine-tuning ran in; evaluation decides for itself
+            info = {**{k: v for k, v in info.items() if k not in ("bf16", "bf16_choice")}, "train_bf16": info["bf16"]}
+        info = {**info, "bf16": use_bf16, "bf16_choice": choice.info}
         if cell.stage == "classifier":
             if ds["corrupted"] == "generate":
                 data, hit = generated(ds, cell.data_version, hp, "clean", 0, ctx)
@@ -335,5 +337,6 @@ class CorruptionAdapter(Adapter):
         mean = float(np.mean(list(errors.values())))
         return {"test": {"error": mean, "accuracy": 100.0 - mean, **errors},
                 "info": {**{k: v for k, v in info.items() if k.startswith("classifier")}, "bf16": use_bf16,
+                         "bf16_choice": choice.info,
                          "eval_examples_per_severity": n, "image_cache_hits": hits,
                          "image_seconds": round(gen_seconds, 2), "seconds_total": round(time.time() - started, 2)}}

@@ -46,13 +46,14 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
     """Probe `model` over the first `images` images of `data`; returns the per-layer summaries."""
     from ..backbones.measures import Probe
     from ..data.transforms import eval_transform
-    from ..engine.train import autocast, bf16_enabled, eval_batches
+    from ..engine.precision import for_forward
+    from ..engine.train import autocast, eval_batches
 
     n = min(int(hp["images"]), len(data))
     subset = torch.utils.data.Subset(data, range(n))
     batch = int(hp.get("eval_batch", 64))
     probe = Probe(model)
-    use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
+    use_bf16 = for_forward(hp.get("bf16", "auto"), ctx.device, model, batch, int(hp["resolution"])).bf16
     batches = eval_batches(subset, eval_transform(int(hp["resolution"])), batch=batch, workers=ctx.workers)
     for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):

@@ -213,33 +213,37 @@ class FewshotAdapter(Adapter):
         from ..backbones import create_backbone
         from ..data.sources import open_split
         from ..data.transforms import eval_transform
-        from ..engine.features import cache_key, cached, extract
+        from ..engine.features import cache_key, cached, extract, precision
         import torch
-
-        from ..engine.train import bf16_enabled
 
         hp = cell.hparams
         ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
-        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
-        transform = {"resolution": hp["resolution"], "resize_small": hp.get("resize"), "pixels": "[-1,1]",
-                     "bf16": use_bf16}
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
         pool = hp.get("pool", "model")  # specs written before the option existed mean the backbone's own
         model = None
         hits = {}
 
+        def build():
+            nonlocal model
+            if model is None:
+                # features are shared by every (shots, seed) cell and cached under the weights' identity;
+                # without weights that identity is 'random-init', so the initialisation must be one fixed draw
+                torch.manual_seed(0)
+                model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
+                                        checkpoint=cell.checkpoint, **({} if pool == "model" else {"pool": pool}))
+            return model
+
+        choice = precision(hp.get("bf16", "auto"), ctx.device, backbone=cell.backbone.partition("@")[0],
+                           resolution=hp["resolution"], pool=pool, build=build)
+        use_bf16 = choice.bf16
+        transform = {"resolution": hp["resolution"], "resize_small": hp.get("resize"), "pixels": "[-1,1]",
+                     "bf16": use_bf16}
+
         def features(role):
             data = open_split(ds, ds[role], ctx.data_dir)
 
             def compute():
-                nonlocal model
-                if model is None:
-                    # features are shared by every (shots, seed) cell and cached under the weights' identity;
-                    # without weights that identity is 'random-init', so the initialisation must be one fixed draw
-                    torch.manual_seed(0)
-                    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
-                                            checkpoint=cell.checkpoint, **({} if pool == "model" else {"pool": pool}))
-                return extract(model, data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
+                return extract(build(), data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
                                bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                desc=f"features {cell.dataset} {role}")
             key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,
@@ -262,4 +266,5 @@ class FewshotAdapter(Adapter):
         return {"test": {"accuracy": 100.0 * acc},
                 "info": {"train_examples": int(len(idx)), "test_examples": int(len(test_y)),
                          "feature_dim": int(train_x.shape[1]), "l2": l2, "l2_rule": rule,
-                         "solver": "primal" if len(idx) > train_x.shape[1] else "dual", "cache_hit": hits, "bf16": use_bf16}}
+                         "solver": "primal" if len(idx) > train_x.shape[1] else "dual", "cache_hit": hits, "bf16": use_bf16,
+                         "bf16_choice": choice.info}}

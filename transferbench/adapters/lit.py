@@ -358,12 +358,10 @@ class LitAdapter(Adapter):
     def run(self, cell, ctx):
         from ..backbones import create_backbone
         from ..data.transforms import eval_transform
-        from ..engine.features import cache_key, cached, extract, extract_pairs
-        from ..engine.train import bf16_enabled
+        from ..engine.features import cache_key, cached, extract, extract_pairs, precision
 
         hp = cell.hparams
         ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
-        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
         name, pool = cell.backbone.partition("@")[0], hp.get("pool", "model")
         tower = None
 
@@ -376,6 +374,10 @@ class LitAdapter(Adapter):
                 tower.requires_grad_(False).eval()  # locked: features only, under inference_mode
             return tower
 
+        # the locked image tower's forwards: bf16 where it measures faster (the text tower decides for itself)
+        choice = precision(hp.get("bf16", "auto"), ctx.device, backbone=name, resolution=hp["resolution"], pool=pool,
+                           build=image_tower)
+        use_bf16 = choice.bf16
         def features(identity, split, transform_id, compute):
             key = cache_key(backbone=name, weights_sha256=cell.checkpoint_sha256, transform=transform_id,
                             dataset=identity, split=split, pool=pool)
@@ -394,7 +396,7 @@ class LitAdapter(Adapter):
             from ..errors import UserError
             raise UserError(f"heldout={heldout} leaves no training pairs or none held out of {len(captions)} pairs: "
                             f"set --set heldout=N with 0 < N < {len(captions)}")
-        model, train_info = text_tower(px[:-heldout], captions[:-heldout], hp, cell.seed, pairs_key, ctx, use_bf16)
+        model, train_info = text_tower(px[:-heldout], captions[:-heldout], hp, cell.seed, pairs_key, ctx)
         model = model.to(ctx.device).eval()
         started = time.time()
         with torch.inference_mode():
@@ -431,7 +433,8 @@ class LitAdapter(Adapter):
                 extra = {"eval_examples": int(len(y)), "classes": len(names), "templates": len(templates),
                          "feature_cache_hit_eval": zs_hit}
         return {"test": test,
-                "info": {**train_info, **extra, "feature_cache_hit_pairs": pairs_hit, "bf16": use_bf16,
+                "info": {**train_info, **extra, "feature_cache_hit_pairs": pairs_hit,
+                         "bf16": use_bf16, "bf16_choice": choice.info,
                          "pairs_train": int(len(captions) - heldout), "pairs_heldout": heldout,
                          "image_head": hp["image_head"], "loss": hp["loss"], "text_config": text_config(hp),
                          "eval_seconds": round(time.time() - started, 2)}}
@@ -449,7 +452,7 @@ TRAIN_KEYS = ("heldout", "image_head", "loss", "temperature_init", "text_width",
               "context_length", "batch", "steps", "lr", "weight_decay", "warmup_steps", "clip", "bf16")
 
 
-def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: str, ctx, use_bf16: bool):
+def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: str, ctx):
     """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
     init and data order from `seed`) and stored. Returns (model, info)."""
     from filelock import FileLock
@@ -483,9 +486,10 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
                                 betas=(0.9, 0.999))
         started = time.time()
         out = fit(model, batches, opt, steps=int(hp["steps"]), base_lr=float(hp["lr"]), warmup=int(hp["warmup_steps"]),
-                  clip=hp.get("clip") or None, loss_fn=contrastive_loss(model), device=ctx.device, bf16=use_bf16,
+                  clip=hp.get("clip") or None, loss_fn=contrastive_loss(model), device=ctx.device, bf16=hp.get("bf16", "auto"),
                   progress=ctx.progress, desc=f"text tower seed={seed}", splittable=False)
-        info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]),
+        info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]), "text_bf16": out["bf16"],
+                **({"text_bf16_choice": out["bf16_choice"]} if "bf16_choice" in out else {}),
                 "train_seconds": round(time.time() - started, 2),
                 "temperature": round(float(model.scale().detach()), 4),
                 **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {})}

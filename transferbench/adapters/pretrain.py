@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..data import embedded
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
-from ..engine.train import (BF16_SETTINGS, accuracy, bf16_enabled, cross_entropy, fit, sigmoid_cross_entropy,
+from ..engine.train import (BF16_SETTINGS, accuracy, cross_entropy, fit, sigmoid_cross_entropy,
                             train_batches)
 from ..errors import UserError
 from . import Adapter, plan_select_then_final
@@ -73,20 +73,19 @@ class PretrainAdapter(Adapter):
         rest = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp["weight_decay"]},
                                  {"params": rest, "weight_decay": 0.0}], lr=hp["lr"], betas=(0.9, hp["beta2"]))
-        use_bf16 = bf16_enabled(hp["bf16"], ctx.device)
         batches = train_batches(train, train_transform(hp["resolution"], hp["augment"]), batch=hp["batch"],
                                 steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
         started = time.time()
         out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-                  loss_fn=LOSSES[hp["loss"]], device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
+                  loss_fn=LOSSES[hp["loss"]], device=ctx.device, bf16=hp["bf16"], micro_batch=ctx.micro_batch,
                   progress=ctx.progress, desc=f"pretrain {cell.backbone}")
         train_seconds = time.time() - started
-        acc = accuracy(model, test, eval_transform(hp["resolution"]), ctx.device, use_bf16, workers=ctx.workers)
+        acc = accuracy(model, test, eval_transform(hp["resolution"]), ctx.device, out["bf16"], workers=ctx.workers)
         path = save_checkpoint(model.cpu(), checkpoint_path(cell), task="pretrain", dataset=cell.dataset,
                                cell_key=cell.key, steps=hp["steps"], test_accuracy=acc)
         return {"test": {"accuracy": acc},
                 "info": {**out, "checkpoint": str(path), "checkpoint_sha256": file_sha256(path),
-                         "train_seconds": round(train_seconds, 1), "bf16": use_bf16,
+                         "train_seconds": round(train_seconds, 1),
                          "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
 
 

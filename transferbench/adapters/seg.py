@@ -438,7 +438,7 @@ class SegAdapter(Adapter):
     def run(self, cell, ctx):
         from ..backbones import create_backbone
         from ..data.segmentation import train_transform
-        from ..engine.train import bf16_enabled, fit, train_batches
+        from ..engine.train import fit, train_batches
 
         hp = cell.hparams
         ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
@@ -457,24 +457,23 @@ class SegAdapter(Adapter):
         model = LinearSegmenter(backbone, num_classes).to(ctx.device)
         opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
                                 betas=(0.9, 0.999))
-        use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
         transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
                                     photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0))
         batches = train_batches(train, transform, batch=hp["batch"], steps=steps, seed=cell.seed,
                                 workers=ctx.workers, joint=True)
         started = time.time()
         out = fit(model, batches, opt, steps=steps, base_lr=hp["lr"], warmup=hp["warmup_steps"],
-                  clip=hp.get("clip") or None, loss_fn=segmentation_loss, device=ctx.device, bf16=use_bf16,
+                  clip=hp.get("clip") or None, loss_fn=segmentation_loss, device=ctx.device, bf16=hp.get("bf16", "auto"),
                   micro_batch=ctx.micro_batch, progress=ctx.progress, schedule=hp["schedule"], power=hp["power"],
                   desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}")
         train_seconds = time.time() - started
         started = time.time()
         metric = evaluate(model, test, num_classes, short=hp["test_short"], window=hp["window"],
-                          stride=hp["stride"], bf16=use_bf16, progress=ctx.progress,
+                          stride=hp["stride"], bf16=out["bf16"], progress=ctx.progress,
                           desc=f"{cell.dataset} sliding-window eval")
         result = metric.compute()
         return {"test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
                 "info": {**out, "steps": steps, "train_examples": len(train), "train_pool": len(full),
-                         "eval_examples": len(test), "bf16": use_bf16, "train_seconds": round(train_seconds, 2),
+                         "eval_examples": len(test), "train_seconds": round(train_seconds, 2),
                          "eval_seconds": round(time.time() - started, 2),
                          "iou_per_class": [None if np.isnan(v) else round(100 * float(v), 4) for v in result["iou"]]}}

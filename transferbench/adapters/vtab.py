@@ -176,7 +176,7 @@ def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, ke
     from ..backbones import create_backbone
     from ..backbones.checkpoint import head_classes
     from ..data.transforms import train_transform
-    from ..engine.train import bf16_enabled, cross_entropy, fit, train_batches
+    from ..engine.train import cross_entropy, fit, train_batches
 
     hp = cell.hparams
     torch.manual_seed(cell.seed)
@@ -189,14 +189,13 @@ def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, ke
     if hp["optimizer"] != "sgd":
         raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
-    use_bf16 = bf16_enabled(hp.get("bf16", "auto"), ctx.device)
     batches = train_batches(train, train_transform(hp["resolution"], augment), batch=hp["batch"], steps=hp["steps"],
                             seed=cell.seed, workers=ctx.workers)
     started = time.time()
     out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-              loss_fn=cross_entropy, device=ctx.device, bf16=use_bf16, micro_batch=ctx.micro_batch,
+              loss_fn=cross_entropy, device=ctx.device, bf16=hp.get("bf16", "auto"), micro_batch=ctx.micro_batch,
               progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
               on_step=None if on_step is None else (lambda step: on_step(model, step)))
     train_seconds = time.time() - started
-    return model, {**out, "train_examples": len(train), "bf16": use_bf16, "head": "checkpoint" if head_kept else "new", "train_seconds": round(train_seconds, 2),
+    return model, {**out, "train_examples": len(train), "head": "checkpoint" if head_kept else "new", "train_seconds": round(train_seconds, 2),
                    "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}

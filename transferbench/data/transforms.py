@@ -4,11 +4,17 @@ big_vision's convention, which its checkpoints expect.
 - eval: resize to (res, res) — or resize-small then centre crop (few-shot: 256 -> 224; high-res 418 -> 384);
 - train: 'crop' resizes to res * 8/7 then takes a random res x res crop, 'flip' flips left-right, both
   as the scenic VTAB config's per-task options; 'inception' is the inception crop of high-res fine-tune.
+
+In-memory sets (every embedded set, export folders of equal-size images) are transformed a batch at a time
+(`ImageTransform.batch`) from the same per-example draws as the per-example path: the resize runs once per
+set, crops are a gather, flips a select, and the scaling one tensor operation.
 """
 from __future__ import annotations
 
 import torch
+from torchvision import tv_tensors
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 AUGMENTATIONS = ("none", "crop", "flip", "crop_flip", "inception_flip")
 
@@ -17,7 +23,67 @@ def _to_signed() -> list:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
 
 
-def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None):
+class ImageTransform:
+    """A torchvision v2 pipeline, applied per example (`transform(image)`), or to a whole batch of equal-size
+    uint8 images at once (`transform.batch(...)`, in-memory sets): the same operations in the same order,
+    with the same per-example random draws, so both paths give the same tensors (tested)."""
+
+    def __init__(self, prefix: list, crop=None, flip=None):
+        # prefix: deterministic ops up to the random ones; then the random crop and flip; then the pixel scaling
+        self.prefix, self.crop, self.flip, self.suffix = prefix, crop, flip, _to_signed()[1:]
+        self.pipeline = v2.Compose(prefix + [op for op in (crop, flip) if op is not None] + self.suffix)
+        self._shape_probe = None
+
+    def __call__(self, image):
+        return self.pipeline(image)
+
+    @property
+    def random(self) -> bool:
+        return self.crop is not None or self.flip is not None
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        """The deterministic head of the pipeline on uint8 (N, C, H, W) images: done once per set, since the
+        same images are revisited every epoch."""
+        return v2.Compose(self.prefix)(images).as_subclass(torch.Tensor)
+
+    def draws(self, seed: int | None, height: int, width: int) -> tuple[tuple | None, bool]:
+        """(crop box (top, left, height, width) or None, flip) for one example: the CPU generator seeded with
+        `seed` as engine.train seeds each example, then the pipeline's own transforms draw, in their order."""
+        if seed is not None:
+            torch.random.default_generator.manual_seed(seed)
+        box = None
+        if self.crop is not None:
+            if self._shape_probe is None or tuple(self._shape_probe.shape[-2:]) != (height, width):
+                self._shape_probe = tv_tensors.Image(torch.empty(3, height, width, dtype=torch.uint8))
+            p = self.crop.make_params([self._shape_probe])
+            box = (p["top"], p["left"], p["height"], p["width"])
+        # RandomHorizontalFlip draws before anything else and flips when the draw is below p
+        flip = self.flip is not None and bool(torch.rand(1) < self.flip.p)
+        return box, flip
+
+    def batch(self, prepared: torch.Tensor, seeds=None) -> torch.Tensor:
+        """float32 (B, C, res, res) in [-1, 1] from `prepared` rows (uint8, after `prepare`), each example with
+        its seed's draws (`seeds` None: a deterministic pipeline)."""
+        x = prepared
+        if self.random:
+            n, _, h, w = x.shape
+            draws = [self.draws(s, h, w) for s in (seeds if seeds is not None else [None] * n)]
+            boxes = [d[0] for d in draws]
+            if isinstance(self.crop, v2.RandomCrop):  # one size: a gather
+                size = boxes[0][2]
+                top = torch.tensor([b[0] for b in boxes])[:, None] + torch.arange(size)
+                left = torch.tensor([b[1] for b in boxes])[:, None] + torch.arange(size)
+                x = x[torch.arange(n)[:, None, None], :, top[:, :, None], left[:, None, :]].permute(0, 3, 1, 2)
+            elif self.crop is not None:  # boxes of every size, each resized to the output
+                x = torch.stack([F.resized_crop(x[i], *boxes[i], self.crop.size, interpolation=self.crop.interpolation,
+                                                antialias=self.crop.antialias) for i in range(n)])
+            if self.flip is not None:
+                flips = torch.tensor([d[1] for d in draws])
+                x = torch.where(flips[:, None, None, None], x.flip(-1), x)
+        return v2.Compose(self.suffix)(x.contiguous()).as_subclass(torch.Tensor)
+
+
+def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None) -> ImageTransform:
     """`resize_small`: short side to that size, then a central crop; `resize_square`: both sides to that size,
     then a central crop (big_vision's `resize(256)|central_crop(224)`, LiT's zero-shot images)."""
     if resize_square:
@@ -26,19 +92,19 @@ def eval_transform(resolution: int, resize_small: int | None = None, resize_squa
         size = [v2.Resize(resize_small), v2.CenterCrop(resolution)]
     else:
         size = [v2.Resize((resolution, resolution))]
-    return v2.Compose([v2.ToImage(), *size, *_to_signed()[1:]])
+    return ImageTransform([v2.ToImage(), *size])
 
 
-def train_transform(resolution: int, augment: str = "crop_flip"):
+def train_transform(resolution: int, augment: str = "crop_flip") -> ImageTransform:
     if augment not in AUGMENTATIONS:
         raise ValueError(f"unknown augmentation {augment!r}; choose one of {AUGMENTATIONS}")
-    ops: list = [v2.ToImage()]
+    prefix: list = [v2.ToImage()]
+    crop = None
     if augment.startswith("inception"):
-        ops.append(v2.RandomResizedCrop(resolution, scale=(0.05, 1.0)))
+        crop = v2.RandomResizedCrop(resolution, scale=(0.05, 1.0))
     elif "crop" in augment:
-        ops += [v2.Resize((resolution * 8 // 7, resolution * 8 // 7)), v2.RandomCrop(resolution)]
+        prefix.append(v2.Resize((resolution * 8 // 7, resolution * 8 // 7)))
+        crop = v2.RandomCrop(resolution)
     else:
-        ops.append(v2.Resize((resolution, resolution)))
-    if "flip" in augment:
-        ops.append(v2.RandomHorizontalFlip())
-    return v2.Compose(ops + _to_signed()[1:])
+        prefix.append(v2.Resize((resolution, resolution)))
+    return ImageTransform(prefix, crop, v2.RandomHorizontalFlip() if "flip" in augment else None)

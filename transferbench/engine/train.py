@@ -1,5 +1,5 @@
 """The training loop the adapters share: seeded batch streams, warm-up + cosine (or poly) schedule, gradient
-accumulation, bf16 autocast where the hardware has it, clipping, and batched evaluation.
+accumulation, bf16 autocast where it measures faster (engine.precision), clipping, and batched evaluation.
 
 Determinism: every training example is transformed under its own seed, drawn from (cell seed, epoch,
 position), so a cell's metrics are the same for any number of DataLoader workers and any micro-batch
@@ -8,39 +8,15 @@ size (up to float summation order) on the same machine.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from itertools import chain, islice
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
 from .runner import check_finite
-
-
-BF16_SETTINGS = ("auto", "on", "off", True, False)
-
-
-def bf16_enabled(setting, device: str) -> bool:
-    """'auto': bf16 autocast where the hardware has bf16 matrix units (CUDA with bf16, or a CPU with
-    AVX512-BF16 / AMX); elsewhere bf16 is emulated and slower than fp32."""
-    if setting in (True, "true", "on"):
-        return True
-    if setting in (False, "false", "off"):
-        return False
-    if setting != "auto":
-        raise ValueError(f"bf16 must be auto, on or off, got {setting!r}")
-    if device.startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def autocast(device: str, enabled: bool):
-    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=enabled)
 
 
 def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
@@ -127,15 +103,33 @@ class _EpochSampler(torch.utils.data.Sampler):
             epoch += 1
 
 
+def batched(dataset, transform) -> bool:
+    """Whether a dataset and transform take the batched path: an in-memory set (decoded once into an array of
+    equal-size images) and a transform that can run on a whole batch (data.transforms.ImageTransform)."""
+    return hasattr(dataset, "array") and hasattr(transform, "batch")
+
+
 def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0,
                   joint: bool = False) -> Iterator:
     """`steps` batches of (images, labels) from the shuffled, repeated dataset; `joint`: the transform
-    maps (image, target) pairs (segmentation)."""
+    maps (image, target) pairs (segmentation). In-memory sets are transformed a batch at a time, from the
+    same per-example seeds and draws (same tensors as the per-example path)."""
     sampler = _EpochSampler(len(dataset), seed, batch * steps)
+    if not joint and batched(dataset, transform):
+        return _array_train_batches(dataset, transform, sampler, batch)
     loader = torch.utils.data.DataLoader(_Seeded(dataset, transform, joint), batch_size=batch, sampler=sampler,
                                          num_workers=workers, persistent_workers=False,
                                          prefetch_factor=4 if workers else None)
     return iter(loader)
+
+
+def _array_train_batches(dataset, transform, sampler, batch: int) -> Iterator:
+    images = transform.prepare(torch.from_numpy(dataset.array()).permute(0, 3, 1, 2))  # the resize, once
+    labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.int64)
+    drawn = iter(sampler)
+    while chunk := list(islice(drawn, batch)):
+        idx = torch.tensor([i for i, _ in chunk])
+        yield transform.batch(images[idx], [s for _, s in chunk]), labels[idx]
 
 
 def tensor_batches(*tensors: torch.Tensor, batch: int, steps: int, seed: int) -> Iterator:
@@ -160,8 +154,17 @@ class _InOrder(_Seeded):
 
 
 def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0) -> Iterator:
+    if batched(dataset, transform):
+        return _array_eval_batches(dataset, transform, batch)
     return iter(torch.utils.data.DataLoader(_InOrder(dataset, transform), batch_size=batch, shuffle=False,
                                             num_workers=workers))
+
+
+def _array_eval_batches(dataset, transform, batch: int) -> Iterator:
+    images = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
+    labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.int64)
+    for i in range(0, len(images), batch):
+        yield transform.batch(transform.prepare(images[i:i + batch])), labels[i:i + batch]
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -169,7 +172,7 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
-        loss_fn: Callable, device: str, bf16: bool, micro_batch: int | None = None, progress=None,
+        loss_fn: Callable, device: str, bf16: bool | str, micro_batch: int | None = None, progress=None,
         desc: str = "train", schedule: str = "cosine", power: float = 0.9, splittable: bool = True,
         on_step: Callable[[int], None] | None = None) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
@@ -178,12 +181,23 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
     'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0). A loss over the
     batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
     never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
-    once the step's gradients are complete, before clipping (diagnostics read the gradient norms there)."""
+    once the step's gradients are complete, before clipping (diagnostics read the gradient norms there).
+    `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
+    shape; the result's `bf16` and `bf16_choice` say what ran and why."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if micro_batch and not splittable:
         raise ValueError("micro_batch splits the batch, which this loss does not allow (splittable=False)")
     model.train()
+    choice = None
+    if not isinstance(bf16, bool):
+        first = next(batches)
+        batches = chain([first], batches)
+        x, y = first[0][:micro_batch or None], first[1][:micro_batch or None]
+        choice = resolve(bf16, device, {"mode": "train", "model": shapes(model), "x": [list(x.shape), str(x.dtype)],
+                                        "y": [list(y.shape), str(y.dtype)]},
+                         lambda: training_step(model, x, y, loss_fn, device))
+        bf16 = choice.bf16
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     loss_value, micro = float("nan"), micro_batch
     for step in steps_iter:
@@ -222,7 +236,8 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         loss_value = total
-    return {"final_loss": loss_value, "micro_batch": micro or 0}
+    return {"final_loss": loss_value, "micro_batch": micro or 0, "bf16": bf16,
+            **({"bf16_choice": choice.info} if choice else {})}
 
 
 @torch.inference_mode()

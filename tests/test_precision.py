@@ -1,0 +1,104 @@
+"""bf16 auto: a timed probe of the cell's own step decides, once per device kind and shape; the choice is
+recorded, never part of the cell key."""
+import json
+import time
+
+import pytest
+import torch
+
+from transferbench.backbones import create_backbone
+from transferbench.engine import precision
+from transferbench.engine.train import cross_entropy, fit
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch, tmp_path):
+    """A CPU that lists bf16 units (so auto probes) and a fresh cache."""
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
+
+
+def sleeper(fp32_ms: float, bf16_ms: float, calls: list):
+    def make_step():
+        calls.append("built")
+        return lambda bf16: time.sleep((bf16_ms if bf16 else fp32_ms) / 1000)
+    return make_step
+
+
+def test_settings():
+    assert [precision.check_setting(s) for s in ("on", True, "true", "off", False, "false", "auto")] == \
+        ["on", "on", "on", "off", "off", "off", "auto"]
+    with pytest.raises(ValueError, match="bf16 must be auto, on or off"):
+        precision.check_setting("fast")
+    never = lambda: pytest.fail("on/off never probe")  # noqa: E731
+    assert precision.resolve("on", "cpu", {}, never).bf16 is True
+    assert precision.resolve("off", "cpu", {}, never).bf16 is False
+
+
+def test_auto_takes_the_faster_and_records_why(bf16_cpu):
+    calls = []
+    slow_bf16 = precision.resolve("auto", "cpu", {"shape": 1}, sleeper(2, 12, calls))
+    fast_bf16 = precision.resolve("auto", "cpu", {"shape": 2}, sleeper(12, 2, calls))
+    assert (slow_bf16.bf16, fast_bf16.bf16) == (False, True)
+    assert calls == ["built", "built"]
+    info = slow_bf16.info
+    assert info["decided_by"] == "probe" and info["probe_cached"] is False
+    assert 2 <= info["fp32_ms"] < info["bf16_ms"]  # medians of sleeps of 2 and 12 ms
+    assert info["bf16_ms"] >= 12
+
+
+def test_decision_is_cached_per_shape_and_a_damaged_entry_is_probed_again(bf16_cpu, tmp_path):
+    calls = []
+    first = precision.resolve("auto", "cpu", {"shape": 1}, sleeper(12, 2, calls))
+    # the same shape on the same device: the cached timings decide, even if the machine changed its mind
+    again = precision.resolve("auto", "cpu", {"shape": 1}, sleeper(2, 12, calls))
+    assert calls == ["built"] and again.bf16 is first.bf16 is True and again.info["probe_cached"] is True
+    entries = list((tmp_path / "bf16-probe").glob("*.json"))
+    assert len(entries) == 1 and json.loads(entries[0].read_text())["step"] == {"shape": 1}
+    entries[0].write_text('{"fp32_ms": "garbage"')  # a torn write
+    redo = precision.resolve("auto", "cpu", {"shape": 1}, sleeper(2, 12, calls))
+    assert calls == ["built", "built"] and redo.bf16 is False and redo.info["probe_cached"] is False
+
+
+def test_no_bf16_units_means_fp32_without_a_probe(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: False)
+    p = precision.resolve("auto", "cpu", {}, lambda: pytest.fail("emulated bf16 is never probed"))
+    assert p.bf16 is False and "no cpu bf16 units" in p.info["decided_by"]
+
+
+def test_probe_leaves_the_random_state_and_the_model_as_they_were(bf16_cpu):
+    torch.manual_seed(0)
+    model = create_backbone("mu4", img_size=16, num_classes=3, drop_rate=0.1)  # dropout draws in the probe
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 0])
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    timing = precision.probe(precision.training_step(model, x, y, cross_entropy, "cpu"), pairs=2)
+    assert torch.equal(torch.rand(3), expected)
+    assert timing["pairs"] >= 1 and timing["fp32_ms"] > 0 and timing["bf16_ms"] > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_fit_resolves_auto_on_the_first_batch_and_trains_the_same(bf16_cpu, monkeypatch):
+    """A probe that picks fp32 gives exactly the weights of a plain fp32 run: the probe draws nothing."""
+    real = precision.probe  # runs the steps (dropout draws included), then reports fp32 as the faster
+    monkeypatch.setattr(precision, "probe", lambda step, **kw: {**real(step, pairs=1), "fp32_ms": 1.0, "bf16_ms": 2.0})
+
+    def run(bf16):
+        torch.manual_seed(0)
+        m = create_backbone("mu4", img_size=16, num_classes=3, drop_rate=0.1)
+        gen = torch.Generator().manual_seed(1)
+        batches = iter([(torch.randn(4, 3, 16, 16, generator=gen), torch.tensor([0, 1, 2, 0])) for _ in range(3)])
+        out = fit(m, batches, torch.optim.SGD(m.parameters(), lr=0.1), steps=3, base_lr=0.1, warmup=0, clip=1.0,
+                  loss_fn=cross_entropy, device="cpu", bf16=bf16)
+        return m, out
+
+    auto_model, auto_out = run("auto")
+    plain_model, plain_out = run(False)
+    assert auto_out["bf16"] is False and auto_out["bf16_choice"]["fp32_ms"] == 1.0
+    assert "bf16_choice" not in plain_out
+    for (k, a), b in zip(auto_model.state_dict().items(), plain_model.state_dict().values()):
+        assert torch.equal(a, b), k

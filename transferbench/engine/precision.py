@@ -1,0 +1,197 @@
+"""Which arithmetic a cell runs in: `bf16: on | off | auto`.
+
+`auto` uses bf16 autocast only where it measures faster. On CUDA with bf16 support it is bf16 without
+probing (the tensor cores' format). On a CPU without bf16 units (no `avx512_bf16` / `amx_bf16` in
+/proc/cpuinfo) bf16 is emulated, so it is fp32 without probing. Elsewhere a short probe times the cell's own
+step (forward + backward for training, forward for feature extraction and evaluation) at the cell's own
+model and batch shape in fp32 and in bf16, alternating, and takes the faster. A measured 2-core Xeon with
+AMX ran a small ViT's training step 1.9x slower under bf16 autocast, so the CPU flags alone do not decide.
+
+The decision is cached per (device kind, threads, torch version, step signature) under
+$TRANSFERBENCH_HOME/bf16-probe, so one machine decides once per shape; a damaged entry is probed again. The
+choice and its timings go into the record's `info` (not into the cell key: fp32 and bf16 are the same
+protocol).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+BF16_SETTINGS = ("auto", "on", "off", True, False)
+PROBE_VERSION = "1"  # bump when the probe's procedure changes: older decisions are not reused
+PROBE_PAIRS = 5  # timed (fp32, bf16) step pairs at most ...
+PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved choice: `bf16` for autocast, `info` for the record."""
+    bf16: bool
+    info: dict = field(default_factory=dict)
+
+
+def autocast(device: str, enabled: bool):
+    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=enabled)
+
+
+def check_setting(setting) -> str:
+    """'auto' | 'on' | 'off' from a spec or --set value (YAML may give a boolean)."""
+    if setting in (True, "true", "on"):
+        return "on"
+    if setting in (False, "false", "off"):
+        return "off"
+    if setting != "auto":
+        raise ValueError(f"bf16 must be auto, on or off, got {setting!r}")
+    return "auto"
+
+
+def cpu_bf16_units() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def device_kind(device: str) -> str:
+    """What the speed of a step depends on besides its shape: the processor, its threads and torch."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    elif device == "cpu":
+        name = "cpu"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        name = f"{name} bf16-units={cpu_bf16_units()}"
+    else:
+        name = device
+    return f"{name} | threads={torch.get_num_threads()} | torch {torch.__version__}"
+
+
+def resolve(setting, device: str, signature: dict, make_step: Callable[[], Callable[[bool], None]]) -> Precision:
+    """The precision for a cell. `signature` names the step's shape (model, batch, input size, forward or
+    training); `make_step()` is called only when a probe must run and returns `step(bf16)`, which runs one
+    step and returns once it is finished."""
+    setting = check_setting(setting)
+    if setting != "auto":
+        return Precision(setting == "on", {"setting": setting})
+    if device.startswith("cuda"):
+        ok = torch.cuda.is_bf16_supported()
+        return Precision(ok, {"setting": "auto", "decided_by": "cuda bf16 support" if ok else "no cuda bf16 support"})
+    if device == "cpu" and not cpu_bf16_units():
+        return Precision(False, {"setting": "auto", "decided_by": "no cpu bf16 units (emulated bf16 is slower)"})
+    from ..data.embedded import home
+    from ..reporting.aggregate import digest
+
+    kind = device_kind(device)
+    key = digest({"v": PROBE_VERSION, "device": kind, "step": signature}, 24)
+    path = home() / "bf16-probe" / f"{key}.json"
+    timing = _read(path)
+    cached = timing is not None
+    if timing is None:
+        timing = probe(make_step())
+        _write(path, {**timing, "device": kind, "step": signature})
+    bf16 = timing["bf16_ms"] < timing["fp32_ms"]
+    return Precision(bf16, {"setting": "auto", "decided_by": "probe", "probe_cached": cached,
+                            "fp32_ms": timing["fp32_ms"], "bf16_ms": timing["bf16_ms"]})
+
+
+def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float = PROBE_SECONDS) -> dict:
+    """Median milliseconds of `step(False)` and `step(True)`, after one warm-up each, timed alternately (so a
+    slow spell of the machine hits both) until `pairs` pairs or `seconds` have passed. The CPU random state is
+    restored afterwards: a probe never changes what the cell draws."""
+    with torch.random.fork_rng(devices=[]):
+        step(False)
+        step(True)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        started = time.perf_counter()
+        while len(times[True]) < pairs and (not times[True] or time.perf_counter() - started < seconds):
+            for bf16 in (False, True):
+                t = time.perf_counter()
+                step(bf16)
+                times[bf16].append(1000 * (time.perf_counter() - t))
+    return {"fp32_ms": round(statistics.median(times[False]), 3), "bf16_ms": round(statistics.median(times[True]), 3),
+            "pairs": len(times[True])}
+
+
+def _read(path: Path) -> dict | None:
+    """A cached decision, or None where there is none or it is damaged (then it is probed again)."""
+    try:
+        d = json.loads(path.read_text())
+        if all(isinstance(d.get(k), (int, float)) and d[k] > 0 for k in ("fp32_ms", "bf16_ms")):
+            return d
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _write(path: Path, entry: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(entry, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def shapes(model: torch.nn.Module) -> dict:
+    """A model's architecture as far as speed goes: its class and every parameter's name and shape."""
+    from ..reporting.aggregate import digest
+    return {"class": type(model).__name__,
+            "parameters": digest([(n, list(p.shape)) for n, p in model.named_parameters()], 16)}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+def training_step(model: torch.nn.Module, x, y, loss_fn: Callable, device: str) -> Callable[[bool], None]:
+    """One forward + backward of a copy of `model` on (x, y) as engine.train.fit runs it (the copy keeps the
+    model's gradients and state untouched)."""
+    twin = copy.deepcopy(model)
+    twin.train(model.training)
+    x, y = x.to(device), y.to(device)
+
+    def step(bf16: bool) -> None:
+        twin.zero_grad(set_to_none=True)
+        with autocast(device, bf16):
+            out = twin(x)
+        loss_fn(out.float(), y).backward()
+        _sync(device)
+
+    return step
+
+
+def forward_step(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: str) -> Callable[[bool], None]:
+    """One inference-mode forward of `forward` on `x`."""
+    x = x.to(device)
+
+    def step(bf16: bool) -> None:
+        with torch.inference_mode(), autocast(device, bf16):
+            forward(x)
+        _sync(device)
+
+    return step
+
+
+def for_forward(setting, device: str, model: torch.nn.Module, batch: int, resolution: int) -> Precision:
+    """bf16 or fp32 for evaluating `model` (already on `device`) in batches of `batch` square images."""
+    def make_step():
+        x = torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        return forward_step(model, x, device)
+    return resolve(setting, device, {"mode": "eval", "model": shapes(model), "x": [batch, 3, resolution, resolution]},
+                   make_step)

@@ -8,7 +8,7 @@ per call is compared. The end-to-end rows run
 `transferbench run vtab|seg|lit|imagenet_c|hires|diagnose --suite embedded`, each in a fresh $TRANSFERBENCH_HOME
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
-through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the executor rows about 15 (the embedded
+through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the bf16 and data-path rows about 1, the executor rows about 15 (the embedded
 VTAB suite with --jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import (backbone_overhead, corruption_speed, diagnostics_speed, dtn_layer, executors, fewshot_solver, gemm_peak,
-               lit_speed, seg_eval)
+               lit_speed, precision_choice, seg_eval)
 
 HERE = Path(__file__).parent
 
@@ -87,6 +87,8 @@ def main() -> None:
     section("Backbone throughput vs timm, DPN and DTN overhead", backbone_overhead.markdown(rows)
             + ("" if gemm_peak.cpu_bf16_units() else
                "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
+    section("bf16 auto vs off vs on on an embedded cell, and the batched data path",
+            precision_choice.markdown(precision_choice.run()))
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))
     section("Segmentation: sliding-window evaluation and metric accumulation",

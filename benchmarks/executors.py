@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def _records(out: Path) -> dict:
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
     return {r["key"]: r for r in load_records([out])}
 
 

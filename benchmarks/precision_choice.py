@@ -26,7 +26,7 @@ from transferbench.engine.precision import cpu_bf16_units
 
 def _cell(backbone: str, dataset: str, bf16: str):
     from transferbench.adapters import prepare_task, resolve_backbone
-    from transferbench.engine.cells import make_cell
+    from transferbench.cell import make_cell
     task = prepare_task("vtab", suite="embedded", datasets=[dataset], sets=[f"bf16={bf16}", "lr=0.01"])
     ds = task.datasets[0]
     return task.adapter, make_cell(task, ds, resolve_backbone(backbone), task.grid()[0], 0, "select")
@@ -41,19 +41,6 @@ def cpu_flags() -> str:
     return ", ".join(listed) or "none of avx2/avx512/amx"
 
 
-class _PerExample(torch.utils.data.Dataset):
-    """A set without `array()`: the per-example DataLoader path."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
-
-    def __getitem__(self, i):
-        return torch.from_numpy(self.base.array()[i]).permute(2, 0, 1), int(self.base.labels[i])
-
-
 def data_path(dataset: str, rounds: int = 3) -> dict:
     """Median seconds to draw one cell's 50 training batches, per-example vs batched."""
     from transferbench.adapters.vtab import config, open_split
@@ -66,16 +53,16 @@ def data_path(dataset: str, rounds: int = 3) -> dict:
     data.array()
     tf = train_transform(hp["resolution"], ds.augment)
 
-    def draw(d):
+    def draw(per_example: bool):
         t = time.perf_counter()
-        for _ in train_batches(d, tf, batch=hp["batch"], steps=hp["steps"], seed=0):
+        for _ in train_batches(data, tf, batch=hp["batch"], steps=hp["steps"], seed=0, per_example=per_example):
             pass
         return time.perf_counter() - t
 
     slow, fast = [], []
     for _ in range(rounds):
-        slow.append(draw(_PerExample(data)))
-        fast.append(draw(data))
+        slow.append(draw(True))
+        fast.append(draw(False))
     return {"per_example": statistics.median(slow), "batched": statistics.median(fast)}
 
 

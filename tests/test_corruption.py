@@ -243,7 +243,7 @@ def _task(tmp_path, datasets=("mini_digits",), sets=(), limit=None):
     import dataclasses
 
     from transferbench.adapters import prepare_task
-    from transferbench.adapters.spec import DatasetSpec
+    from transferbench.spec import DatasetSpec
     task = prepare_task("imagenet_c", suite="embedded", datasets=list(datasets), seeds=[0],
                         sets=["steps=5", "corruptions=gaussian_noise,contrast", *sets])
     if limit:  # a short test split (a dataset field, part of the cells' identity)
@@ -256,7 +256,7 @@ def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     from transferbench.adapters import resolve_backbone
     from transferbench.data import corruptions
     from transferbench.engine.runner import run_task
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
     from transferbench.reporting.tables import report_tables
 
     monkeypatch.setattr(corruptions, "pool", lambda n: pytest.fail("1 worker: no process pool"))
@@ -292,7 +292,7 @@ def test_classifier_is_the_checkpoints_own_head_when_it_has_the_classes(suite_ho
     from transferbench.adapters.corruption import classifier
     from transferbench.backbones import create_backbone
     from transferbench.backbones.checkpoint import save_checkpoint
-    from transferbench.engine.cells import make_cell
+    from transferbench.cell import make_cell
     from transferbench.engine.runner import CellContext
 
     model = create_backbone("mu4", img_size=16, num_classes=10)
@@ -335,7 +335,7 @@ datasets:
 def test_the_committed_embedded_results_rise_with_severity():
     """Over the committed embedded suite, each backbone's mean error (over datasets, corruptions and seeds)
     rises from clean through severity 1 to 5."""
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
     recs = [r for r in load_records([Path(__file__).parents[1] / "results" / "runs"]) if r["task"] == "imagenet_c"
             and r["status"] == "ok"]
     assert recs, "results/runs/imagenet_c holds the embedded suite's records"

@@ -10,6 +10,7 @@ from conftest import randomize_
 from transferbench.backbones import create_backbone
 from transferbench.backbones import measures as M
 from transferbench.backbones.vit import attention_maps
+from transferbench.records.stats import pool
 
 
 def manual_blocks(m, x):
@@ -137,7 +138,7 @@ def test_pooled_summaries_equal_the_statistics_of_all_samples():
     rng = np.random.default_rng(0)
     parts = [rng.normal(size=(n, 3)) for n in (5, 8, 2)]
     summaries = [{"mean": p.mean(0), "sd": p.std(0, ddof=1), "n": len(p)} for p in parts]
-    pooled = M.pool(summaries)
+    pooled = pool(summaries)
     everything = np.concatenate(parts)
     np.testing.assert_allclose(pooled["mean"], everything.mean(0))
     np.testing.assert_allclose(pooled["sd"], everything.std(0, ddof=1))
@@ -177,7 +178,7 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task
     from transferbench.reporting.diagnostics import figures
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
     from transferbench.reporting.tables import render, report_tables
 
     task = _task()

@@ -17,12 +17,12 @@ from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
 from transferbench.cli import main
-from transferbench.engine.cells import resolve_backbone
+from transferbench.backbones.weights import resolve_backbone
 from transferbench.engine.executors import InlineExecutor, PoolExecutor, make_executor
 from transferbench.engine.runner import run_task
 from transferbench.errors import UserError
-from transferbench.reporting.aggregate import aggregate
-from transferbench.reporting.records import load_records
+from transferbench.records.aggregate import aggregate
+from transferbench.records.store import load_records
 from transferbench.reporting.tables import build_tables, render
 
 BACKBONES = ["mu4", "mu4_dpn"]
@@ -237,7 +237,7 @@ def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_
 
     import ray
 
-    from transferbench.engine.cells import Cell
+    from transferbench.cell import Cell
     from transferbench.engine.executors import local_checkpoint
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
     blob = os.urandom(4096)

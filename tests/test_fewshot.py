@@ -9,7 +9,7 @@ from transferbench.adapters.fewshot import (BIAS, fewshot_indices, ridge_accurac
 from transferbench.backbones import create_backbone
 from transferbench.cli import main
 from transferbench.engine import features
-from transferbench.reporting.records import load_records
+from transferbench.records.store import load_records
 
 
 def direct_weights(x, y, num_classes, l2):

@@ -8,7 +8,7 @@ from transferbench.backbones.checkpoint import save_checkpoint
 
 
 def test_the_spec_holds_the_protocols_numbers_and_every_vtab_dataset():
-    from transferbench.adapters.spec import load_task
+    from transferbench.spec import load_task
     spec = load_task("hires")
     hp = spec.hparams
     # PROTOCOLS.md "High-resolution fine-tune" (DPN App. D)
@@ -48,7 +48,7 @@ def _task(*sets, datasets=("mini_mnist",)):
 def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
     from transferbench.reporting.tables import report_tables
 
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
 
 def test_a_checkpoint_head_with_the_classes_is_kept_unless_head_new(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
-    from transferbench.engine.cells import make_cell
+    from transferbench.cell import make_cell
     from transferbench.engine.runner import CellContext
 
     model = create_backbone("mu4", img_size=16, num_classes=10)
@@ -103,7 +103,7 @@ def test_a_base_resolution_not_below_the_high_one_is_refused(tmp_path):
 
 def test_missing_data_and_a_bad_borrowed_task_are_one_line(tmp_path):
     from transferbench.adapters import prepare_task
-    from transferbench.adapters.spec import SpecError, load_spec_file
+    from transferbench.spec import SpecError, load_spec_file
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
     task = prepare_task("hires", datasets=["imagenet2012"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from transferbench.adapters import check_backbone, prepare_task
-from transferbench.adapters.spec import parse_override
+from transferbench.spec import parse_override
 from transferbench.backbones import CheckpointError, check_checkpoint_file, create_backbone, save_checkpoint
 from transferbench.cli import main
-from transferbench.engine.cells import RANDOM_INIT, BackboneRef, make_cell
+from transferbench.cell import RANDOM_INIT, BackboneRef, make_cell
 from transferbench.errors import UserError
-from transferbench.reporting.records import load_records
+from transferbench.records.store import load_records
 
 
 # --- --set values typed by the spec ------------------------------------------------------------------

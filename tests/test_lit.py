@@ -271,7 +271,7 @@ def test_captions_state_what_the_images_show():
 
 
 def test_embedded_captions_set(suite_home):
-    from transferbench.data.image_text import embedded_pairs
+    from transferbench.data.embedded import embedded_pairs
     pairs = list(embedded_pairs())
     assert len(pairs) >= 10_000
     captions = [c for _, c in pairs]
@@ -290,7 +290,7 @@ def test_embedded_captions_set(suite_home):
 def test_lit_cells_share_cached_features_and_the_text_tower(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
     from transferbench.engine.runner import run_task
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
 
     task = prepare_task("lit", suite="embedded", seeds=[0], datasets=["mini_digits", "heldout_i2t"],
                         sets=["steps=4", "text_layers=1", "batch=64"])
@@ -329,7 +329,7 @@ def test_lit_without_pairs_stops_with_one_line(tmp_path):
 
 def test_spec_checks_zero_shot_entries():
     from transferbench.adapters import get_adapter
-    from transferbench.adapters.spec import SpecError, parse_spec
+    from transferbench.spec import SpecError, parse_spec
     base = {"task": "t", "adapter": "lit", "protocol_version": "1", "metric": "accuracy"}
     adapter = get_adapter("lit")
     for entry, message in (({"name": "d", "source": "embedded", "set": "digits", "test": "test"}, "no tfds label names"),

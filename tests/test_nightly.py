@@ -85,7 +85,7 @@ def test_the_workflow_runs_nightly_with_options_it_has_on_a_baseline_that_exists
     import yaml
 
     from transferbench.cli import build_parser
-    from transferbench.reporting.records import load_records
+    from transferbench.records.store import load_records
 
     root = Path(__file__).parent.parent
     flow = yaml.safe_load((root / ".github/workflows/nightly.yml").read_text())

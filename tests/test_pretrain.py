@@ -6,10 +6,10 @@ import torch
 from transferbench.adapters import prepare_task
 from transferbench.backbones import create_backbone
 from transferbench.adapters import pretrain, resolve_backbone
-from transferbench.engine import cells
+from transferbench import cell as cells
 from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
 from transferbench.errors import UserError
-from transferbench.reporting.records import load_records
+from transferbench.records.store import load_records
 
 SHORT = ("steps=3", "batch=8", "warmup_steps=1")
 
@@ -67,7 +67,7 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     from transferbench.adapters import get_adapter
     from transferbench.backbones import save_checkpoint
     from transferbench.engine.runner import Results
-    from transferbench.reporting.records import RecordStore
+    from transferbench.records.store import RecordStore
     monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=5", "batch=8", "warmup_steps=1"))
     monkeypatch.setattr(pretrain, "SHIPPED", tmp_path)
     task = prepare_task("pretrain", suite="embedded", sets=pretrain.PRETRAIN_SETS)

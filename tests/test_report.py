@@ -9,13 +9,12 @@ import scipy.stats
 
 from transferbench.adapters import prepare_task
 from transferbench.cli import main
-from transferbench.engine.cells import resolve_backbone
+from transferbench.backbones.weights import resolve_backbone
 from transferbench.engine.runner import run_task
-from transferbench.reporting.aggregate import aggregate
-from transferbench.reporting.leaderboard import default_reference
-from transferbench.reporting.records import RecordStore, load_records
+from transferbench.records.aggregate import aggregate
+from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.regress import compare
-from transferbench.reporting.tables import build_tables, render
+from transferbench.reporting.tables import build_tables, default_reference, render, report_kinds, report_tables
 
 from toyplugin import toy_accuracy
 
@@ -128,6 +127,26 @@ def test_leaderboard(toy_runs, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert default_reference(["mu4@x", "mu4_dpn@x", "mu4_dtn@x"]) == "mu4@x"
     assert default_reference(["mu4", "s16", "mu4_dpn"]) is None
+
+
+def test_a_plugin_brings_its_own_report(tmp_path):
+    """The toy plugin registers report kind 'toybest' (entry point transferbench.reports) and its adapter's cells
+    name it: report and leaderboard use the plugin's tables and section, not the built-in mean +- CI ones."""
+    assert {"corruption", "hires", "diagnostics", "toybest"} <= set(report_kinds())
+    out = tmp_path / "runs"
+    run_task(prepare_task("toybest"), [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, show_progress=False)
+    recs = load_records([out])
+    assert len(recs) == 12 and {r["report"] for r in recs} == {"toybest"}
+    (t,) = report_tables(recs)
+    assert t.task == "toybest" and t.footnote == "best seed"
+    for b in ("mu4", "mu4_dpn"):
+        for d, offset in (("alpha", 5.0), ("beta", 0.0)):
+            best = max(toy_accuracy(b, offset, 0.01, seed, "test", d) for seed in (0, 1, 2))
+            assert t.rows[b][d].estimate.mean == pytest.approx(best)
+    board = tmp_path / "LEADERBOARD.md"
+    assert main(["leaderboard", str(out), "-o", str(board)]) == 0
+    text = board.read_text()
+    assert "## toybest" in text and "The best seed of each backbone:" in text and "±" not in text.split("## toybest")[1]
 
 
 # --- regression verdict ------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import pytest
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
-from transferbench.engine.cells import resolve_backbone
+from transferbench.backbones.weights import resolve_backbone
 from transferbench.engine.runner import Diverged, check_finite, run_task
-from transferbench.reporting.aggregate import aggregate
-from transferbench.reporting.records import load_records
+from transferbench.records.aggregate import aggregate
+from transferbench.records.store import load_records
 from transferbench.reporting.tables import build_tables, render
 
 BACKBONES = ["mu4", "mu4_dpn"]

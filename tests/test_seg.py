@@ -326,8 +326,8 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
 def test_seg_alias_and_report_axis(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
     from transferbench.engine.runner import run_task
-    from transferbench.reporting.aggregate import aggregate
-    from transferbench.reporting.records import load_records
+    from transferbench.records.aggregate import aggregate
+    from transferbench.records.store import load_records
     from transferbench.reporting.tables import build_tables
 
     task = prepare_task("seg", suite="embedded", seeds=[0], sets=["fraction=0.0625,1.0", "steps=2"])

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from transferbench.adapters import get_adapter, prepare_task
-from transferbench.adapters.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
-from transferbench.engine.cells import RANDOM_INIT, Cell, resolve_backbone
+from transferbench.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
+from transferbench.cell import RANDOM_INIT, Cell
+from transferbench.backbones.weights import resolve_backbone
 from transferbench.errors import UserError
 
 TOY = Path(__file__).parent / "plugins" / "toyplugin" / "tasks" / "toy.yaml"
@@ -93,7 +94,7 @@ def test_cell_key_hashes_identity_only():
     t = prepare_task("toy")
     bb = resolve_backbone("mu4_dpn")
     assert bb.sha256 == RANDOM_INIT and bb.checkpoint is None
-    from transferbench.engine.cells import make_cell
+    from transferbench.cell import make_cell
     c = make_cell(t, t.datasets[0], bb, t.grid()[1], seed=2, stage="select")
     ident = {"task": "toy", "dataset": "alpha", "backbone": "mu4_dpn", "checkpoint_sha256": RANDOM_INIT,
              "hparams": {"delay": 0.0, "lr": 0.01, "steps": 3}, "seed": 2, "protocol_version": "1",
@@ -137,3 +138,30 @@ def test_parse_spec_round_trip():
     spec = parse_spec(toy_dict(), "toy")
     assert spec.metric == "accuracy" and spec.mode == "max" and spec.groups == ["natural", "structured"]
     assert isinstance(Cell.IDENTITY, tuple) and resolve(spec, suite="").suite == ""
+
+
+def test_every_committed_record_key_recomputes_and_a_rerun_plans_nothing():
+    """The committed embedded records (results/runs) pin the cell key: each record's identity fields hash to its
+    key, and planning every task's embedded suite for the backbones it holds finds every cell finished (a rerun
+    into results/runs computes nothing)."""
+    from transferbench.adapters import prepare_task
+    from transferbench.engine.runner import Results
+    from transferbench.records import RecordStore, load_records
+
+    root = Path(__file__).resolve().parent.parent / "results" / "runs"
+    records = load_records([root])
+    assert len(records) > 1000
+    for r in records:
+        assert Cell(**{k: r[k] for k in Cell.IDENTITY}).key == r["key"], (r["task"], r["dataset"])
+    store = RecordStore(root)
+    for task_name in sorted({r["task"] for r in records}):
+        task = prepare_task(task_name, suite="embedded")
+        for backbone in sorted({r["backbone"] for r in records if r["task"] == task_name}):
+            ref = resolve_backbone(backbone)
+            seen, todo = set(), True
+            while todo:  # plan again as a run would, until no new cell appears
+                cells = [c for c in task.adapter.plan(task, ref, Results(store)) if c.key not in seen]
+                todo = bool(cells)
+                seen |= {c.key for c in cells}
+                assert all(store.finished(c) for c in cells), (task_name, backbone)
+            assert seen <= {r["key"] for r in records}

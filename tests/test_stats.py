@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from transferbench.reporting.stats import (bootstrap_suite_mean, mean_ci, paired_difference,
+from transferbench.records.stats import (bootstrap_suite_mean, mean_ci, paired_difference,
                                            paired_suite_difference)
 
 

@@ -128,19 +128,6 @@ class InMemory(torch.utils.data.Dataset):
         return torch.from_numpy(self._array[i]).permute(2, 0, 1), int(self.labels[i])
 
 
-class PerExample(torch.utils.data.Dataset):
-    """The same images without `array()`: the per-example DataLoader path."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
-
-    def __getitem__(self, i):
-        return self.base[i]
-
-
 @pytest.mark.parametrize("augment", ["none", "crop", "flip", "crop_flip", "inception_flip"])
 def test_batched_augmentation_equals_the_per_example_pipeline(augment):
     """In-memory sets are augmented a batch at a time from the same per-example draws; the tensors are the
@@ -148,9 +135,9 @@ def test_batched_augmentation_equals_the_per_example_pipeline(augment):
     from transferbench.engine.train import batched
     data = InMemory()
     tf = train_transform(8, augment)
-    assert batched(data, tf) and not batched(PerExample(data), tf)
+    assert batched(data, tf) and not batched(torch.utils.data.Subset(data, range(5)), tf)
     fast = list(train_batches(data, tf, batch=5, steps=7, seed=3))
-    slow = list(train_batches(PerExample(data), tf, batch=5, steps=7, seed=3))
+    slow = list(train_batches(data, tf, batch=5, steps=7, seed=3, per_example=True))
     assert len(fast) == len(slow) == 7
     for (xf, yf), (xs, ys) in zip(fast, slow):
         assert xf.shape == xs.shape == (5, 3, 8, 8) and xf.dtype == xs.dtype == torch.float32
@@ -166,7 +153,7 @@ def test_batched_evaluation_equals_the_per_example_pipeline(kwargs):
     from transferbench.engine.train import eval_batches
     data, tf = InMemory(n=13), eval_transform(8, **kwargs)
     fast = list(eval_batches(data, tf, batch=4))
-    slow = list(eval_batches(PerExample(data), tf, batch=4))
+    slow = list(eval_batches(data, tf, batch=4, per_example=True))
     assert [len(y) for _, y in fast] == [4, 4, 4, 1]
     for (xf, yf), (xs, ys) in zip(fast, slow):
         assert torch.equal(torch.as_tensor(yf), torch.as_tensor(ys))

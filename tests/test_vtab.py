@@ -12,7 +12,7 @@ from transferbench.cli import main
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.vtab import export_vtab
-from transferbench.reporting.records import load_records
+from transferbench.records.store import load_records
 
 TINY = ["--set", "steps=3", "--set", "batch=8", "--set", "warmup_steps=1", "--set", "resolution=8",
         "--set", "lr=0.003,0.3", "--seeds", "0,1", "--no-progress"]

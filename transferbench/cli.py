@@ -209,7 +209,7 @@ def cmd_list(args) -> int:
         from .adapters import list_adapters
         print("\n".join(list_adapters()) or "no adapters installed")
     else:
-        from .adapters.spec import installed_specs, load_spec_file
+        from .spec import installed_specs, load_spec_file
         specs = {n: load_spec_file(p) for n, p in installed_specs().items()}
         if not specs:
             print("no tasks installed")
@@ -265,7 +265,7 @@ def _remove_empty(folders: list[Path]) -> None:
 
 def cmd_run(args) -> int:
     from .adapters import prepare_task
-    from .reporting.records import load_records
+    from .records.store import load_records
     from .reporting.tables import render, report_tables
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
@@ -298,7 +298,7 @@ def _check_backbones(task, given: list[str] | None) -> list[str]:
 
 def _prepare(task, names: list[str], out: Path, args) -> tuple[list, list[Path]]:
     """Make --out and check the data (removing the folders it made when either fails), then resolve the checked
-    backbones `names` (NAME@embedded may pretrain); returns their engine.cells.BackboneRefs and the folders made."""
+    backbones `names` (NAME@embedded may pretrain); returns their cell.BackboneRefs and the folders made."""
     from .adapters import resolve_backbone
     from .engine.runner import CellContext
 
@@ -324,7 +324,7 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
     try:
         summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
                            workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
-                           executor=executor, retries=args.retries)
+                           executor=executor, retries=args.retries, check_data=False)
     except UserError:
         _remove_empty(made)
         raise
@@ -335,9 +335,9 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
 
 
 def cmd_pretrain(args) -> int:
-    from .data.embedded import home
+    from .paths import cache
     args.task, args.datasets, args.seeds, args.reference = "pretrain", None, None, None
-    args.out = home() / "pretrain"
+    args.out = cache("pretrain")
     return cmd_run(args)
 
 
@@ -354,7 +354,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .reporting.records import load_records
+    from .records.store import load_records
     from .reporting.tables import render, report_tables
 
     records = load_records(args.dirs)
@@ -387,7 +387,7 @@ def cmd_leaderboard(args) -> int:
 
 
 def cmd_regress(args) -> int:
-    from .reporting.records import load_records
+    from .records.store import load_records
     from .reporting.regress import verdict
 
     text, code = verdict(load_records([args.baseline]), load_records([args.current]), args.threshold,
@@ -404,7 +404,7 @@ def cmd_nightly(args) -> int:
     from .adapters import prepare_task
     from .engine.runner import environment
     from .reporting.leaderboard import write_leaderboard
-    from .reporting.records import load_records
+    from .records.store import load_records
     from .reporting.regress import verdict
 
     executor = _check_execution_options(args)

@@ -5,7 +5,7 @@ Cells, per dataset and model seed:
     stage 'classifier':  the classifier under test and its clean top-1 error. With a checkpoint whose head has
                          the dataset's classes (an ImageNet-1k fine-tuned file) that head is used as it is;
                          otherwise a head is fine-tuned on the clean training split with the VTAB recipe of the
-                         spec (adapters.vtab.finetune, the same loop) and stored under
+                         spec (adapters.classify.finetune, the same loop) and stored under
                          $TRANSFERBENCH_HOME/classifiers by the cell's training identity; later cells load it.
     stage 'corruption':  one per corruption, once the classifier cell is finished: top-1 error at severities
                          1-5 (metrics error_1 ... error_5; `error` is their mean).
@@ -23,7 +23,6 @@ clean and corrupted differ by the corruption alone.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -37,10 +36,12 @@ from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS
 from ..engine.train import BF16_SETTINGS
 from ..errors import UserError
-from ..reporting.robustness import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, mce, relative_mce  # noqa: F401
-from . import Adapter
+from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
+from ..reporting.robustness import mce, relative_mce  # noqa: F401 (public names)
+from .base import Adapter
 
 CLASSIFIER_VERSION = "1"
+REPORT = "corruption"  # the report kind its cells name (entry point transferbench.reports)
 TRAIN_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "clip", "batch", "steps", "warmup_steps", "resolution",
               "bf16")
 
@@ -167,14 +168,14 @@ def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int 
 # --- the classifier under test ----------------------------------------------------------------------------
 
 def home_dir() -> Path:
-    from ..data.embedded import home
-    return home() / "classifiers"
+    from ..paths import cache
+    return cache("classifiers")
 
 
 def classifier_key(cell) -> str:
     """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
     hyper-parameters and the seed (not the corruption nor how the test images are made)."""
-    from ..reporting.aggregate import digest
+    from ..hashing import digest
     ds = entry(cell)
     ident = {"v": CLASSIFIER_VERSION, "backbone": cell.backbone.partition("@")[0], "weights": cell.checkpoint_sha256,
              "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
@@ -214,7 +215,7 @@ def classifier(cell, ctx):
             with safe_open(str(path), "pt") as f:  # the header only
                 info = json.loads((f.metadata() or {}).get("info", "{}"))
             return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
-        from .vtab import finetune
+        from .classify import finetune
         train = open_clean(ds, ds["train"], ctx.data_dir)
         model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx,
                                desc=f"{cell.dataset} fine-tune seed={cell.seed}")
@@ -232,7 +233,7 @@ class CorruptionAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from .spec import SpecError
+        from ..spec import SpecError
         for i, d in enumerate(spec.datasets):
             ds = CorruptionDataset.model_validate(d.model_dump())
             if ds.source == "tfds" and not ds.tfds:
@@ -285,19 +286,19 @@ class CorruptionAdapter(Adapter):
                             f"needs no download (generating corruptions needs {INSTALL})")
 
     def plan(self, task, backbone, results):
-        from ..engine.cells import make_cell
+        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
                 names = corruption_list(hp.get("corruptions"))
                 base = {k: v for k, v in hp.items() if k != "corruptions"}
                 for seed in task.seeds:
-                    clf = dataclasses.replace(make_cell(task, ds, backbone, base, seed, "classifier"), report="corruption")
+                    clf = make_cell(task, ds, backbone, base, seed, "classifier", report=REPORT)
                     cells.append(clf)
                     rec = results.store.get(clf)
                     if rec is not None and rec["status"] == "ok":
-                        cells += [dataclasses.replace(make_cell(task, ds, backbone, {**base, "corruption": c}, seed,
-                                                                "corruption"), report="corruption") for c in names]
+                        cells += [make_cell(task, ds, backbone, {**base, "corruption": c}, seed, "corruption",
+                                            report=REPORT) for c in names]
         return cells
 
     def run(self, cell, ctx):

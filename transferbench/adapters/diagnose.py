@@ -8,7 +8,7 @@ Cells, per dataset and seed:
                         and head the mean attention distance in pixels (backbones.measures.Probe); and what the
                         weights alone show: DPN's stem scale maps, DTN's mixing weights and kernel widths.
                         Metric `patch_cosine` at the last layer (lower: less over-smoothed).
-    stage 'gradients':  `steps` steps of the VTAB fine-tuning recipe (adapters.vtab.finetune, the one loop) on the
+    stage 'gradients':  `steps` steps of the VTAB fine-tuning recipe (adapters.classify.finetune, the one loop) on the
                         `train` split; after each step's backward the L2 norm of every block's parameter gradients
                         and of the patch embedding's (before clipping). Per layer: mean over the last `grad_last`
                         steps; the patch embedding's over every step. Metric `embed_grad_norm` (mean over the last
@@ -18,7 +18,6 @@ the tables (one per measure) and the figures.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
@@ -26,8 +25,7 @@ import torch
 
 from ..engine.train import BF16_SETTINGS
 from ..errors import UserError
-from . import Adapter
-from .vtab import ClassificationDataset, classification_entry as entry, open_split, require_splits, validate_entries
+from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
 REPORT = "diagnostics"
 STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "min")}
@@ -64,7 +62,6 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
 def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
     """Per-step gradient norms of every block and of the patch embedding over the VTAB recipe's steps."""
     from ..backbones.measures import layer_grad_norms, summarise
-    from .vtab import finetune
 
     layers, embed = [], []
 
@@ -81,31 +78,27 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
             "train": {k2: info[k2] for k2 in ("final_loss", "bf16", "train_seconds", "head") if k2 in info}}
 
 
-class DiagnoseAdapter(Adapter):
+class DiagnoseAdapter(ClassificationAdapter):
     name = "diagnose"
-    dataset_schema = ClassificationDataset
     hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS}
 
-    def validate(self, spec, source="<spec>"):
-        super().validate(spec, source)
-        validate_entries(spec, source)
+    data_name = "diagnostics"
 
-    def check_data(self, task, ctx) -> None:
+    def check_hparams(self, task) -> None:
         for hp in task.grid():
             if int(hp["images"]) < 1 or int(hp["steps"]) < 1 or int(hp["grad_last"]) < 1:
                 raise UserError(f"images={hp['images']}, steps={hp['steps']}, grad_last={hp['grad_last']}: each must "
                                 "be at least 1 (set them with --set KEY=N)")
-        require_splits(task, ctx, "diagnostics")
 
     def plan(self, task, backbone, results):
-        from ..engine.cells import make_cell
+        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
                 for seed in task.seeds:
                     for stage, (metric, mode) in STAGES.items():
-                        cells.append(dataclasses.replace(make_cell(task, ds, backbone, hp, seed, stage),
-                                                         metric=metric, mode=mode, report=REPORT))
+                        cells.append(make_cell(task, ds, backbone, hp, seed, stage, metric=metric, mode=mode,
+                                               report=REPORT))
         return cells
 
     def run(self, cell, ctx):

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..data.sources import DatasetEntry
 from ..engine.train import BF16_SETTINGS
-from . import Adapter, plan_select_then_final
+from .base import Adapter, plan_select_then_final
 
 BIAS = 100.0
 DEFAULT_L2 = 2.0 ** 10

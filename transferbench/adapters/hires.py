@@ -8,7 +8,7 @@ Cells, per dataset and seed, with the same hyper-parameters (so the record holds
     stage 'base':  the recipe at `base_resolution` (default: the checkpoint's own), evaluated there;
     stage 'high':  the recipe at `resolution`, evaluated there.
 Both stages train with the same recipe, so their paired per-seed difference (the report's "gain") is what the
-resolution alone buys. Training is adapters.vtab.finetune (engine.train.fit: the one loop). With `head: auto` a
+resolution alone buys. Training is adapters.classify.finetune (engine.train.fit: the one loop). With `head: auto` a
 checkpoint whose head has the dataset's classes (an ImageNet-1k fine-tuned file for imagenet2012) keeps it, as
 DPN's App. D continues an ImageNet classifier; otherwise the head is new and zero-initialised.
 
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
-from typing import Literal
 
 from ..data.transforms import AUGMENTATIONS
 from ..engine.train import BF16_SETTINGS
 from ..errors import UserError
-from . import Adapter
-from .vtab import ClassificationDataset, classification_entry as entry, open_split, require_splits, validate_entries
+from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
 REPORT = "hires"
 STAGES = ("base", "high")
@@ -67,25 +65,21 @@ def eval_resize_small(hp: dict, resolution: int) -> int:
     return max(resolution, round(resolution * float(hp["eval_resize_small"]) / float(hp["resolution"])))
 
 
-class HiresAdapter(Adapter):
+class HiresAdapter(ClassificationAdapter):
     name = "hires"
-    dataset_schema = ClassificationDataset
     hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "head": ("auto", "new"),
                       "augment": (*AUGMENTATIONS, "dataset")}
 
-    def validate(self, spec, source="<spec>"):
-        super().validate(spec, source)
-        validate_entries(spec, source)
+    data_name = "high-res"
 
-    def check_data(self, task, ctx) -> None:
+    def check_hparams(self, task) -> None:
         for hp in task.grid():
             if int(hp["resolution"]) < 1 or float(hp["eval_resize_small"]) < float(hp["resolution"]):
                 raise UserError(f"resolution={hp['resolution']}, eval_resize_small={hp['eval_resize_small']}: the "
                                 "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)")
-        require_splits(task, ctx, "high-res")
 
     def plan(self, task, backbone, results):
-        from ..engine.cells import make_cell
+        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
@@ -96,14 +90,12 @@ class HiresAdapter(Adapter):
                 fixed = {**hp, "base_resolution": base}
                 for seed in task.seeds:
                     for stage in STAGES:
-                        cells.append(dataclasses.replace(make_cell(task, ds, backbone, fixed, seed, stage),
-                                                         report=REPORT))
+                        cells.append(make_cell(task, ds, backbone, fixed, seed, stage, report=REPORT))
         return cells
 
     def run(self, cell, ctx):
         from ..data.transforms import eval_transform
         from ..engine.train import accuracy
-        from .vtab import finetune
 
         hp = cell.hparams
         ds = entry(cell.dataset, cell.dataset_config)

@@ -3,7 +3,7 @@
 Protocol (numbers in tasks/pretrain.yaml): Adam with decoupled weight decay, linear warm-up then cosine
 to 0, sigmoid cross-entropy on one-hot targets, gradient clip 1.0, dropout and stochastic depth 0.1 for
 B and L. The record's info holds the checkpoint path and sha256; `NAME@embedded` backbones resolve to it
-(`pretrained_checkpoint`, through transferbench.adapters.resolve_backbone) and pretrain on demand.
+(`embedded_checkpoint`, the `embedded` weights provider of backbones.weights) and pretrain on demand.
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ..data import embedded
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
 from ..engine.train import (BF16_SETTINGS, accuracy, cross_entropy, fit, sigmoid_cross_entropy,
                             train_batches)
 from ..errors import UserError
-from . import Adapter, plan_select_then_final
+from ..paths import cache
+from .base import Adapter, plan_select_then_final
 
 
 class PretrainDataset(BaseModel):
@@ -39,7 +39,7 @@ def load_split(cell, split: str, data_dir=None):
 
 
 def checkpoint_path(cell) -> Path:
-    return embedded.home() / "checkpoints" / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
+    return cache("checkpoints") / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
 
 
 LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}
@@ -55,7 +55,7 @@ class PretrainAdapter(Adapter):
 
     def run(self, cell, ctx):
         from ..backbones import SIZES, create_backbone, parse_name, save_checkpoint
-        from ..engine.cells import file_sha256
+        from ..hashing import file_sha256
 
         hp = cell.hparams
         torch.manual_seed(cell.seed)
@@ -96,20 +96,26 @@ PRETRAIN_SETS: tuple = ()  # --set overrides for that suite (tests shorten it; u
 SHIPPED = Path(__file__).resolve().parent.parent / "weights"
 
 
+def embedded_checkpoint(name: str) -> Path:
+    """The weights provider of `NAME@embedded` (entry point group transferbench.weights)."""
+    return pretrained_checkpoint(name, "embedded")
+
+
 def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path | None:
     """The checkpoint of task `pretrain` (suite `source`) for backbone `name`, or None when `source` is
     not a pretraining suite (a file path, then): the one shipped in transferbench/weights when its cell
     key matches (same profile, data and protocol version), else the record's, pretraining first when
     the record is missing (a record is reused, as for any cell)."""
-    from ..engine.cells import RANDOM_INIT, BackboneRef, file_sha256
+    from ..cell import RANDOM_INIT, BackboneRef
+    from ..hashing import file_sha256
     from ..engine.runner import Results, run_task
-    from ..reporting.records import RecordStore
-    from . import prepare_task
+    from ..records.store import RecordStore
+    from .base import prepare_task
 
     if source not in PRETRAINED:
         return None
     task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
-    out = embedded.home() / "pretrain"
+    out = cache("pretrain")
     ref = BackboneRef(name, name, None, RANDOM_INIT)
     store = RecordStore(out)
     (cell,) = [c for c in task.adapter.plan(task, ref, Results(store)) if c.stage == "final"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from timm.layers import resample_abs_pos_embed
 from torch import nn
 
 from ..errors import UserError
+from ..paths import atomic_path
 
 log = logging.getLogger("transferbench")
 FORMAT = "transferbench"
@@ -55,13 +55,8 @@ def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
                 img_size=json.dumps(list(model.img_size)), num_classes=str(model.num_classes),
                 config=json.dumps(model.config, sort_keys=True))
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -134,8 +134,8 @@ class Probe:
 
 
 def summarise(samples) -> dict:
-    """Samples (n, ...) -> {"mean", "sd" (ddof 1; 0 for one sample), "n"}, arrays as lists: what records keep and
-    `pool` combines over seeds."""
+    """Samples (n, ...) -> {"mean", "sd" (ddof 1; 0 for one sample), "n"}, arrays as lists: what records keep;
+    records.stats.pool combines them over seeds."""
     a = np.asarray(samples, dtype=np.float64)
     sd = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1:])
     return {"mean": a.mean(axis=0).tolist(), "sd": sd.tolist(), "n": int(len(a))}
@@ -147,16 +147,3 @@ def layer_grad_norms(model: nn.Module) -> tuple[list[float], float]:
         gs = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
         return float(torch.stack(gs).sum().sqrt()) if gs else 0.0
     return [norm(b) for b in model.blocks], norm(model.patch_embed)
-
-
-def pool(parts: list[dict]) -> dict:
-    """Pool per-seed {"mean", "sd", "n"} summaries (arrays of the same shape) into one over all their samples:
-    the grand mean and the standard deviation from the within- and between-part sums of squares."""
-    means = [np.asarray(p["mean"], dtype=np.float64) for p in parts]
-    sds = [np.asarray(p["sd"], dtype=np.float64) for p in parts]
-    ns = np.asarray([p["n"] for p in parts], dtype=np.float64)
-    total = ns.sum()
-    grand = sum(n * m for n, m in zip(ns, means)) / total
-    ss = sum((n - 1) * s ** 2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
-    sd = np.sqrt(ss / max(total - 1, 1))
-    return {"mean": grand, "sd": sd, "n": int(total)}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,15 +28,10 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
+from ..paths import atomic_path, cache
 from .folder import DataMissingError
+from .imagenet_c import CORRUPTIONS, FAMILIES, SEVERITIES  # noqa: F401 (public names)
 
-# the 15 corruptions, in the paper's order, and its four families (brightness is a weather corruption)
-CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-               "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-               "jpeg_compression")
-FAMILIES = {"noise": CORRUPTIONS[0:3], "blur": CORRUPTIONS[3:7], "weather": CORRUPTIONS[7:11],
-            "digital": CORRUPTIONS[11:15]}
-SEVERITIES = (1, 2, 3, 4, 5)
 GENERATOR_VERSION = "1"  # bump when generation (geometry, seeding) changes
 PACKAGE = "imagecorruptions-imaug"
 INSTALL = "pip install 'transferbench[corruptions]' (imagecorruptions-imaug==1.1.5)"
@@ -178,12 +172,11 @@ def generate(clean: np.ndarray, corruption: str, severity: int, seeds, size: int
 # --- the content-addressed cache ----------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    from .embedded import home
-    return home() / "corruptions"
+    return cache("corruptions")
 
 
 def cache_key(**identity) -> str:
-    from ..reporting.aggregate import digest
+    from ..hashing import digest
     return digest(identity)
 
 
@@ -221,15 +214,9 @@ def cached(key: str, compute) -> tuple[ArraySet, bool]:
         if (folder / "labels.npy").is_file():  # made by the run that held the lock
             return load(), True
         images, labels = compute()
-        tmp = folder.parent / f".{key}.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
+        with atomic_path(folder, directory=True) as tmp:
             np.save(tmp / "images.npy", np.ascontiguousarray(images, dtype=np.uint8))
             np.save(tmp / "labels.npy", np.asarray(labels, dtype=np.int64))
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return load(), False
 
 

@@ -12,10 +12,7 @@ Opening a split verifies the sha256 of its list and of every image it names.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -24,6 +21,8 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
+from ..hashing import sha256_file
+from ..paths import atomic_path
 
 SPLITS = ("train800", "val200", "train800val200", "test")
 MANIFEST = "MANIFEST.sha256"
@@ -38,14 +37,6 @@ class CorruptDataError(UserError):
     """A file whose sha256 differs from the manifest."""
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.ndarray, int]]], info: dict) -> Path:
     """Write `splits` ({'train800': [(uint8 HxW or HxWx3, label), ...], 'val200': ..., 'test': ...}; any
     iterables, consumed once) as PNGs plus lists, manifest and info. A label that is an array is a
@@ -54,34 +45,31 @@ def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.nd
     (written aside, then renamed)."""
     root = Path(root)
     final = root / name
-    tmp = root / f".{name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "images").mkdir(parents=True)
-    lists: dict[str, list[str]] = {}
-    for split, items in splits.items():
-        lines = []
-        for i, (img, label) in enumerate(items):
-            rel = f"images/{split}/{i:05d}.png"
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(np.asarray(img, dtype=np.uint8)).save(tmp / rel, optimize=False, compress_level=1)
-            if isinstance(label, np.ndarray):
-                mask_rel = f"masks/{split}/{i:05d}.png"
-                (tmp / mask_rel).parent.mkdir(parents=True, exist_ok=True)
-                Image.fromarray(label.astype(np.uint8)).save(tmp / mask_rel, optimize=False, compress_level=1)
-                lines.append(f"{rel} {mask_rel}")
-            else:
-                lines.append(f"{rel} {int(label)}")
-        lists[split] = lines
-    if "train800" in lists and "val200" in lists:
-        lists["train800val200"] = lists["train800"] + lists["val200"]
-    for split, lines in lists.items():
-        (tmp / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    info = {**info, "name": name, "sizes": {s: len(v) for s, v in lists.items()}}
-    (tmp / INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
-    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
-    (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.relative_to(tmp).as_posix()}\n" for p in files))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with atomic_path(final, directory=True) as tmp:
+        (tmp / "images").mkdir()
+        lists: dict[str, list[str]] = {}
+        for split, items in splits.items():
+            lines = []
+            for i, (img, label) in enumerate(items):
+                rel = f"images/{split}/{i:05d}.png"
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(np.asarray(img, dtype=np.uint8)).save(tmp / rel, optimize=False, compress_level=1)
+                if isinstance(label, np.ndarray):
+                    mask_rel = f"masks/{split}/{i:05d}.png"
+                    (tmp / mask_rel).parent.mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(label.astype(np.uint8)).save(tmp / mask_rel, optimize=False, compress_level=1)
+                    lines.append(f"{rel} {mask_rel}")
+                else:
+                    lines.append(f"{rel} {int(label)}")
+            lists[split] = lines
+        if "train800" in lists and "val200" in lists:
+            lists["train800val200"] = lists["train800"] + lists["val200"]
+        for split, lines in lists.items():
+            (tmp / f"{split}.txt").write_text("\n".join(lines) + "\n")
+        info = {**info, "name": name, "sizes": {s: len(v) for s, v in lists.items()}}
+        (tmp / INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
+        files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
+        (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.relative_to(tmp).as_posix()}\n" for p in files))
     return final
 
 

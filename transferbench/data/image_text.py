@@ -20,6 +20,7 @@ from typing import Iterator
 from PIL import Image
 
 from ..errors import UserError
+from ..paths import atomic_path
 from .folder import DataMissingError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -141,7 +142,7 @@ def pairs_identity(spec: str) -> dict:
     tfds and webdataset shards are (re-exported images belong under a new file name)."""
     import hashlib
 
-    from ..engine.cells import file_sha256
+    from ..hashing import file_sha256
     if str(spec).lower().endswith(CSV_SUFFIXES):
         path = Path(spec)
         if not path.is_file():
@@ -167,44 +168,31 @@ def write_shards(root, name: str, pairs, info: dict, shard_size: int = 1024) -> 
     in order, fixed tar metadata so the bytes depend on the pairs only) with info.json and a sha256
     MANIFEST, appearing atomically (written aside, then renamed)."""
     import json
-    import os
-    import shutil
 
     import numpy as np
     import webdataset as wds
 
-    from .folder import INFO, MANIFEST, sha256_file
+    from ..hashing import sha256_file
+    from .folder import INFO, MANIFEST
 
     root = Path(root)
-    final, tmp = root / name, root / f".{name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    writer, n = None, 0
-    for i, (img, caption) in enumerate(pairs):
-        if i % shard_size == 0:
-            if writer is not None:
-                writer.close()
-            writer = wds.TarWriter(str(tmp / f"pairs-{i // shard_size:05d}.tar"), mtime=0.0)
-        buf = io.BytesIO()
-        Image.fromarray(np.asarray(img, dtype=np.uint8)).save(buf, format="PNG", optimize=False, compress_level=1)
-        writer.write({"__key__": f"{i:06d}", "png": buf.getvalue(), "txt": caption})
-        n += 1
-    if writer is not None:
-        writer.close()
-    (tmp / INFO).write_text(json.dumps({**info, "name": name, "pairs": n, "shard_size": shard_size},
-                                       indent=1, sort_keys=True))
-    files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
-    (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in files))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    final = root / name
+    with atomic_path(final, directory=True) as tmp:
+        writer, n = None, 0
+        for i, (img, caption) in enumerate(pairs):
+            if i % shard_size == 0:
+                if writer is not None:
+                    writer.close()
+                writer = wds.TarWriter(str(tmp / f"pairs-{i // shard_size:05d}.tar"), mtime=0.0)
+            buf = io.BytesIO()
+            Image.fromarray(np.asarray(img, dtype=np.uint8)).save(buf, format="PNG", optimize=False, compress_level=1)
+            writer.write({"__key__": f"{i:06d}", "png": buf.getvalue(), "txt": caption})
+            n += 1
+        if writer is not None:
+            writer.close()
+        (tmp / INFO).write_text(json.dumps({**info, "name": name, "pairs": n, "shard_size": shard_size},
+                                           indent=1, sort_keys=True))
+        files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
+        (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in files))
     return final
 
-
-def embedded_pairs(name: str = "captions") -> ShardPairs:
-    """The embedded image-text set (generated on first use), its shards verified against the manifest."""
-    from . import embedded
-    from .folder import verify_files
-    folder = embedded.ensure([name]) / name
-    shards = sorted(folder.glob("pairs-*.tar"))
-    verify_files(folder, name, [s.name for s in shards])
-    return ShardPairs(shards)

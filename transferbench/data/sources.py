@@ -6,6 +6,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import UserError
 from . import embedded
 from .folder import FolderDataset
 
@@ -21,6 +22,18 @@ class DatasetEntry(BaseModel):
     set: str | None = None  # the embedded set (source embedded), when it differs from `name`
     train: str  # tfds split string (tfds) or folder split name (embedded)
     test: str
+
+
+def with_generator_version(ds):
+    """A spec's dataset entry with its embedded generator's version (part of every cell key), from the embedded
+    suite's one table of versions; other entries as they are."""
+    if getattr(ds, "source", None) != "embedded" or ds.version:
+        return ds
+    name = getattr(ds, "set", None) or ds.name  # `set:` names the embedded set when the dataset's name differs
+    if name not in embedded.VERSIONS:
+        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no set {name!r}; "
+                        f"sets: {', '.join(embedded.VERSIONS)}")
+    return ds.model_copy(update={"version": embedded.version(name)})
 
 
 def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None = None):

@@ -22,7 +22,7 @@ FOLDER_SPLITS = {"train800": "train", "val200": "val", "test": "test"}
 @lru_cache(maxsize=1)
 def tasks() -> dict:
     """task name -> its dataset entry in tasks/vtab.yaml (the 19 tfds tasks, not the embedded sets)."""
-    from ..adapters.spec import load_task
+    from ..spec import load_task
     return {d.name: d for d in load_task("vtab").datasets if getattr(d, "source", "tfds") == "tfds"}
 
 

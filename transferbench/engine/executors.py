@@ -8,7 +8,7 @@ need no shared file system for them, and a worker that dies leaves nothing behin
   the cores and, when several GPUs are visible, its own GPU.
 - `RayExecutor`: one Ray task per cell on a Ray cluster (`--executor ray`; extra `scale`).
 
-`submit(cell)` returns a `concurrent.futures.Future` of the cell's outcome (`engine.runner.compute_cell`).
+`submit(cell)` returns a `concurrent.futures.Future` of the cell's outcome (`engine.compute.compute_cell`).
 A future that fails with `WorkerLost` means that the process computing it died (kill -9, the out-of-memory
 killer, a lost node): the runner submits the cell again or records it failed. `slots` is how many cells
 may be in flight at once.
@@ -66,7 +66,7 @@ class InlineExecutor:
             torch.set_num_threads(self.threads)
 
     def submit(self, cell) -> Future:
-        from .runner import compute_cell
+        from .compute import compute_cell
         f: Future = Future()
         f.set_result(compute_cell(self.adapter, cell, self.ctx))  # a KeyboardInterrupt propagates from here
         return f
@@ -115,7 +115,7 @@ def _init_worker(threads: int, gpu: str | None, pid) -> None:
 
 
 def _compute_in_worker(adapter, cell, ctx) -> dict:
-    from .runner import compute_cell
+    from .compute import compute_cell
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return compute_cell(adapter, cell, ctx)
@@ -218,7 +218,7 @@ def _ray_compute(adapter, cell, ctx, threads: int, checkpoint_ref) -> dict:
     when this node sees the same file there, else from the object store into this node's cache."""
     import torch
 
-    from .runner import compute_cell
+    from .compute import compute_cell
     torch.set_num_threads(threads)
     if cell.checkpoint is not None:
         cell = dataclasses.replace(cell, checkpoint=str(local_checkpoint(cell, checkpoint_ref)))
@@ -229,18 +229,16 @@ def local_checkpoint(cell, checkpoint_ref) -> Path:
     """`cell.checkpoint` where this node has that file (same sha256), else the driver's copy from the object
     store written into $TRANSFERBENCH_HOME/checkpoints/<sha256><suffix> (atomically: tasks on one node may
     race)."""
-    from ..data.embedded import home
-    from .cells import file_sha256
+    from ..paths import atomic_path, cache
+    from ..hashing import file_sha256
 
     path = Path(cell.checkpoint)
     if path.is_file() and file_sha256(path) == cell.checkpoint_sha256:
         return path
-    cached = home() / "checkpoints" / f"{cell.checkpoint_sha256}{path.suffix}"
+    cached = cache("checkpoints") / f"{cell.checkpoint_sha256}{path.suffix}"
     if not cached.is_file() or file_sha256(cached) != cell.checkpoint_sha256:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(_ray().get(checkpoint_ref[0]))
-        os.replace(tmp, cached)
+        with atomic_path(cached) as tmp:
+            tmp.write_bytes(_ray().get(checkpoint_ref[0]))
     return cached
 
 

@@ -8,19 +8,18 @@ int64) under $TRANSFERBENCH_HOME/features, written atomically.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..paths import atomic_path, cache
+
 FEATURES_VERSION = "1"  # bump when extraction itself changes
 
 
 def cache_dir() -> Path:
-    from ..data.embedded import home
-    return home() / "features"
+    return cache("features")
 
 
 def precision(setting, device: str, *, backbone: str, resolution: int, pool: str, build, batch: int = 256):
@@ -40,7 +39,7 @@ def precision(setting, device: str, *, backbone: str, resolution: int, pool: str
 def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str,
               pool: str = "model") -> str:
     """`pool`: the backbone's own pre-logits ('model') or the named pooling ('tok', 'gap')."""
-    from ..reporting.aggregate import digest
+    from ..hashing import digest
     representation = "pre_logits" if pool == "model" else f"pre_logits:{pool}"
     ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": representation,
              "transform": transform, "dataset": dataset, "split": split}
@@ -100,15 +99,8 @@ def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
             return z["features"], z["labels"], True
     feats, labels = compute()
     labels = _labels(labels)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".npz") as tmp:  # savez appends .npz to a name without it
         np.savez(tmp, features=feats.astype(np.float32), labels=labels)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return feats.astype(np.float32), labels, False
 
 

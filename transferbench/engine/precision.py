@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..hashing import digest
+from ..paths import atomic_path, cache
 
 BF16_SETTINGS = ("auto", "on", "off", True, False)
 PROBE_VERSION = "1"  # bump when the probe's procedure changes: older decisions are not reused
@@ -92,12 +94,9 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
         return Precision(ok, {"setting": "auto", "decided_by": "cuda bf16 support" if ok else "no cuda bf16 support"})
     if device == "cpu" and not cpu_bf16_units():
         return Precision(False, {"setting": "auto", "decided_by": "no cpu bf16 units (emulated bf16 is slower)"})
-    from ..data.embedded import home
-    from ..reporting.aggregate import digest
-
     kind = device_kind(device)
     key = digest({"v": PROBE_VERSION, "device": kind, "step": signature}, 24)
-    path = home() / "bf16-probe" / f"{key}.json"
+    path = cache("bf16-probe") / f"{key}.json"
     timing = _read(path)
     cached = timing is not None
     if timing is None:
@@ -138,18 +137,12 @@ def _read(path: Path) -> dict | None:
 
 
 def _write(path: Path, entry: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(entry, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def shapes(model: torch.nn.Module) -> dict:
     """A model's architecture as far as speed goes: its class and every parameter's name and shape."""
-    from ..reporting.aggregate import digest
     return {"class": type(model).__name__,
             "parameters": digest([(n, list(p.shape)) for n, p in model.named_parameters()], 16)}
 

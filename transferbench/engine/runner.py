@@ -2,55 +2,21 @@
 against a second run writing into the same folder."""
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
-import platform
-import subprocess
 import sys
 import time
-import traceback
 import uuid
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from functools import lru_cache
-from pathlib import Path
-from typing import Iterable
 
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..reporting.aggregate import select_best
-from ..reporting.records import FINISHED, RecordStore, Timeout
-
-
-class Diverged(Exception):
-    """Raised by a training loop whose loss is not finite: the cell is recorded as `diverged`."""
-
-
-def check_finite(value, what: str = "loss", step: int | None = None) -> None:
-    v = float(value)
-    if not math.isfinite(v):
-        raise Diverged(f"non-finite {what} {v}" + (f" at step {step}" if step is not None else ""))
-
-
-@dataclass
-class CellContext:
-    """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
-    a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
-    data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
-    batch) and progress bars."""
-    device: str | None
-    show_progress: bool = True
-    data_dir: str | None = None
-    workers: int = 0
-    micro_batch: int | None = None
-
-    def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
-        return tqdm(iterable, total=total, desc=desc, leave=False, position=1, dynamic_ncols=True,
-                    disable=None if self.show_progress else True)
+from .compute import (CellContext, Diverged, check_finite, compute_cell, default_device,  # noqa: F401 (public names)
+                      environment, lost_outcome)
+from ..records.aggregate import select_best
+from ..records.store import FINISHED, RecordStore, Timeout
 
 
 class Results:
@@ -83,53 +49,13 @@ class RunSummary:
                 f"{self.skipped} skipped (already finished)")
 
 
-@lru_cache(maxsize=1)
-def environment() -> dict:
-    import numpy
-    import timm
-    import torch
-
-    from .. import __version__
-    env = {"python": platform.python_version(), "platform": platform.platform(), "transferbench": __version__,
-           "torch": torch.__version__, "timm": timm.__version__, "numpy": numpy.__version__,
-           "device": _device_name(), "git_sha": _git_sha(), "host": platform.node()}
-    return env
-
-
-def _device_name() -> str:
-    import torch
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu: {line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return f"cpu: {platform.processor() or 'unknown'} x{os.cpu_count()}"
-
-
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def default_device() -> str:
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, executor=None,
              show_progress: bool = True, device: str | None = None, data_dir: str | None = None, workers: int = 0,
-             micro_batch: int | None = None, retries: int = 1) -> RunSummary:
+             micro_batch: int | None = None, retries: int = 1, check_data: bool = True) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
     An adapter with a `check_data(task, ctx)` method checks its data first (a UserError stops the run
-    before any cell).
+    before any cell); `check_data=False` when the caller has just done so (the CLI checks before pretraining).
 
     `executor` (engine.executors; default: this process, one cell at a time) computes the cells; this
     function alone plans, locks and writes records. The plan is asked again whenever cells finish, so a
@@ -147,7 +73,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     results = Results(store)
     executor = executor or InlineExecutor()
     ctx = CellContext(device, show_progress, data_dir, workers, micro_batch)
-    if hasattr(adapter, "check_data"):
+    if check_data and hasattr(adapter, "check_data"):
         adapter.check_data(task, ctx)
     summary = RunSummary(uuid.uuid4().hex[:12])
     attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
@@ -252,38 +178,6 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     return summary
 
 
-def compute_cell(adapter, cell, ctx: CellContext) -> dict:
-    """Run one cell where the executor put it and return its outcome (status, metrics, info, reason,
-    seconds, environment, traceback): everything its record needs besides the cell. A UserError comes back
-    as {"stop": message}: the runner stops the run with it."""
-    if ctx.device is None:
-        ctx = dataclasses.replace(ctx, device=default_device())
-    started = time.time()
-    metrics, info, reason, tb = {}, {}, "", None
-    try:
-        result = dict(adapter.run(cell, ctx) or {})
-        info = result.pop("info", {})
-        metrics = _check_metrics(result, cell)
-        status = "ok"
-    except Diverged as e:
-        status, reason = "diverged", str(e)
-    except UserError as e:
-        return {"stop": str(e)}
-    except Exception as e:  # noqa: BLE001 - one broken cell must not stop the plan
-        status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
-    if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
-        status, reason = "diverged", "non-finite metric"
-    return {"status": status, "reason": reason, "metrics": metrics, "info": info,
-            "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb}
-
-
-def lost_outcome(error: Exception, attempts: int) -> dict:
-    """The outcome of a cell whose worker died on every attempt: failed, so that a rerun tries it again."""
-    return {"status": "failed", "reason": f"{type(error).__name__}: {error} ({attempts} attempt"
-                                          f"{'s' if attempts > 1 else ''})",
-            "metrics": {}, "info": {}, "seconds": 0.0, "environment": environment(), "traceback": None}
-
-
 def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) -> str:
     status = outcome["status"]
     if status == "failed":
@@ -298,12 +192,3 @@ def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) 
     return status
 
 
-def _check_metrics(result: dict, cell) -> dict:
-    metrics = {}
-    for split, values in result.items():
-        if not isinstance(values, dict):
-            raise TypeError(f"adapter returned {split}={values!r}; expected {{split: {{metric: value}}}}")
-        metrics[split] = {k: float(v) for k, v in values.items()}
-    if not any(cell.metric in m for m in metrics.values()):
-        raise ValueError(f"adapter returned no {cell.metric!r} metric (splits: {sorted(metrics)})")
-    return metrics

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
-from .runner import check_finite
+from .compute import check_finite
 
 
 def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
@@ -110,12 +110,13 @@ def batched(dataset, transform) -> bool:
 
 
 def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0,
-                  joint: bool = False) -> Iterator:
+                  joint: bool = False, per_example: bool = False) -> Iterator:
     """`steps` batches of (images, labels) from the shuffled, repeated dataset; `joint`: the transform
     maps (image, target) pairs (segmentation). In-memory sets are transformed a batch at a time, from the
-    same per-example seeds and draws (same tensors as the per-example path)."""
+    same per-example seeds and draws (same tensors as the per-example path; `per_example` forces that path, for
+    the tests and benchmarks that compare the two)."""
     sampler = _EpochSampler(len(dataset), seed, batch * steps)
-    if not joint and batched(dataset, transform):
+    if not joint and not per_example and batched(dataset, transform):
         return _array_train_batches(dataset, transform, sampler, batch)
     loader = torch.utils.data.DataLoader(_Seeded(dataset, transform, joint), batch_size=batch, sampler=sampler,
                                          num_workers=workers, persistent_workers=False,
@@ -153,8 +154,8 @@ class _InOrder(_Seeded):
         return super().__getitem__((i, None))
 
 
-def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0) -> Iterator:
-    if batched(dataset, transform):
+def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0, per_example: bool = False) -> Iterator:
+    if not per_example and batched(dataset, transform):
         return _array_eval_batches(dataset, transform, batch)
     return iter(torch.utils.data.DataLoader(_InOrder(dataset, transform), batch_size=batch, shuffle=False,
                                             num_workers=workers))

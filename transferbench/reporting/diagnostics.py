@@ -4,7 +4,7 @@ ViT / ConViT scatter), DPN's stem scale maps as images, DTN's mixing weights and
 patch embedding's gradient norm over the fine-tuning steps.
 
 Intervals: forward measures pool every image of every seed (per-seed summaries pooled by
-backbones.measures.pool; a t-interval over images), gradient norms pool the last `grad_last` steps of every seed.
+records.stats.pool; a t-interval over images), gradient norms pool the last `grad_last` steps of every seed.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 from scipy import stats as _scipy
 
 from .figures import finish, pyplot
-from .stats import Estimate
-from .tables import Cellv, TaskTable
+from ..records.stats import Estimate, pool
+from .tables import Cellv, Report, TaskTable, to_markdown
 
 REPORT = "diagnostics"
 DEPTH_MEASURES = {  # key -> title
@@ -52,7 +52,6 @@ def collect(records: list[dict]) -> dict:
 
 def pooled(parts: list[dict], key: str) -> dict | None:
     """A measure pooled over seeds: {"mean", "sd", "n", "ci"} arrays (ci: 95% t half-width)."""
-    from ..backbones.measures import pool
     have = [p[key] for p in parts if key in p]
     if not have:
         return None
@@ -285,3 +284,17 @@ def figures(records: list[dict], folder: Path, stem: str) -> list[tuple[str, str
             if path is not None:
                 out.append((ds, caption, path))
     return out
+
+
+def leaderboard_section(records: list[dict], tables_: list, task: str, out) -> list[str]:
+    """Per dataset: the figures, then a table per measure."""
+    lines = []
+    pngs = figures(records, out.parent, out.stem)
+    for dataset in dict.fromkeys(x.setting.split(";")[0] for x in tables_):
+        lines += [f"### {dataset}", ""]
+        lines += [f"![{caption}, {dataset}]({png.name})\n" for d, caption, png in pngs if d == dataset]
+        lines += [to_markdown(x, title=False) for x in tables_ if x.setting.split(";")[0] == dataset]
+    return lines
+
+
+KIND = Report(tables, section=leaderboard_section, uses_reference=False)  # entry point transferbench.reports: diagnostics

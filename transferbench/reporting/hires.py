@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..errors import UserError, close_matches
-from .stats import bootstrap_suite_mean, mean_ci, paired_difference, paired_suite_difference
-from .tables import Cellv, TaskTable, _judge, seed_counts
+from ..records.stats import bootstrap_suite_mean, mean_ci, paired_difference, paired_suite_difference
+from .tables import Cellv, Report, TaskTable, _judge, seed_counts
 
 REPORT = "hires"
 PARTS = ("base", "high", "gain")
@@ -73,3 +73,6 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             table.seeds[b] = seed_counts(v.estimate.n for v in row.values() if v.estimate)
         out.append(table)
     return out
+
+
+KIND = Report(tables)  # entry point transferbench.reports: hires

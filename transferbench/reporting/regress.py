@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from tabulate import tabulate
 
-from .aggregate import canon
+from ..hashing import canon
 
 
 @dataclass

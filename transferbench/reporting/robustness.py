@@ -18,26 +18,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, FAMILIES  # noqa: F401 (public names)
 from ..errors import UserError, close_matches
-from .stats import mean_ci, paired_difference
-from .tables import Cellv, TaskTable, _judge, seed_counts
+from ..records.stats import mean_ci, paired_difference
+from .figures import plot_deltas
+from .tables import Cellv, Report, TaskTable, _judge, default_reference, seed_counts, to_markdown
 
-CORRUPTIONS = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-               "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-               "jpeg_compression")
 SHORT = dict(zip(CORRUPTIONS, ("gauss", "shot", "impulse", "defocus", "glass", "motion", "zoom", "snow", "frost",
                                "fog", "bright", "contrast", "elastic", "pixel", "jpeg")))
-FAMILIES = {"noise": CORRUPTIONS[0:3], "blur": CORRUPTIONS[3:7], "weather": CORRUPTIONS[7:11],
-            "digital": CORRUPTIONS[11:15]}
-# AlexNet's top-1 error on ImageNet-C per corruption, mean over the 5 severities (hendrycks/robustness,
-# google-research/augmix; PROTOCOLS.md "ImageNet-C")
-ALEXNET_ERRORS = dict(zip(CORRUPTIONS, (0.886428, 0.894468, 0.922640, 0.819880, 0.826268, 0.785948, 0.798360,
-                                        0.866816, 0.826572, 0.819324, 0.564592, 0.853204, 0.646056, 0.717840,
-                                        0.606500)))
-# AlexNet's clean top-1 error on the ImageNet validation set: torchvision's AlexNet (acc@1 56.522), the model
-# the errors above were measured with (hendrycks/robustness ImageNet-C/test.py); the paper's Table 1 rounds
-# it to 43.5
-ALEXNET_CLEAN_ERROR = 0.43478
 CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
 
 
@@ -144,7 +132,6 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
                             f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
         ref_name, chosen = reference, ""
         if ref_name is None and meta["baseline"] == "reference":
-            from .leaderboard import default_reference
             ref_name = default_reference(backbones)  # the plain backbone the others modify, if there is one
             chosen = ", the plain backbone; choose another with --reference" if ref_name else ""
         base, base_clean, words = baseline_for(meta["baseline"], by_backbone.get(ref_name) if ref_name else None)
@@ -222,3 +209,21 @@ def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
     axes[0].set_ylabel("top-1 error (%)")
     fig.suptitle(f"{task} / {dataset}: error vs severity, mean ± 95% CI over seeds", fontsize=9)
     return finish(fig, path, axes[-1])
+
+
+def leaderboard_section(records: list[dict], tables_: list, task: str, out) -> list[str]:
+    """Per dataset: its table, the error-vs-severity figure and the Δ figure."""
+    lines = []
+    for x in tables_:
+        dataset = x.setting.split(";")[0]
+        lines += [f"### {dataset}", "", to_markdown(x, title=False)]
+        png = plot_severity(records, task, dataset, out.parent / f"{out.stem}_{task}_{dataset}.png")
+        if png:
+            lines += [f"![error vs severity, {dataset}]({png.name})", ""]
+        png = plot_deltas(x, out.parent / f"{out.stem}_{task}_{dataset}_delta.png")
+        if png:
+            lines += [f"![Δ vs {x.reference}, {dataset}]({png.name})", ""]
+    return lines
+
+
+KIND = Report(tables, section=leaderboard_section)  # entry point transferbench.reports: corruption

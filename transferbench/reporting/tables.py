@@ -11,12 +11,16 @@ import io
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 from tabulate import tabulate
 
 from ..errors import UserError, close_matches
-from .aggregate import Entry, canon, value_order
-from .stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
+from ..hashing import canon
+from ..plugins import load_group
+from ..records.aggregate import Entry, aggregate, value_order
+from ..records.stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
 
 ALL = "mean"  # the column averaging every dataset of a task
 
@@ -218,31 +222,39 @@ def render(tables: list[TaskTable], fmt: str = "md") -> str:
     raise UserError(f"unknown format {fmt!r}; choose md, csv or json")
 
 
-def special_report(kind: str):
-    """The tables function of a task whose cells set `report` (corruption: CE and mCE; hires: base vs high and
-    their gain; diagnostics: a table per measure), or None for the ordinary one-metric tables."""
-    if kind == "corruption":
-        from .robustness import tables
-    elif kind == "hires":
-        from .hires import tables
-    elif kind == "diagnostics":
-        from .diagnostics import tables
-    else:
-        return None
-    return tables
+def default_reference(backbones: list[str]) -> str | None:
+    """The one plain backbone (no stem, no DTN: 'mu4', 'b32@ckpt') that the others modify, if any."""
+    plain = [b for b in backbones if "_" not in b.partition("@")[0]]
+    return plain[0] if len(plain) == 1 else None
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report of its own for a task whose cells name it (`Cell.report`), registered under the entry-point group
+    `transferbench.reports` (built-ins: corruption, hires, diagnostics) so that a plugin adapter can bring one.
+    `tables(records, reference)` builds its tables; `section(records, tables, task, out)`, if given, writes its
+    leaderboard section's markdown lines (figures beside `out`), else each table follows with the Δ figure of
+    the first; `uses_reference`: whether the tables compare against a reference backbone."""
+    tables: Callable[[list, str | None], list]
+    section: Callable[[list, list, str, Path], list] | None = None
+    uses_reference: bool = True
+
+
+def report_kinds() -> dict[str, Report]:
+    """Every installed report kind."""
+    return load_group("transferbench.reports")
 
 
 def report_tables(records: list[dict], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
-    """The tables of any mix of records: those of tasks with a report of their own (`special_report`) and
+    """The tables of any mix of records: those of tasks with a report of their own (`report_kinds`) and
     everything else (one metric per cell, `build_tables`)."""
-    from .aggregate import aggregate
-
+    installed = report_kinds()
     kinds = defaultdict(list)
     for r in records:
         kind = r.get("report") or ""
-        kinds[kind if special_report(kind) else ""].append(r)
+        kinds[kind if kind in installed else ""].append(r)
     rest = kinds.pop("", [])
     out = build_tables(aggregate(rest), reference=reference, split_axes=split_axes) if rest else []
     for kind, recs in kinds.items():
-        out += special_report(kind)(recs, reference)
+        out += installed[kind].tables(recs, reference)
     return out

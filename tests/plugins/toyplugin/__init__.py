@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from transferbench.adapters import Adapter, plan_select_then_final
-from transferbench.engine.runner import check_finite
+from transferbench.engine.compute import check_finite
 
 
 class ToyDataset(BaseModel):
@@ -65,3 +65,39 @@ class ToyAdapter(Adapter):
         return {split: {"accuracy": acc},
                 "info": {"final_loss": loss}}
 
+
+
+# --- a report kind of the plugin's own: registered under transferbench.reports, named by its adapter's cells ---
+
+from transferbench.cell import make_cell  # noqa: E402
+from transferbench.records.stats import Estimate  # noqa: E402
+from transferbench.reporting.tables import Cellv, Report, TaskTable, to_markdown  # noqa: E402
+
+
+class ToyBestAdapter(ToyAdapter):
+    """The toy metric in one final stage whose cells name the plugin's report, 'toybest'."""
+    name = "toybest"
+
+    def plan(self, task, backbone, results):
+        return [make_cell(task, ds, backbone, hp, seed, "final", report="toybest")
+                for ds in task.datasets for hp in task.grid() for seed in task.seeds]
+
+
+def best_seed_tables(records: list, reference=None) -> list:
+    """One table: per backbone and dataset, the best test accuracy over seeds (not a mean: a report unlike the
+    built-in ones)."""
+    datasets = sorted({r["dataset"] for r in records})
+    t = TaskTable("toybest", ["1"], "accuracy", "max", datasets, [], footnote="best seed")
+    for b in sorted({r["backbone"] for r in records}):
+        t.rows[b] = {d: Cellv(Estimate(max(r["metrics"]["test"]["accuracy"] for r in records
+                                           if r["backbone"] == b and r["dataset"] == d), None, 1))
+                     for d in datasets}
+        t.seeds[b] = "1"
+    return [t]
+
+
+def best_seed_section(records, tables, task, out) -> list:
+    return ["The best seed of each backbone:", "", *(to_markdown(t, title=False) for t in tables)]
+
+
+TOY_REPORT = Report(best_seed_tables, section=best_seed_section, uses_reference=False)

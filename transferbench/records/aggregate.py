@@ -13,17 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..hashing import canon
+
 from .stats import Estimate, mean_ci
-
-
-def canon(d: dict) -> str:
-    return json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def digest(d: dict, length: int = 24) -> str:
-    """A content key: the first `length` hex digits of the sha256 of `canon(d)` (cells, caches)."""
-    import hashlib
-    return hashlib.sha256(canon(d).encode()).hexdigest()[:length]
 
 
 def _value(rec: dict, split: str):

@@ -15,9 +15,9 @@ from typing import Iterable
 from filelock import FileLock, Timeout
 
 from ..errors import UserError
+from ..paths import TMP_MARK, atomic_path
 
 FINISHED = ("ok", "diverged")  # a rerun skips these; failed cells are tried again
-_TMP = ".tmp"
 
 
 class RecordStore:
@@ -50,13 +50,10 @@ class RecordStore:
 
     def write(self, record: dict) -> Path:
         p = self._path(record["task"], record["dataset"], record["key"])
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}{_TMP}{os.getpid()}")
-        with open(tmp, "w") as f:
+        with atomic_path(p) as tmp, open(tmp, "w") as f:
             json.dump(record, f, indent=1, sort_keys=True, default=str)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, p)
         self._finished.pop(p, None)
         return p
 
@@ -70,8 +67,8 @@ class RecordStore:
     def remove_stale_temps(self) -> int:
         """Temp files whose writer is gone (killed mid-write). Returns how many were removed."""
         removed = 0
-        for p in self.root.rglob(f".*.json{_TMP}*"):
-            pid = p.name.rsplit(_TMP, 1)[-1]
+        for p in self.root.rglob(f".*.json{TMP_MARK}*"):
+            pid = p.name.rsplit(TMP_MARK, 1)[-1]
             if pid.isdigit() and not _alive(int(pid)):
                 p.unlink(missing_ok=True)
                 removed += 1

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import UserError, close_matches
-from ..plugins import load_group
+from .errors import UserError, close_matches
+from .plugins import load_group
 
 
 class SpecError(UserError):
@@ -257,18 +257,6 @@ def parse_override(key: str, text: str, like, *, nullable: bool = False):
     return value
 
 
-def _with_generator_version(ds: DatasetSpec) -> DatasetSpec:
-    """Embedded sets carry their generator's version (part of every cell key), from its one home."""
-    if getattr(ds, "source", None) != "embedded" or ds.version:
-        return ds
-    from ..data import embedded
-    name = getattr(ds, "set", None) or ds.name  # `set:` names the embedded set when the dataset's name differs
-    if name not in embedded.VERSIONS:
-        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no set {name!r}; "
-                        f"sets: {', '.join(embedded.VERSIONS)}")
-    return ds.model_copy(update={"version": embedded.version(name)})
-
-
 def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=None, sets=()) -> Task:
     """Apply a suite (default: 'default' when the spec has one, else everything), a dataset filter,
     seeds and `key=value` overrides of hparams or sweeps."""
@@ -287,7 +275,6 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
                 raise UserError(f"task {spec.task!r} (suite {suite or 'all'}) has no dataset {n!r}"
                                 f"{close_matches(n, names)}; datasets: {', '.join(names)}")
         chosen = [d for d in chosen if d.name in datasets]
-    chosen = [_with_generator_version(d) for d in chosen]
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
     for item in sets:

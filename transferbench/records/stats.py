@@ -85,3 +85,16 @@ def paired_suite_difference(current: Mapping[str, Mapping[int, float]], referenc
             return None  # a dataset without paired seeds: the suite means are not comparable
         diffs[ds] = [current[ds][s] - reference[ds][s] for s in seeds]
     return bootstrap_suite_mean(diffs, **kw) if diffs else None
+
+
+def pool(parts: list[dict]) -> dict:
+    """Pool per-seed {"mean", "sd", "n"} summaries (arrays of the same shape) into one over all their samples:
+    the grand mean and the standard deviation from the within- and between-part sums of squares."""
+    means = [np.asarray(p["mean"], dtype=np.float64) for p in parts]
+    sds = [np.asarray(p["sd"], dtype=np.float64) for p in parts]
+    ns = np.asarray([p["n"] for p in parts], dtype=np.float64)
+    total = ns.sum()
+    grand = sum(n * m for n, m in zip(ns, means)) / total
+    ss = sum((n - 1) * s ** 2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
+    sd = np.sqrt(ss / max(total - 1, 1))
+    return {"mean": grand, "sd": sd, "n": int(total)}

@@ -1,0 +1,161 @@
+"""The package imports in one direction (docs/architecture.md): every import, function-level ones included,
+points to the same layer or a lower one, and no set of modules imports itself round, through a package's
+__init__ or not. Importing `a.b.c` runs `a/__init__` and `a/b/__init__` first, so a module that imports a
+submodule depends on its packages too."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "transferbench"
+
+# lowest first; a module belongs to the first entry that is its name or a package above it
+LAYERS = [
+    ("ground floor", ("errors", "hashing", "paths", "plugins", "weights")),
+    ("contracts", ("cell", "spec", "records")),
+    ("models and data", ("backbones", "data")),
+    ("reporting", ("reporting",)),
+    ("engine", ("engine",)),
+    ("adapters", ("adapters",)),
+    ("front", ("cli", "__main__", "")),  # "" = the package itself: a lazy facade that imports nothing at load
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ["transferbench", *p.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def layer(module: str) -> int:
+    rest = module.split(".")[1:]
+    for i, (_, names) in enumerate(LAYERS):
+        if (rest[0] if rest else "") in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its top-level name to LAYERS and to docs/architecture.md")
+
+
+def imports(mods: dict[str, Path], unresolved: list | None = None) -> dict[str, set[str]]:
+    """module -> the package modules it imports, anywhere in its body, with the packages they live in; an import
+    of a package module that does not exist goes to `unresolved` (a relative import written for another place)."""
+    edges = {}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        here = name.split(".") if is_pkg else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                mod = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            own = {".".join(name.split(".")[:k]) for k in range(1, len(name.split(".")))}  # loading already
+            for t in targets:
+                parts = t.split(".")
+                if parts[0] != "transferbench":
+                    continue
+                if t not in mods and unresolved is not None:
+                    unresolved.append(f"{name}: {t}")
+                # the module named, and the packages above it that are not already loading this one (the root
+                # package is a facade that imports nothing at load)
+                above = {".".join(parts[:k]) for k in range(2, len(parts))} - own
+                found |= ({t} | above) & set(mods)
+        edges[name] = found - {name}
+    return edges
+
+
+UNRESOLVED: list = []
+EDGES = imports(modules(), UNRESOLVED)
+
+
+def test_every_package_import_names_a_module():
+    assert not UNRESOLVED, "imports of modules that do not exist: " + "; ".join(UNRESOLVED)
+
+
+def test_every_module_has_a_layer():
+    for m in EDGES:
+        layer(m)
+
+
+def test_no_upward_import():
+    upward = sorted(f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
+                    for m, ts in EDGES.items() for t in ts
+                    if layer(t) > layer(m) and not m.startswith(t + "."))
+    assert not upward, "\n".join(upward)
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the sets of modules that reach each other (cycles), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # a package's __init__ that imports its own submodules is how a package shows its API; a cycle is a
+    # submodule that imports its package back by name (or any longer loop)
+    cycles = strongly_connected(EDGES)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("edges, expected", [
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": set()}, []),
+])
+def test_the_cycle_finder_finds_cycles(edges, expected):
+    assert strongly_connected(edges) == expected
+
+
+def test_the_import_walker_sees_function_level_imports_and_packages(tmp_path, monkeypatch):
+    pkg = tmp_path / "transferbench"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "engine" / "runner.py").write_text("def f():\n    from ..adapters.vtab import X\n")
+    (pkg / "adapters").mkdir()
+    (pkg / "adapters" / "__init__.py").write_text("from .vtab import X\n")
+    (pkg / "adapters" / "vtab.py").write_text("from ..engine.runner import f\n")
+    mods = {".".join(["transferbench", *p.relative_to(pkg).with_suffix("").parts]).removesuffix(".__init__"): p
+            for p in pkg.rglob("*.py")}
+    unresolved = []
+    edges = imports(mods, unresolved)
+    assert unresolved == []
+    (pkg / "engine" / "train.py").write_text("def g():\n    from ..spec import Task\n")  # no transferbench/spec.py
+    imports({**mods, "transferbench.engine.train": pkg / "engine" / "train.py"}, unresolved)
+    assert unresolved == ["transferbench.engine.train: transferbench.spec"]
+    assert edges["transferbench.engine.runner"] == {"transferbench.adapters", "transferbench.adapters.vtab"}
+    assert edges["transferbench.adapters.vtab"] == {"transferbench.engine", "transferbench.engine.runner"}
+    assert strongly_connected(edges) == [["transferbench.adapters", "transferbench.adapters.vtab",
+                                          "transferbench.engine.runner"]]

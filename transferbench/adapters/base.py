@@ -1,0 +1,116 @@
+"""The adapter contract, the registry of installed adapters, and the steps every run shares: resolving a
+task for its adapter, checking backbone references, and the select-then-final plan."""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import UserError, close_matches
+from ..plugins import load_group
+from ..spec import SpecError, Task, TaskSpec
+
+
+class Adapter:
+    name: ClassVar[str] = ""
+    # validates each dataset entry's adapter-specific fields (tfds name, splits, classes, ...)
+    dataset_schema: ClassVar[type[BaseModel] | None] = None
+    # hyper-parameters that take one of a few values: checked, with the spec's and --set's, before anything runs
+    hparam_choices: ClassVar[dict[str, tuple]] = {}
+
+    def validate(self, spec: TaskSpec, source: str = "<spec>") -> None:
+        if self.dataset_schema is None:
+            return
+        for i, ds in enumerate(spec.datasets):
+            try:
+                self.dataset_schema.model_validate(ds.model_dump())
+            except ValidationError as err:
+                e = err.errors()[0]
+                loc = ".".join(str(p) for p in e["loc"])
+                raise SpecError(f"{source}: datasets.{i}.{loc}: {e['msg']} (dataset {ds.name!r})") from None
+
+    def plan(self, task: Task, backbone, results) -> Iterable:
+        raise NotImplementedError
+
+    def run(self, cell, ctx) -> dict:
+        raise NotImplementedError
+
+
+def plan_select_then_final(task: Task, backbone, results) -> list:
+    """The common two-stage protocol. Per dataset and per setting of the swept-but-not-selected keys
+    (report axes): stage 'select' runs every `select` setting x seed (train -> val); once all are
+    finished, stage 'final' runs the winner x seed (trainval -> test). Without `select` keys only the
+    'final' cells exist."""
+    from ..cell import make_cell
+
+    select = task.select_keys()
+    cells = []
+    for ds in task.datasets:
+        by_axes: dict[str, list[dict]] = {}
+        for hp in task.grid():
+            axes = {k: v for k, v in hp.items() if k not in select}
+            by_axes.setdefault(repr(sorted(axes.items())), []).append(hp)
+        for settings in by_axes.values():
+            if not select:
+                cells += [make_cell(task, ds, backbone, hp, seed, "final") for hp in settings for seed in task.seeds]
+                continue
+            stage1 = [make_cell(task, ds, backbone, hp, seed, "select") for hp in settings for seed in task.seeds]
+            cells += stage1
+            best = results.best(stage1)
+            if best is not None:
+                hp = next(h for h in settings if all(h[k] == v for k, v in best.items()))
+                cells += [make_cell(task, ds, backbone, hp, seed, "final") for seed in task.seeds]
+    return cells
+
+
+def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, sets=()) -> Task:
+    """Load a task spec, let its adapter validate the datasets, resolve suite and overrides."""
+    from ..data.sources import with_generator_version
+    from ..spec import installed_specs, load_task, resolve, task_aliases
+
+    spec = load_task(name_or_path)
+    adapter = get_adapter(spec.adapter)
+    installed = installed_specs()
+    name = task_aliases().get(name_or_path, name_or_path) if name_or_path not in installed else name_or_path
+    adapter.validate(spec, str(installed.get(name, name_or_path)))
+    task = resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
+    for key, choices in adapter.hparam_choices.items():
+        for value in ([task.hparams[key]] if key in task.hparams else []) + list(task.sweep.get(key, [])):
+            if value not in choices:
+                shown = ", ".join(str(c) for c in choices if not isinstance(c, bool))
+                raise UserError(f"task {spec.task!r}: {key} = {value!r} is not one of {shown} "
+                                f"(set it with --set {key}=VALUE)")
+    datasets = tuple(with_generator_version(d) for d in task.datasets)
+    return dataclasses.replace(task, adapter=adapter, datasets=datasets)
+
+
+def check_backbone(spec: str) -> None:
+    """What costs nothing about `NAME[@CHECKPOINT]`: the name (grammar and family) and, for a file, that it
+    exists and is a checkpoint (header only). A weights provider's word (`NAME@embedded`) is resolved later (it
+    may pretrain)."""
+    from ..backbones.checkpoint import check_checkpoint_file
+    from ..backbones.weights import providers, split_backbone
+
+    _, checkpoint = split_backbone(spec)
+    if checkpoint and checkpoint not in providers():
+        try:
+            check_checkpoint_file(checkpoint)
+        except UserError as e:
+            raise UserError(f"backbone {spec!r}: {e}") from None
+
+
+def list_adapters() -> list[str]:
+    return sorted(load_group("transferbench.adapters"))
+
+
+def get_adapter(name: str) -> Adapter:
+    adapters = load_group("transferbench.adapters")
+    if name not in adapters:
+        known = ", ".join(sorted(adapters)) or "none installed"
+        raise UserError(f"no adapter {name!r}{close_matches(name, adapters)}; installed: {known}")
+    obj = adapters[name]
+    return obj() if isinstance(obj, type) else obj
+
+
+__all__ = ["Adapter", "check_backbone", "get_adapter", "list_adapters", "plan_select_then_final", "prepare_task"]

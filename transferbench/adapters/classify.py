@@ -1,0 +1,170 @@
+"""The fine-tuning recipe that several protocols share (VTAB-1k, the robustness classifier, high-res fine-tuning,
+the gradient diagnostics): VTAB-style dataset entries and their splits (tfds, export-vtab folders, embedded
+sets), the data check before a run, and `finetune`, the recipe itself (DPN App. E: a new zero-initialised
+head, SGD with momentum, warm-up then cosine, clipping, per-task augmentation, position embeddings resized to
+the resolution's grid). Each protocol's adapter is its own module; this one holds what they have in common.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ..backbones import create_backbone
+from ..backbones.checkpoint import head_classes
+from ..data import sources, vtab as vtab_data
+from ..data.folder import FolderDataset
+from ..data.sources import DatasetEntry
+from ..data.tfds_source import data_dir as tfds_data_dir
+from ..data.transforms import AUGMENTATIONS, train_transform
+from ..engine.train import cross_entropy, fit, train_batches
+from ..errors import UserError
+from ..spec import SpecError
+from .base import Adapter
+
+
+class VtabDataset(DatasetEntry):
+    val: str
+    classes: int
+    label: str = "label"  # a rule of transferbench.data.vtab_data.LABEL_RULES
+    augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]
+
+
+class ClassificationDataset(VtabDataset):
+    """A VTAB-style entry for protocols without selection (high-res fine-tune, diagnostics): `val` unused."""
+    val: str | None = None  # type: ignore[assignment]
+
+
+def classification_entry(name: str, fields: dict) -> dict:
+    """A ClassificationDataset entry with the schema's defaults filled in."""
+    return ClassificationDataset.model_validate({**fields, "name": name}).model_dump()
+
+
+def validate_entries(spec, source: str) -> None:
+    """What the schema cannot say about VTAB-style entries (VTAB, high-res, diagnostics): a tfds dataset names
+    its tfds builder, and the label rule exists."""
+    for i, ds in enumerate(spec.datasets):
+        d = ds.model_dump()
+        if d.get("source", "tfds") == "tfds" and not d.get("tfds"):
+            raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+        if d.get("label", "label") not in vtab_data.LABEL_RULES:
+            raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
+                            f"{', '.join(vtab_data.LABEL_RULES)} (dataset {ds.name!r})")
+
+
+PREPARE_TFDS = ("prepare them with tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare(); "
+                "imagenet2012 needs the manual download: the tars in its manual dir) or run `transferbench data "
+                "export-vtab --out DIR` where they are prepared and pass --data-dir DIR")
+
+
+def require_splits(task, ctx, what: str, roles=("train", "test"), *, entry=None, unit: str = "datasets") -> None:
+    """Before any cell of a protocol on VTAB-style entries (VTAB, high-res, diagnostics): every dataset's `roles`
+    open, or one line names the missing datasets, where they were looked for and how to prepare them. `entry`
+    fills an entry's defaults (default: classification_entry)."""
+    entry = entry or classification_entry
+    entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
+    missing = sources.missing(entries, lambda e: list(roles), opener=lambda e, role: open_split(e, role, ctx.data_dir))
+    if missing:
+        raise UserError(
+            f"{what} data missing for {len(missing)} of {len(task.datasets)} {unit} ({', '.join(missing)}): "
+            f"searched {tfds_data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
+            f"for prepared tfds data and for an export-vtab folder; {PREPARE_TFDS}; or try `--suite embedded`, which "
+            "needs no download")
+
+
+class ClassificationAdapter(Adapter):
+    """An adapter on VTAB-style entries (VTAB, high-res, diagnostics): the entries are validated (a tfds dataset
+    names its builder, the label rule exists), and before a run the protocol's own hyper-parameter checks
+    (`check_hparams`) and then every dataset's `roles` open, or one line says what is missing and where."""
+    dataset_schema = ClassificationDataset
+    data_name = ""  # what the missing-data message calls the data ('VTAB', 'high-res', ...)
+    roles: tuple = ("train", "test")
+    unit = "datasets"
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        validate_entries(spec, source)
+
+    def check_hparams(self, task) -> None:
+        """What the protocol cannot run with, as one UserError (nothing by default)."""
+
+    def check_data(self, task, ctx) -> None:
+        self.check_hparams(task)
+        schema = self.dataset_schema
+        require_splits(task, ctx, self.data_name, self.roles, unit=self.unit,
+                       entry=lambda name, fields: schema.model_validate({**fields, "name": name}).model_dump())
+
+
+class Joined(torch.utils.data.Dataset):
+    """train800 + val200 of an image folder, keeping the folder's fast decoded-array access."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.labels = np.concatenate([p.labels for p in parts])
+        self.num_classes = parts[0].num_classes
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate([p.array() for p in self.parts])
+
+
+def config(name: str, fields: dict) -> dict:
+    """A dataset entry with the schema's defaults filled in (source tfds, label rule 'label', ...)."""
+    return VtabDataset.model_validate({**fields, "name": name}).model_dump()
+
+
+def is_export(data_dir, name: str) -> bool:
+    """A folder written by `transferbench data export-vtab` (as opposed to a tfds data dir)."""
+    return data_dir is not None and (Path(data_dir).expanduser() / name / "train800.txt").is_file()
+
+
+def open_split(ds: dict, role: str, data_dir=None):
+    """The dataset of role train | val | trainval | test for a resolved dataset config."""
+
+    roles = ("train", "val") if role == "trainval" else (role,)
+    if ds["source"] == "tfds" and is_export(data_dir, ds["name"]):  # export-vtab wrote train800 / val200 / test
+        folder = {"train": "train800", "val": "val200", "test": "test"}
+        parts = [FolderDataset(Path(data_dir).expanduser(), ds["name"], folder[r]) for r in roles]
+    elif ds["source"] == "embedded":
+        parts = [sources.open_split(ds, ds[r]) for r in roles]
+    else:
+        return sources.open_split(ds, "+".join(ds[r] for r in roles), data_dir, vtab_data.LABEL_RULES[ds["label"]])
+    return parts[0] if len(parts) == 1 else Joined(parts)
+
+
+def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, keep_head: bool = False,
+             on_step=None):
+    """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
+    optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, bf16): a new
+    zero-initialised head of `classes` (with `keep_head`, the checkpoint's own head where it has `classes`
+    outputs), SGD with momentum, warm-up then cosine, clipping, `augment`; the position embeddings are resized
+    to the resolution's grid and DTN's grid factors rebuilt for it. `on_step(model, step)` sees each step's
+    complete gradients (engine.train.fit). Returns (model, info); other adapters that need a fine-tuned
+    classifier (robustness, high-res, diagnostics) call it too."""
+
+    hp = cell.hparams
+    torch.manual_seed(cell.seed)
+    head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
+    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint,
+                            num_classes=classes if head_kept else 0)
+    if not head_kept:
+        model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
+    model.to(ctx.device)
+    if hp["optimizer"] != "sgd":
+        raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
+    opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+    batches = train_batches(train, train_transform(hp["resolution"], augment), batch=hp["batch"], steps=hp["steps"],
+                            seed=cell.seed, workers=ctx.workers)
+    started = time.time()
+    out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
+              loss_fn=cross_entropy, device=ctx.device, bf16=hp.get("bf16", "auto"), micro_batch=ctx.micro_batch,
+              progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
+              on_step=None if on_step is None else (lambda step: on_step(model, step)))
+    train_seconds = time.time() - started
+    return model, {**out, "train_examples": len(train), "head": "checkpoint" if head_kept else "new", "train_seconds": round(train_seconds, 2),
+                   "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}

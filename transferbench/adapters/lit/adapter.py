@@ -1,0 +1,263 @@
+"""The LiT adapter: dataset entries, the image-text pairs and their cached features, the text-tower cache per
+(pairs, training settings, seed), and one cell = train (or reuse) the tower, then zero-shot or retrieval."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ...data.sources import DatasetEntry
+from ...engine.train import BF16_SETTINGS
+from ...paths import atomic_path
+from ..base import Adapter, plan_select_then_final
+from .towers import IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
+from .zeroshot import class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
+
+
+LIT_VERSION = "1"  # bump when text-tower training changes (part of the tower cache key)
+
+
+class LitDataset(DatasetEntry):
+    """A zero-shot dataset (tfds or embedded: its `test` split, class names and templates) or, with
+    `retrieval`, the held-out tail of the task's image-text pairs, scored one way (i2t or t2i). Nothing is
+    trained on a zero-shot dataset: it has no `train` split."""
+    source: Literal["tfds", "embedded", "pairs"] = "tfds"  # type: ignore[assignment]
+    train: None = None  # type: ignore[assignment]
+    test: str | None = None  # type: ignore[assignment]
+    class_names: Literal["imagenet", "tfds", "info"] | list[str] = "tfds"
+    templates: Literal["imagenet"] | list[str] = "imagenet"
+    retrieval: Literal["i2t", "t2i"] | None = None
+
+
+def home_dir():
+    from ...paths import cache
+    return cache("lit")
+
+
+def pairs_reader(hp: dict):
+    """The task's image-text pairs: `embedded` (the embedded captions set) or a path (data.image_text)."""
+    from ...data.embedded import embedded_pairs
+    from ...data.image_text import open_pairs
+    from ...errors import UserError
+    if not hp.get("pairs"):
+        raise UserError("LiT needs image-text pairs to train the text tower: --set pairs=PATH with webdataset shards "
+                        "('DIR/{00000..01242}.tar' or a folder of .tar of KEY.jpg + KEY.txt) or a .csv/.tsv with "
+                        f"columns {hp.get('csv_img_key', 'filepath')},{hp.get('csv_caption_key', 'title')} "
+                        "(open_clip's formats); or try `--suite embedded`, which needs no download")
+    if hp["pairs"] == "embedded":
+        return embedded_pairs()
+    return open_pairs(hp["pairs"], img_key=hp.get("csv_img_key", "filepath"),
+                      caption_key=hp.get("csv_caption_key", "title"), sep=hp.get("csv_separator", "\t"))
+
+
+def pairs_identity(hp: dict) -> dict:
+    """The pairs' identity in the feature cache, without opening them (a cache hit reads no pair)."""
+    from ...data import embedded
+    from ...data.image_text import pairs_identity as files_identity
+    return {"embedded": embedded.version("captions")} if hp["pairs"] == "embedded" else files_identity(hp["pairs"])
+
+
+def open_zero_shot(ds: dict, data_dir=None):
+    from ...data.sources import open_split
+    return open_split(ds, ds["test"], data_dir)
+
+
+class LitAdapter(Adapter):
+    name = "lit"
+    dataset_schema = LitDataset
+    hparam_choices = {"bf16": BF16_SETTINGS, "image_head": IMAGE_HEADS, "loss": LOSSES,
+                      "pool": ("model", "tok", "gap")}
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        from ...spec import SpecError
+        for i, d in enumerate(spec.datasets):
+            ds = LitDataset.model_validate(d.model_dump())
+            if ds.retrieval is None and (ds.source == "pairs" or not ds.test):
+                raise SpecError(f"{source}: datasets.{i}: a zero-shot dataset needs source tfds or embedded and a "
+                                f"test split; the pairs' held-out tail takes `retrieval: i2t|t2i` (dataset {ds.name!r})")
+            if ds.source == "embedded" and ds.retrieval is None and ds.class_names == "tfds":
+                raise SpecError(f"{source}: datasets.{i}.class_names: an embedded set has no tfds label names; list "
+                                f"them (dataset {ds.name!r})")
+            if ds.source == "tfds" and ds.retrieval is None and not ds.tfds:
+                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            if not isinstance(ds.templates, str):
+                try:
+                    templates_for(ds.templates)
+                except ValueError as e:
+                    raise SpecError(f"{source}: datasets.{i}.templates: {e} (dataset {ds.name!r})") from None
+
+    def check_data(self, task, ctx) -> None:
+        """Before any cell: the pairs open (CSV header, shards present) and every zero-shot split opens."""
+        from ...data.folder import DataMissingError
+        from ...data.tfds_source import data_dir
+        from ...errors import UserError
+        if ctx.micro_batch:
+            raise UserError("--micro-batch splits a batch, which changes a contrastive loss (every other pair in the "
+                            "batch is a negative); LiT trains on whole batches: lower --set batch=N instead")
+        for hp in task.grid():
+            pairs_reader(hp)
+        missing = []
+        for spec in task.datasets:
+            ds = LitDataset.model_validate(spec.model_dump()).model_dump()
+            if ds["retrieval"]:
+                continue
+            try:
+                open_zero_shot(ds, ctx.data_dir)
+            except DataMissingError:
+                missing.append(ds["name"])
+        if missing:
+            raise UserError(f"zero-shot data missing for {', '.join(missing)}: searched {data_dir(ctx.data_dir)} "
+                            "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets); prepare them with "
+                            "tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare()), "
+                            "or try `--suite embedded`, which needs no download")
+
+    def plan(self, task, backbone, results):
+        return plan_select_then_final(task, backbone, results)  # cells: (dataset, seed); nothing selected
+
+    def run(self, cell, ctx):
+        from ...backbones import create_backbone
+        from ...data.transforms import eval_transform
+        from ...engine.features import cache_key, cached, extract, extract_pairs, precision
+
+        hp = cell.hparams
+        ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        name, pool = cell.backbone.partition("@")[0], hp.get("pool", "model")
+        tower = None
+
+        def image_tower():
+            nonlocal tower
+            if tower is None:
+                torch.manual_seed(0)  # a random-init tower's features are cached under 'random-init': one fixed draw
+                tower = create_backbone(name, img_size=hp["resolution"], checkpoint=cell.checkpoint,
+                                        **({} if pool == "model" else {"pool": pool}))
+                tower.requires_grad_(False).eval()  # locked: features only, under inference_mode
+            return tower
+
+        # the locked image tower's forwards: bf16 where it measures faster (the text tower decides for itself)
+        choice = precision(hp.get("bf16", "auto"), ctx.device, backbone=name, resolution=hp["resolution"], pool=pool,
+                           build=image_tower)
+        use_bf16 = choice.bf16
+        def features(identity, split, transform_id, compute):
+            key = cache_key(backbone=name, weights_sha256=cell.checkpoint_sha256, transform=transform_id,
+                            dataset=identity, split=split, pool=pool)
+            return cached(key, compute) + (key,)
+
+        # image embeddings of every pair, once per backbone (the text tower never runs the image tower); the
+        # pairs are opened only to compute them
+        pair_tf = {"resolution": hp["resolution"], "resize": "square", "pixels": "[-1,1]", "bf16": use_bf16}
+        px, captions, pairs_hit, pairs_key = features(
+            pairs_identity(hp), "pairs", pair_tf,
+            lambda: extract_pairs(image_tower(), pairs_reader(hp), eval_transform(hp["resolution"]), device=ctx.device,
+                                  bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
+                                  desc=f"features {name} image-text pairs"))
+        heldout = int(hp["heldout"])
+        if not 0 < heldout < len(captions):
+            from ...errors import UserError
+            raise UserError(f"heldout={heldout} leaves no training pairs or none held out of {len(captions)} pairs: "
+                            f"set --set heldout=N with 0 < N < {len(captions)}")
+        model, train_info = text_tower(px[:-heldout], captions[:-heldout], hp, cell.seed, pairs_key, ctx)
+        model = model.to(ctx.device).eval()
+        started = time.time()
+        with torch.inference_mode():
+            if ds["retrieval"]:
+                tok = tokenizer(hp["context_length"])
+                img = model.encode_image(torch.from_numpy(px[-heldout:]).to(ctx.device), normalize=True)
+                txt = torch.cat([model.encode_text(tok(list(captions[-heldout:][i:i + 1024])).to(ctx.device),
+                                                   normalize=True, trim=True) for i in range(0, heldout, 1024)])
+                rec = retrieval_recall(img.float().cpu(), txt.float().cpu(), captions[-heldout:])
+                way = ds["retrieval"]
+                test = {"accuracy": 100 * rec[f"{way}_r1"], "recall@5": 100 * rec[f"{way}_r5"],
+                        **{k: 100 * v for k, v in rec.items()}}
+                extra = {"eval_examples": heldout}
+            else:
+                data = open_zero_shot(ds, ctx.data_dir)
+                zs_tf = {"resolution": hp["resolution"], "resize_square": hp.get("zeroshot_resize"),
+                         "pixels": "[-1,1]", "bf16": use_bf16}
+                identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
+                x, y, zs_hit, _ = features(identity, ds["test"], zs_tf, lambda: extract(
+                    image_tower(), data, eval_transform(hp["resolution"], resize_square=hp.get("zeroshot_resize")),
+                    device=ctx.device, bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
+                    desc=f"features {name} {cell.dataset}"))
+                names = class_names_for(ds["class_names"], data)
+                if getattr(data, "num_classes", 0) and len(names) != data.num_classes:
+                    from ...errors import UserError
+                    raise UserError(f"dataset {cell.dataset!r} has {data.num_classes} classes but {len(names)} class "
+                                    "names; give one name per label, in label order (class_names in the spec)")
+                templates = templates_for(ds["templates"])
+                weights = zero_shot_classifier(model, tokenizer(hp["context_length"]), names, templates,
+                                               device=ctx.device, progress=ctx.progress)
+                img = model.encode_image(torch.from_numpy(x).to(ctx.device), normalize=True).float().cpu()
+                acc = topk_accuracy(img @ weights, y)
+                test = {"accuracy": 100 * acc[1], **({"top5": 100 * acc[5]} if 5 in acc else {})}
+                extra = {"eval_examples": int(len(y)), "classes": len(names), "templates": len(templates),
+                         "feature_cache_hit_eval": zs_hit}
+        return {"test": test,
+                "info": {**train_info, **extra, "feature_cache_hit_pairs": pairs_hit,
+                         "bf16": use_bf16, "bf16_choice": choice.info,
+                         "pairs_train": int(len(captions) - heldout), "pairs_heldout": heldout,
+                         "image_head": hp["image_head"], "loss": hp["loss"], "text_config": text_config(hp),
+                         "eval_seconds": round(time.time() - started, 2)}}
+
+
+def tower_key(pairs_key: str, hp: dict, seed: int) -> str:
+    """The text tower's identity: the cached pair features it trains on, every hyper-parameter that shapes
+    training (not the zero-shot ones) and the seed."""
+    from ...hashing import digest
+    shaping = {k: hp.get(k) for k in TRAIN_KEYS}
+    return digest({"v": LIT_VERSION, "pairs": pairs_key, "hp": shaping, "seed": seed})
+
+
+TRAIN_KEYS = ("heldout", "image_head", "loss", "temperature_init", "text_width", "text_layers", "text_heads",
+              "context_length", "batch", "steps", "lr", "weight_decay", "warmup_steps", "clip", "bf16")
+
+
+def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: str, ctx):
+    """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
+    init and data order from `seed`) and stored. Returns (model, info)."""
+    from filelock import FileLock
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from ...engine.train import fit, tensor_batches
+
+    key = tower_key(pairs_key, hp, seed)
+    folder = home_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.safetensors"  # the weights, with the training info in the file's metadata
+
+    def build():
+        torch.manual_seed(seed)
+        return LitModel(features.shape[1], text_config(hp), image_head=hp["image_head"], loss=hp["loss"],
+                        temperature_init=float(hp["temperature_init"]))
+
+    with FileLock(str(folder / f"{key}.lock")):
+        if path.is_file():
+            model = build()
+            model.load_state_dict(load_file(str(path)))
+            with safe_open(str(path), "pt") as f:
+                info = json.loads(f.metadata()["info"])
+            return model, {**info, "tower_cache_hit": True}
+        model = build().to(ctx.device)
+        tokens = tokenizer(hp["context_length"])(list(captions))
+        batches = tensor_batches(tokens, torch.from_numpy(features), batch=int(hp["batch"]), steps=int(hp["steps"]),
+                                 seed=seed)
+        opt = torch.optim.AdamW(parameter_groups(model, float(hp["weight_decay"])), lr=float(hp["lr"]),
+                                betas=(0.9, 0.999))
+        started = time.time()
+        out = fit(model, batches, opt, steps=int(hp["steps"]), base_lr=float(hp["lr"]), warmup=int(hp["warmup_steps"]),
+                  clip=hp.get("clip") or None, loss_fn=contrastive_loss(model), device=ctx.device, bf16=hp.get("bf16", "auto"),
+                  progress=ctx.progress, desc=f"text tower seed={seed}", splittable=False)
+        info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]), "text_bf16": out["bf16"],
+                **({"text_bf16_choice": out["bf16_choice"]} if "bf16_choice" in out else {}),
+                "train_seconds": round(time.time() - started, 2),
+                "temperature": round(float(model.scale().detach()), 4),
+                **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {})}
+        model = model.cpu()
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp),
+                      metadata={"info": json.dumps(info)})
+        return model, {**info, "tower_cache_hit": False}

@@ -1,0 +1,85 @@
+"""LiT's evaluation: prompt templates and class names, the prompt-ensemble zero-shot classifier (open_clip's
+weights), top-k accuracy and image <-> text retrieval recall."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def clean_class_name(name: str) -> str:
+    """PROTOCOLS.md's cleanup: lower case, '_' -> ' ', keep the first comma-separated name."""
+    return name.split(",")[0].replace("_", " ").strip().lower()
+
+
+def templates_for(spec) -> list:
+    """Prompt makers (class name -> prompt). `imagenet`: '{}' followed by open_clip's 80 CLIP ImageNet
+    templates; a list: format strings with one '{}'."""
+    if spec == "imagenet":
+        from open_clip import OPENAI_IMAGENET_TEMPLATES
+        return ["{}".format, *OPENAI_IMAGENET_TEMPLATES]
+    if isinstance(spec, str) or any(not isinstance(t, str) or t.count("{}") != 1 for t in spec):
+        raise ValueError(f"templates: 'imagenet' or a list of strings with one '{{}}' each, got {spec!r}")
+    return [t.format for t in spec]
+
+
+def class_names_for(spec, data=None) -> list[str]:
+    """`imagenet`: open_clip's ImageNet class names (CLIP's curated ones); `tfds` / `info`: the dataset's own
+    label names; a list: as given. Every name cleaned (`clean_class_name`)."""
+    if spec == "imagenet":
+        from open_clip import IMAGENET_CLASSNAMES
+        names = list(IMAGENET_CLASSNAMES)
+    elif isinstance(spec, str):
+        names = list(getattr(data, "class_names", None) or (getattr(data, "info", {}) or {}).get("class_names") or [])
+        if not names:
+            raise ValueError(f"class_names: {spec!r}, but the dataset has no label names; list them in the spec")
+    else:
+        names = list(spec)
+    return [clean_class_name(n) for n in names]
+
+
+@torch.inference_mode()
+def zero_shot_classifier(model, tok, classnames: Sequence[str], templates: Sequence, *, batch: int = 256,
+                         device: str = "cpu", progress=None) -> torch.Tensor:
+    """(D, K) class embeddings, as open_clip's `build_zero_shot_classifier` makes them (each prompt's text
+    embedding normalised, averaged over templates, normalised), computed faster: every prompt tokenised in
+    one call, prompts sorted by length and batched so that each batch runs only to its longest prompt
+    (`LitModel.encode_text(trim=True)`), and results put back in place."""
+    prompts = [t(c) for c in classnames for t in templates]
+    tokens = tok(prompts)
+    lengths = tokens.argmax(-1)  # position of the end-of-text token
+    order = torch.argsort(lengths, stable=True)
+    out = None
+    starts = range(0, len(order), batch)
+    for start in (progress(starts, desc="zero-shot prompts") if progress else starts):
+        idx = order[start:start + batch]
+        emb = model.encode_text(tokens[idx].to(device), normalize=True, trim=True).float().cpu()
+        if out is None:
+            out = torch.empty(len(prompts), emb.shape[1])
+        out[idx] = emb
+    weights = out.reshape(len(classnames), len(templates), -1).mean(1)
+    return F.normalize(weights, dim=-1).T
+
+
+def topk_accuracy(logits: torch.Tensor, labels, ks=(1, 5)) -> dict:
+    labels = torch.as_tensor(np.asarray(labels))
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    return {k: float((top[:, :k] == labels[:, None]).any(1).float().mean()) for k in ks if k <= logits.shape[1]}
+
+
+def retrieval_recall(image: torch.Tensor, text: torch.Tensor, captions: Sequence[str], ks=(1, 5)) -> dict:
+    """Recall@k both ways on normalised embeddings of paired rows. A retrieved item is right when its
+    caption text equals the query's (COCO's several-captions rule, for captions that repeat)."""
+    _, group = np.unique(np.asarray(captions), return_inverse=True)
+    group = torch.as_tensor(group)
+    sim = image @ text.T
+    out = {}
+    for k in ks:
+        k_ = min(k, len(group))
+        i2t = group[sim.topk(k_, dim=1).indices] == group[:, None]
+        t2i = group[sim.T.topk(k_, dim=1).indices] == group[:, None]
+        out[f"i2t_r{k}"] = float(i2t.any(1).float().mean())
+        out[f"t2i_r{k}"] = float(t2i.any(1).float().mean())
+    return out

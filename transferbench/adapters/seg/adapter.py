@@ -1,0 +1,189 @@
+"""The segmentation adapter: Segmenter's linear decoder on the fine-tuned backbone, the train fractions, the
+ADE20K / tfds / embedded data entries, and one cell = fine-tune on a fraction, then sliding-window evaluation."""
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...data.sources import DatasetEntry
+from ...engine.train import BF16_SETTINGS, SCHEDULES
+from ..base import Adapter, plan_select_then_final
+from .inference import evaluate
+from .metric import IGNORE_INDEX
+
+
+class LinearSegmenter(nn.Module):
+    """Segmenter's linear decoder on a timm-style ViT (`forward_features`, `num_prefix_tokens`,
+    `grid_size`): patch tokens -> Linear(D, K) -> (B, K, h, w) -> bilinear upsampling to the input size.
+    The head is initialised as Segmenter's (truncated normal, std 0.02; bias 0)."""
+
+    def __init__(self, backbone: nn.Module, num_classes: int):
+        super().__init__()
+        from timm.layers import trunc_normal_
+        self.backbone, self.num_classes = backbone, num_classes
+        self.head = nn.Linear(backbone.embed_dim, num_classes)
+        trunc_normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
+
+    def grid_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, K, h, w) on the patch grid, before upsampling."""
+        tokens = self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
+        gh, gw = self.backbone.grid_size
+        # (B, h, w, K) seen as (B, K, h, w): channels-last, no copy; the upsampled logits stay channels-last,
+        # which makes the interpolation, the window stitching and the per-pixel argmax cheaper on CPUs
+        return self.head(tokens).reshape(x.shape[0], gh, gw, self.num_classes).permute(0, 3, 1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(self.grid_logits(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+def segmentation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Pixel cross-entropy, label 255 ignored, mean over the labelled pixels (0 for a batch with none)."""
+    target = target.long()
+    if not bool((target != IGNORE_INDEX).any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
+
+
+def subset(n: int, fraction: float, seed: int) -> np.ndarray:
+    """The training images of `fraction` for `seed`: the first round(fraction * n) (at least 1) of
+    np.random.default_rng(seed).permutation(n), so each fraction's subset holds every smaller one's."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    take = max(1, min(n, int(math.floor(fraction * n + 0.5))))
+    return np.random.default_rng(seed).permutation(n)[:take]
+
+
+class Subset(torch.utils.data.Dataset):
+    def __init__(self, dataset, indices):
+        self.dataset, self.indices = dataset, [int(i) for i in indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.dataset[self.indices[i]]
+
+
+class SegDatasetEntry(DatasetEntry):
+    source: Literal["ade", "tfds", "embedded"] = "ade"  # type: ignore[assignment]
+    classes: int
+    reduce_zero_label: bool = True  # ADE20K: 0 'other' -> 255, 1..150 -> 0..149 (embedded sets: from their info)
+
+
+ADE_DEFAULT_DIRS = ("data/ade",)  # mmsegmentation's data_root for ADE20K
+
+
+def open_split(ds: dict, split: str, data_dir=None):
+    """(image, mask) dataset of `split` for a resolved dataset entry: the ADE20K folder layout (source ade),
+    a prepared tfds dataset (source tfds) or an embedded segmentation set (source embedded)."""
+    from ...data import embedded
+    from ...data.folder import DataMissingError
+    from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root
+
+    if ds["source"] == "embedded":
+        name = ds.get("set") or ds["name"]
+        return SegFolderDataset(embedded.ensure([name]), name, split)
+    if ds["source"] == "tfds":
+        return TfdsSegmentation(ds["tfds"], split, data_dir=data_dir, num_classes=ds["classes"],
+                                reduce_zero=ds["reduce_zero_label"])
+    searched = [data_dir] if data_dir else list(ADE_DEFAULT_DIRS)
+    for d in searched:
+        root = find_ade_root(d)
+        if root is not None:
+            return AdeFolder(root, split, num_classes=ds["classes"], reduce_zero=ds["reduce_zero_label"])
+    raise DataMissingError(f"ADE20K not found: searched {', '.join(str(d) for d in searched)} and its "
+                           "ADEChallengeData2016/ for images/ and annotations/")
+
+
+class SegAdapter(Adapter):
+    name = "seg"
+    dataset_schema = SegDatasetEntry
+    hparam_choices = {"bf16": BF16_SETTINGS, "optimizer": ("adamw",), "schedule": SCHEDULES}
+
+    def validate(self, spec, source="<spec>"):
+        super().validate(spec, source)
+        from ...spec import SpecError
+        for i, ds in enumerate(spec.datasets):
+            d = ds.model_dump()
+            if d.get("source", "ade") == "tfds" and not d.get("tfds"):
+                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+
+    def check_data(self, task, ctx) -> None:
+        """Before any cell: every dataset's train and test splits open, or one line says what is missing."""
+        from ...data.folder import DataMissingError
+        from ...errors import UserError
+
+        missing = []
+        for spec in task.datasets:
+            ds = SegDatasetEntry.model_validate(spec.model_dump()).model_dump()
+            try:
+                open_split(ds, ds["train"], ctx.data_dir)
+                open_split(ds, ds["test"], ctx.data_dir)
+            except DataMissingError as e:
+                missing.append((ds, str(e)))
+        if not missing:
+            return
+        names = ", ".join(ds["name"] for ds, _ in missing)
+        ade = any(ds["source"] == "ade" for ds, _ in missing)
+        searched = ctx.data_dir or " or ".join(ADE_DEFAULT_DIRS)
+        hint = (f"searched {searched} (--data-dir, else mmsegmentation's data/ade) and its ADEChallengeData2016/ "
+                "for images/{training,validation}/*.jpg with annotations/{training,validation}/*.png; "
+                "download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ and unzip it "
+                "there, or give --data-dir; tfds's scene_parse150 holds the 2017 instance masks (100 categories, "
+                "not these 150 classes): run it as --datasets scene_parse150 once prepared with tfds"
+                if ade else missing[0][1])
+        raise UserError(f"segmentation data missing for {names}: {hint}; or try `--suite embedded`, which needs "
+                        "no download")
+
+    def plan(self, task, backbone, results):
+        return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
+
+    def run(self, cell, ctx):
+        from ...backbones import create_backbone
+        from ...data.segmentation import train_transform
+        from ...engine.train import fit, train_batches
+
+        hp = cell.hparams
+        ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        if hp["optimizer"] != "adamw":
+            raise ValueError(f"optimizer {hp['optimizer']!r}: the Segmenter protocol uses adamw")
+        full = open_split(ds, ds["train"], ctx.data_dir)
+        test = open_split(ds, ds["test"], ctx.data_dir)
+        num_classes = ds["classes"]
+        idx = subset(len(full), float(hp["fraction"]), cell.seed)
+        train = Subset(full, idx)
+        steps = int(hp["steps"]) if hp.get("steps") else math.ceil(hp["epochs"] * len(train) / hp["batch"])
+
+        torch.manual_seed(cell.seed)
+        backbone = create_backbone(cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint)
+        backbone.reset_classifier(0)
+        model = LinearSegmenter(backbone, num_classes).to(ctx.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
+                                betas=(0.9, 0.999))
+        transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
+                                    photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0))
+        batches = train_batches(train, transform, batch=hp["batch"], steps=steps, seed=cell.seed,
+                                workers=ctx.workers, joint=True)
+        started = time.time()
+        out = fit(model, batches, opt, steps=steps, base_lr=hp["lr"], warmup=hp["warmup_steps"],
+                  clip=hp.get("clip") or None, loss_fn=segmentation_loss, device=ctx.device, bf16=hp.get("bf16", "auto"),
+                  micro_batch=ctx.micro_batch, progress=ctx.progress, schedule=hp["schedule"], power=hp["power"],
+                  desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}")
+        train_seconds = time.time() - started
+        started = time.time()
+        metric = evaluate(model, test, num_classes, short=hp["test_short"], window=hp["window"],
+                          stride=hp["stride"], bf16=out["bf16"], progress=ctx.progress,
+                          desc=f"{cell.dataset} sliding-window eval")
+        result = metric.compute()
+        return {"test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
+                "info": {**out, "steps": steps, "train_examples": len(train), "train_pool": len(full),
+                         "eval_examples": len(test), "train_seconds": round(train_seconds, 2),
+                         "eval_seconds": round(time.time() - started, 2),
+                         "iou_per_class": [None if np.isnan(v) else round(100 * float(v), 4) for v in result["iou"]]}}

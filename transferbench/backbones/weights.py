@@ -1,0 +1,48 @@
+"""Which weights a backbone reference names: `NAME` (random initialisation), `NAME@FILE` (a checkpoint file),
+or `NAME@WORD` where an installed weights provider knows WORD. Providers register under the entry-point group
+`transferbench.weights` as `WORD = "module:function"`, `function(name) -> Path` of a checkpoint (the pretrain
+adapter provides `embedded`: it pretrains on demand, or uses the checkpoint that ships with the package)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cell import RANDOM_INIT, BackboneRef
+from ..errors import UserError
+from ..hashing import file_sha256
+from ..plugins import load_group
+
+GROUP = "transferbench.weights"
+
+
+def providers() -> dict:
+    """WORD -> function(name) -> checkpoint path, for every installed provider."""
+    return load_group(GROUP)
+
+
+def split_backbone(spec: str) -> tuple[str, str]:
+    """`NAME[@CHECKPOINT]` -> (name, checkpoint or ''), the name checked against the installed families
+    (unknown names fail here with close matches)."""
+    from .registry import find_family
+
+    name, _, checkpoint = spec.partition("@")
+    find_family(name)
+    return name, checkpoint
+
+
+def resolve_backbone(spec: str) -> BackboneRef:
+    """Check the name and hash the checkpoint (no model is built); a provider's word is resolved by its
+    provider, which may pretrain."""
+    name, checkpoint = split_backbone(spec)
+    if not checkpoint:
+        return BackboneRef(spec, name, None, RANDOM_INIT)
+    provider = providers().get(checkpoint)
+    if provider is not None:
+        path = Path(provider(name))
+        return BackboneRef(spec, name, str(path), file_sha256(path))
+    if not Path(checkpoint).is_file():
+        words = ", ".join(f"NAME@{w}" for w in sorted(providers()))
+        raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist "
+                        f"(NAME@PATH takes a .safetensors, .pth or big_vision .npz file; {words} "
+                        f"{'is' if len(providers()) == 1 else 'are'} provided by installed plugins"
+                        f"{': NAME@embedded pretrains on the embedded suite' if 'embedded' in providers() else ''})")
+    return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint))

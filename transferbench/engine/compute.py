@@ -1,0 +1,130 @@
+"""The worker side of one cell: where and how it computes (CellContext), running the adapter and turning what
+happens into an outcome (compute_cell), and what a record says about the machine (environment). The runner, the
+executors' workers and the training loop (Diverged, check_finite) all import it; it imports none of them."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+from tqdm.auto import tqdm
+
+from ..errors import UserError
+
+
+class Diverged(Exception):
+    """Raised by a training loop whose loss is not finite: the cell is recorded as `diverged`."""
+
+
+def check_finite(value, what: str = "loss", step: int | None = None) -> None:
+    v = float(value)
+    if not math.isfinite(v):
+        raise Diverged(f"non-finite {what} {v}" + (f" at step {step}" if step is not None else ""))
+
+
+@dataclass
+class CellContext:
+    """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
+    a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
+    data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
+    batch) and progress bars."""
+    device: str | None
+    show_progress: bool = True
+    data_dir: str | None = None
+    workers: int = 0
+    micro_batch: int | None = None
+
+    def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
+        return tqdm(iterable, total=total, desc=desc, leave=False, position=1, dynamic_ncols=True,
+                    disable=None if self.show_progress else True)
+
+
+@lru_cache(maxsize=1)
+def environment() -> dict:
+    import numpy
+    import timm
+    import torch
+
+    from importlib.metadata import version
+    env = {"python": platform.python_version(), "platform": platform.platform(), "transferbench": version("transferbench"),
+           "torch": torch.__version__, "timm": timm.__version__, "numpy": numpy.__version__,
+           "device": _device_name(), "git_sha": _git_sha(), "host": platform.node()}
+    return env
+
+
+def _device_name() -> str:
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"cpu: {platform.processor() or 'unknown'} x{os.cpu_count()}"
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def compute_cell(adapter, cell, ctx: CellContext) -> dict:
+    """Run one cell where the executor put it and return its outcome (status, metrics, info, reason,
+    seconds, environment, traceback): everything its record needs besides the cell. A UserError comes back
+    as {"stop": message}: the runner stops the run with it."""
+    if ctx.device is None:
+        ctx = dataclasses.replace(ctx, device=default_device())
+    started = time.time()
+    metrics, info, reason, tb = {}, {}, "", None
+    try:
+        result = dict(adapter.run(cell, ctx) or {})
+        info = result.pop("info", {})
+        metrics = _check_metrics(result, cell)
+        status = "ok"
+    except Diverged as e:
+        status, reason = "diverged", str(e)
+    except UserError as e:
+        return {"stop": str(e)}
+    except Exception as e:  # noqa: BLE001 - one broken cell must not stop the plan
+        status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
+    if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
+        status, reason = "diverged", "non-finite metric"
+    return {"status": status, "reason": reason, "metrics": metrics, "info": info,
+            "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb}
+
+
+def lost_outcome(error: Exception, attempts: int) -> dict:
+    """The outcome of a cell whose worker died on every attempt: failed, so that a rerun tries it again."""
+    return {"status": "failed", "reason": f"{type(error).__name__}: {error} ({attempts} attempt"
+                                          f"{'s' if attempts > 1 else ''})",
+            "metrics": {}, "info": {}, "seconds": 0.0, "environment": environment(), "traceback": None}
+
+
+def _check_metrics(result: dict, cell) -> dict:
+    metrics = {}
+    for split, values in result.items():
+        if not isinstance(values, dict):
+            raise TypeError(f"adapter returned {split}={values!r}; expected {{split: {{metric: value}}}}")
+        metrics[split] = {k: float(v) for k, v in values.items()}
+    if not any(cell.metric in m for m in metrics.values()):
+        raise ValueError(f"adapter returned no {cell.metric!r} metric (splits: {sorted(metrics)})")
+    return metrics

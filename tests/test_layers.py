@@ -159,3 +159,17 @@ def test_the_import_walker_sees_function_level_imports_and_packages(tmp_path, mo
     assert edges["transferbench.adapters.vtab"] == {"transferbench.engine", "transferbench.engine.runner"}
     assert strongly_connected(edges) == [["transferbench.adapters", "transferbench.adapters.vtab",
                                           "transferbench.engine.runner"]]
+
+
+def test_report_loads_no_torch():
+    """Reporting sits below the engine and the models: `transferbench report` reads records without torch."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, io, contextlib\nfrom transferbench.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['report', sys.argv[1]]) == 0\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))")
+    runs = ROOT.parent / "results" / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # without the tests' toy plugin, which loads torch
+    out = subprocess.run([sys.executable, "-c", code, str(runs)], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "[]"

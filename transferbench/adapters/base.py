@@ -7,9 +7,13 @@ from typing import ClassVar, Iterable
 
 from pydantic import BaseModel, ValidationError
 
+from ..backbones.checkpoint import check_checkpoint_file
+from ..backbones.weights import providers, split_backbone
+from ..cell import make_cell
+from ..data.sources import with_generator_version
 from ..errors import UserError, close_matches
 from ..plugins import load_group
-from ..spec import SpecError, Task, TaskSpec
+from ..spec import SpecError, Task, TaskSpec, installed_specs, load_task, resolve, task_aliases
 
 
 class Adapter:
@@ -42,7 +46,6 @@ def plan_select_then_final(task: Task, backbone, results) -> list:
     (report axes): stage 'select' runs every `select` setting x seed (train -> val); once all are
     finished, stage 'final' runs the winner x seed (trainval -> test). Without `select` keys only the
     'final' cells exist."""
-    from ..cell import make_cell
 
     select = task.select_keys()
     cells = []
@@ -66,8 +69,6 @@ def plan_select_then_final(task: Task, backbone, results) -> list:
 
 def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, sets=()) -> Task:
     """Load a task spec, let its adapter validate the datasets, resolve suite and overrides."""
-    from ..data.sources import with_generator_version
-    from ..spec import installed_specs, load_task, resolve, task_aliases
 
     spec = load_task(name_or_path)
     adapter = get_adapter(spec.adapter)
@@ -89,8 +90,6 @@ def check_backbone(spec: str) -> None:
     """What costs nothing about `NAME[@CHECKPOINT]`: the name (grammar and family) and, for a file, that it
     exists and is a checkpoint (header only). A weights provider's word (`NAME@embedded`) is resolved later (it
     may pretrain)."""
-    from ..backbones.checkpoint import check_checkpoint_file
-    from ..backbones.weights import providers, split_backbone
 
     _, checkpoint = split_backbone(spec)
     if checkpoint and checkpoint not in providers():

@@ -32,13 +32,25 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..data.sources import DatasetEntry
-from ..data.transforms import AUGMENTATIONS
-from ..engine.train import BF16_SETTINGS
-from ..errors import UserError
+from ..backbones import create_backbone
+from ..backbones.checkpoint import head_classes, save_checkpoint
+from ..cell import make_cell
+from ..data import corruptions as C
+from ..data.corruptions import INSTALL, ImageNetCFolder, LAYOUT, NpyCorrupted, check_name, generator_identity
+from ..data.folder import DataMissingError
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
+from ..data.sources import DatasetEntry, open_split
+from ..data.tfds_source import TfdsDataset
+from ..data.transforms import AUGMENTATIONS, eval_transform
+from ..engine.precision import for_forward
+from ..engine.train import BF16_SETTINGS, accuracy
+from ..errors import UserError
+from ..hashing import digest
+from ..paths import cache
 from ..reporting.robustness import mce, relative_mce  # noqa: F401 (public names)
+from ..spec import SpecError
 from .base import Adapter
+from .classify import finetune
 
 CLASSIFIER_VERSION = "1"
 REPORT = "corruption"  # the report kind its cells name (entry point transferbench.reports)
@@ -67,7 +79,6 @@ def entry(cell) -> dict:
 
 def corruption_list(value) -> list[str]:
     """The spec's / --set's `corruptions`: 'all' or a list (or comma-separated string) of names."""
-    from ..data.corruptions import check_name
     if value in (None, "all"):
         return list(CORRUPTIONS)
     names = value.strip("[]").split(",") if isinstance(value, str) else list(value)
@@ -77,7 +88,6 @@ def corruption_list(value) -> list[str]:
 # --- data -------------------------------------------------------------------------------------------------
 
 def open_clean(ds: dict, split: str, data_dir=None):
-    from ..data.sources import open_split
     data = open_split(ds, split, data_dir)
     if ds.get("limit") and split == ds["test"]:
         data = torch.utils.data.Subset(data, range(min(int(ds["limit"]), len(data))))
@@ -91,8 +101,6 @@ def released_path(ds: dict, data_dir) -> Path:
 
 def open_released(ds: dict, corruption: str, severity: int, data_dir=None):
     """One (corruption, severity) of released corrupted data (folder, npy or tfds)."""
-    from ..data.corruptions import ImageNetCFolder, NpyCorrupted
-    from ..data.tfds_source import TfdsDataset
     if ds["corrupted"] == "folder":
         return ImageNetCFolder(released_path(ds, data_dir), corruption, severity, ds["classes"])
     if ds["corrupted"] == "npy":
@@ -114,7 +122,6 @@ def rendered(ds: dict, version: str, hp: dict, ctx):
     """The clean test images brought to the render size as ImageNet-C's were (short side render / crop_pct,
     centre crop), and their labels: decoded once per dataset and geometry, then read from the cache by every
     severity, corruption, backbone and seed. Returns (ArraySet, hit)."""
-    from ..data import corruptions as C
     size = render_size(hp)
 
     def compute():
@@ -131,7 +138,6 @@ def rendered(ds: dict, version: str, hp: dict, ctx):
 def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, ctx):
     """The test split under `corruption` at `severity` (severity 0: clean, through the same geometry), at the
     model's resolution, from the cache or generated from the rendered clean images. Returns (ArraySet, hit)."""
-    from ..data import corruptions as C
     res, size = int(hp["resolution"]), render_size(hp)
     if not severity and size == res:  # the rendered clean images are already at the model's resolution
         return rendered(ds, version, hp, ctx)
@@ -156,8 +162,6 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
 
 
 def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
-    from ..data.transforms import eval_transform
-    from ..engine.train import accuracy
     res = int(hp["resolution"])
     fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
     transform = None if fast else eval_transform(res, resize_small=resize_small)
@@ -168,14 +172,12 @@ def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int 
 # --- the classifier under test ----------------------------------------------------------------------------
 
 def home_dir() -> Path:
-    from ..paths import cache
     return cache("classifiers")
 
 
 def classifier_key(cell) -> str:
     """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
     hyper-parameters and the seed (not the corruption nor how the test images are made)."""
-    from ..hashing import digest
     ds = entry(cell)
     ident = {"v": CLASSIFIER_VERSION, "backbone": cell.backbone.partition("@")[0], "weights": cell.checkpoint_sha256,
              "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
@@ -188,8 +190,6 @@ def classifier(cell, ctx):
     checkpoint), else the fine-tuned head from the classifier cache, trained on a miss."""
     from filelock import FileLock
 
-    from ..backbones import create_backbone
-    from ..backbones.checkpoint import head_classes, save_checkpoint
     hp, ds = cell.hparams, entry(cell)
     name, mode, res = cell.backbone.partition("@")[0], hp.get("classifier", "auto"), int(hp["resolution"])
     head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
@@ -215,7 +215,6 @@ def classifier(cell, ctx):
             with safe_open(str(path), "pt") as f:  # the header only
                 info = json.loads((f.metadata() or {}).get("info", "{}"))
             return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
-        from .classify import finetune
         train = open_clean(ds, ds["train"], ctx.data_dir)
         model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx,
                                desc=f"{cell.dataset} fine-tune seed={cell.seed}")
@@ -233,7 +232,6 @@ class CorruptionAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from ..spec import SpecError
         for i, d in enumerate(spec.datasets):
             ds = CorruptionDataset.model_validate(d.model_dump())
             if ds.source == "tfds" and not ds.tfds:
@@ -251,8 +249,6 @@ class CorruptionAdapter(Adapter):
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's clean splits open, released corrupted data is present (its first
         and last corruption at severities 1 and 5), and generation has its package."""
-        from ..data.corruptions import INSTALL, LAYOUT, generator_identity
-        from ..data.folder import DataMissingError
         from ..data.tfds_source import data_dir
 
         for hp in task.grid():
@@ -286,7 +282,6 @@ class CorruptionAdapter(Adapter):
                             f"needs no download (generating corruptions needs {INSTALL})")
 
     def plan(self, task, backbone, results):
-        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
@@ -306,7 +301,6 @@ class CorruptionAdapter(Adapter):
         started = time.time()
         model, info = classifier(cell, ctx)
         res = int(hp["resolution"])
-        from ..engine.precision import for_forward
         choice = for_forward(hp.get("bf16", "auto"), ctx.device, model, int(hp.get("eval_batch", 256)), res)
         use_bf16 = choice.bf16
         if "bf16" in info:  # what the fine-tuning ran in; evaluation decides for itself

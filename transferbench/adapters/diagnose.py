@@ -23,7 +23,12 @@ import time
 import numpy as np
 import torch
 
-from ..engine.train import BF16_SETTINGS
+from ..backbones import create_backbone
+from ..backbones.measures import Probe, layer_grad_norms, summarise, weight_measures
+from ..cell import make_cell
+from ..data.transforms import eval_transform
+from ..engine.precision import for_forward
+from ..engine.train import BF16_SETTINGS, autocast, eval_batches
 from ..errors import UserError
 from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
@@ -33,7 +38,6 @@ STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "
 
 def backbone_for(cell, ctx):
     """The backbone under study at the cell's resolution: its checkpoint, or random-init seeded by the cell's seed."""
-    from ..backbones import create_backbone
     torch.manual_seed(cell.seed)
     model = create_backbone(cell.backbone.partition("@")[0], img_size=int(cell.hparams["resolution"]),
                             checkpoint=cell.checkpoint)
@@ -42,10 +46,6 @@ def backbone_for(cell, ctx):
 
 def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
     """Probe `model` over the first `images` images of `data`; returns the per-layer summaries."""
-    from ..backbones.measures import Probe
-    from ..data.transforms import eval_transform
-    from ..engine.precision import for_forward
-    from ..engine.train import autocast, eval_batches
 
     n = min(int(hp["images"]), len(data))
     subset = torch.utils.data.Subset(data, range(n))
@@ -61,7 +61,6 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
 
 def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
     """Per-step gradient norms of every block and of the patch embedding over the VTAB recipe's steps."""
-    from ..backbones.measures import layer_grad_norms, summarise
 
     layers, embed = [], []
 
@@ -91,7 +90,6 @@ class DiagnoseAdapter(ClassificationAdapter):
                                 "be at least 1 (set them with --set KEY=N)")
 
     def plan(self, task, backbone, results):
-        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
@@ -102,7 +100,6 @@ class DiagnoseAdapter(ClassificationAdapter):
         return cells
 
     def run(self, cell, ctx):
-        from ..backbones.measures import weight_measures
 
         hp, ds = cell.hparams, entry(cell.dataset, cell.dataset_config)
         started = time.time()

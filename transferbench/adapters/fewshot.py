@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..data.sources import DatasetEntry
+from ..backbones import create_backbone
+from ..data.sources import DatasetEntry, missing as find_missing, open_split
+from ..data.tfds_source import data_dir
+from ..data.transforms import eval_transform
+from ..engine.features import cache_key, cached, extract, precision
 from ..engine.train import BF16_SETTINGS
+from ..errors import UserError
 from .base import Adapter, plan_select_then_final
 
 BIAS = 100.0
@@ -198,9 +203,6 @@ class FewshotAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
 
     def check_data(self, task, ctx) -> None:
-        from ..data.sources import missing as find_missing
-        from ..data.tfds_source import data_dir
-        from ..errors import UserError
         entries = [FewshotDataset.model_validate(ds.model_dump()).model_dump() for ds in task.datasets]
         missing = find_missing(entries, lambda e: [e["train"], e["test"]], ctx.data_dir)
         if missing:
@@ -210,10 +212,6 @@ class FewshotAdapter(Adapter):
                             "or try `--suite embedded`, which needs no download")
 
     def run(self, cell, ctx):
-        from ..backbones import create_backbone
-        from ..data.sources import open_split
-        from ..data.transforms import eval_transform
-        from ..engine.features import cache_key, cached, extract, precision
         import torch
 
         hp = cell.hparams

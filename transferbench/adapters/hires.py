@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
-from ..data.transforms import AUGMENTATIONS
-from ..engine.train import BF16_SETTINGS
+from ..backbones.checkpoint import checkpoint_resolution
+from ..cell import make_cell
+from ..data.transforms import AUGMENTATIONS, eval_transform
+from ..engine.train import BF16_SETTINGS, accuracy
 from ..errors import UserError
 from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
@@ -32,7 +34,6 @@ STAGES = ("base", "high")
 
 @lru_cache(maxsize=32)
 def _checkpoint_resolution(path: str) -> int | None:
-    from ..backbones.checkpoint import checkpoint_resolution
     size = checkpoint_resolution(path)
     if size is None:
         return None
@@ -79,7 +80,6 @@ class HiresAdapter(ClassificationAdapter):
                                 "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)")
 
     def plan(self, task, backbone, results):
-        from ..cell import make_cell
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
@@ -94,8 +94,6 @@ class HiresAdapter(ClassificationAdapter):
         return cells
 
     def run(self, cell, ctx):
-        from ..data.transforms import eval_transform
-        from ..engine.train import accuracy
 
         hp = cell.hparams
         ds = entry(cell.dataset, cell.dataset_config)

@@ -14,12 +14,18 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from ..backbones import SIZES, create_backbone, parse_name, save_checkpoint
+from ..cell import BackboneRef, RANDOM_INIT
+from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
+from ..engine.runner import Results, run_task
 from ..engine.train import (BF16_SETTINGS, accuracy, cross_entropy, fit, sigmoid_cross_entropy,
                             train_batches)
 from ..errors import UserError
+from ..hashing import file_sha256
 from ..paths import cache
-from .base import Adapter, plan_select_then_final
+from ..records.store import RecordStore
+from .base import Adapter, plan_select_then_final, prepare_task
 
 
 class PretrainDataset(BaseModel):
@@ -34,7 +40,6 @@ class PretrainDataset(BaseModel):
 
 
 def load_split(cell, split: str, data_dir=None):
-    from ..data.sources import open_split
     return open_split({**cell.dataset_config, "name": cell.dataset}, cell.dataset_config[split], data_dir)
 
 
@@ -54,8 +59,6 @@ class PretrainAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):
-        from ..backbones import SIZES, create_backbone, parse_name, save_checkpoint
-        from ..hashing import file_sha256
 
         hp = cell.hparams
         torch.manual_seed(cell.seed)
@@ -106,11 +109,6 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
     not a pretraining suite (a file path, then): the one shipped in transferbench/weights when its cell
     key matches (same profile, data and protocol version), else the record's, pretraining first when
     the record is missing (a record is reused, as for any cell)."""
-    from ..cell import RANDOM_INIT, BackboneRef
-    from ..hashing import file_sha256
-    from ..engine.runner import Results, run_task
-    from ..records.store import RecordStore
-    from .base import prepare_task
 
     if source not in PRETRAINED:
         return None

@@ -17,7 +17,8 @@ embedded sets.
 """
 from __future__ import annotations
 
-from ..engine.train import BF16_SETTINGS
+from ..data.transforms import eval_transform
+from ..engine.train import BF16_SETTINGS, accuracy
 from .base import plan_select_then_final
 from .classify import ClassificationAdapter, VtabDataset, config, finetune, open_split
 
@@ -32,8 +33,6 @@ class VtabAdapter(ClassificationAdapter):
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):
-        from ..data.transforms import eval_transform
-        from ..engine.train import accuracy
 
         hp, ds = cell.hparams, config(cell.dataset, cell.dataset_config)
         final = cell.stage == "final"

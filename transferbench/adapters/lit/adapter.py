@@ -9,9 +9,19 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ...data.sources import DatasetEntry
-from ...engine.train import BF16_SETTINGS
-from ...paths import atomic_path
+from ...backbones import create_backbone
+from ...data import embedded
+from ...data.embedded import embedded_pairs
+from ...data.folder import DataMissingError
+from ...data.image_text import open_pairs, pairs_identity as files_identity
+from ...data.sources import DatasetEntry, open_split
+from ...data.transforms import eval_transform
+from ...engine.features import cache_key, cached, extract, extract_pairs, precision
+from ...engine.train import BF16_SETTINGS, fit, tensor_batches
+from ...errors import UserError
+from ...hashing import digest
+from ...paths import atomic_path, cache
+from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
 from .towers import IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
 from .zeroshot import class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
@@ -33,15 +43,11 @@ class LitDataset(DatasetEntry):
 
 
 def home_dir():
-    from ...paths import cache
     return cache("lit")
 
 
 def pairs_reader(hp: dict):
     """The task's image-text pairs: `embedded` (the embedded captions set) or a path (data.image_text)."""
-    from ...data.embedded import embedded_pairs
-    from ...data.image_text import open_pairs
-    from ...errors import UserError
     if not hp.get("pairs"):
         raise UserError("LiT needs image-text pairs to train the text tower: --set pairs=PATH with webdataset shards "
                         "('DIR/{00000..01242}.tar' or a folder of .tar of KEY.jpg + KEY.txt) or a .csv/.tsv with "
@@ -55,13 +61,10 @@ def pairs_reader(hp: dict):
 
 def pairs_identity(hp: dict) -> dict:
     """The pairs' identity in the feature cache, without opening them (a cache hit reads no pair)."""
-    from ...data import embedded
-    from ...data.image_text import pairs_identity as files_identity
     return {"embedded": embedded.version("captions")} if hp["pairs"] == "embedded" else files_identity(hp["pairs"])
 
 
 def open_zero_shot(ds: dict, data_dir=None):
-    from ...data.sources import open_split
     return open_split(ds, ds["test"], data_dir)
 
 
@@ -73,7 +76,6 @@ class LitAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from ...spec import SpecError
         for i, d in enumerate(spec.datasets):
             ds = LitDataset.model_validate(d.model_dump())
             if ds.retrieval is None and (ds.source == "pairs" or not ds.test):
@@ -92,9 +94,7 @@ class LitAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: the pairs open (CSV header, shards present) and every zero-shot split opens."""
-        from ...data.folder import DataMissingError
         from ...data.tfds_source import data_dir
-        from ...errors import UserError
         if ctx.micro_batch:
             raise UserError("--micro-batch splits a batch, which changes a contrastive loss (every other pair in the "
                             "batch is a negative); LiT trains on whole batches: lower --set batch=N instead")
@@ -119,9 +119,6 @@ class LitAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # cells: (dataset, seed); nothing selected
 
     def run(self, cell, ctx):
-        from ...backbones import create_backbone
-        from ...data.transforms import eval_transform
-        from ...engine.features import cache_key, cached, extract, extract_pairs, precision
 
         hp = cell.hparams
         ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
@@ -156,7 +153,6 @@ class LitAdapter(Adapter):
                                   desc=f"features {name} image-text pairs"))
         heldout = int(hp["heldout"])
         if not 0 < heldout < len(captions):
-            from ...errors import UserError
             raise UserError(f"heldout={heldout} leaves no training pairs or none held out of {len(captions)} pairs: "
                             f"set --set heldout=N with 0 < N < {len(captions)}")
         model, train_info = text_tower(px[:-heldout], captions[:-heldout], hp, cell.seed, pairs_key, ctx)
@@ -184,7 +180,6 @@ class LitAdapter(Adapter):
                     desc=f"features {name} {cell.dataset}"))
                 names = class_names_for(ds["class_names"], data)
                 if getattr(data, "num_classes", 0) and len(names) != data.num_classes:
-                    from ...errors import UserError
                     raise UserError(f"dataset {cell.dataset!r} has {data.num_classes} classes but {len(names)} class "
                                     "names; give one name per label, in label order (class_names in the spec)")
                 templates = templates_for(ds["templates"])
@@ -206,7 +201,6 @@ class LitAdapter(Adapter):
 def tower_key(pairs_key: str, hp: dict, seed: int) -> str:
     """The text tower's identity: the cached pair features it trains on, every hyper-parameter that shapes
     training (not the zero-shot ones) and the seed."""
-    from ...hashing import digest
     shaping = {k: hp.get(k) for k in TRAIN_KEYS}
     return digest({"v": LIT_VERSION, "pairs": pairs_key, "hp": shaping, "seed": seed})
 
@@ -222,7 +216,6 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from ...engine.train import fit, tensor_batches
 
     key = tower_key(pairs_key, hp, seed)
     folder = home_dir()

@@ -11,8 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...backbones import create_backbone
+from ...data import embedded
+from ...data.folder import DataMissingError
+from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry
-from ...engine.train import BF16_SETTINGS, SCHEDULES
+from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
+from ...errors import UserError
+from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
 from .inference import evaluate
 from .metric import IGNORE_INDEX
@@ -83,9 +89,6 @@ ADE_DEFAULT_DIRS = ("data/ade",)  # mmsegmentation's data_root for ADE20K
 def open_split(ds: dict, split: str, data_dir=None):
     """(image, mask) dataset of `split` for a resolved dataset entry: the ADE20K folder layout (source ade),
     a prepared tfds dataset (source tfds) or an embedded segmentation set (source embedded)."""
-    from ...data import embedded
-    from ...data.folder import DataMissingError
-    from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root
 
     if ds["source"] == "embedded":
         name = ds.get("set") or ds["name"]
@@ -109,7 +112,6 @@ class SegAdapter(Adapter):
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
-        from ...spec import SpecError
         for i, ds in enumerate(spec.datasets):
             d = ds.model_dump()
             if d.get("source", "ade") == "tfds" and not d.get("tfds"):
@@ -117,8 +119,6 @@ class SegAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's train and test splits open, or one line says what is missing."""
-        from ...data.folder import DataMissingError
-        from ...errors import UserError
 
         missing = []
         for spec in task.datasets:
@@ -146,9 +146,6 @@ class SegAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
 
     def run(self, cell, ctx):
-        from ...backbones import create_backbone
-        from ...data.segmentation import train_transform
-        from ...engine.train import fit, train_batches
 
         hp = cell.hparams
         ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...data.segmentation import eval_image
 from .metric import SegMetric
 
 
@@ -139,7 +140,6 @@ def predict(model, image, num_classes: int, *, short: int, window: int, stride: 
     cropping and the final resize are all separable linear maps, so each window's patch-grid logits go to
     the final map through one (H0, h_grid) and one (W0, w_grid) matrix (`_window_maps`); the result equals
     `slide_logits` followed by F.interpolate up to float rounding (tested). Other models take that path."""
-    from ...data.segmentation import eval_image
     device = next(model.parameters()).device
     x = eval_image(image, short, device)
     if out_size is None:

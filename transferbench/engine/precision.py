@@ -28,8 +28,8 @@ from ..hashing import digest
 from ..paths import atomic_path, cache
 
 BF16_SETTINGS = ("auto", "on", "off", True, False)
-PROBE_VERSION = "1"  # bump when the probe's procedure changes: older decisions are not reused
-PROBE_PAIRS = 5  # timed (fp32, bf16) step pairs at most ...
+PROBE_VERSION = "2"  # bump when the probe's procedure changes: older decisions are not reused
+PROBE_PAIRS = 7  # timed (fp32, bf16) step pairs at most ...
 PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
 
 
@@ -108,16 +108,17 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
 
 
 def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float = PROBE_SECONDS) -> dict:
-    """Median milliseconds of `step(False)` and `step(True)`, after one warm-up each, timed alternately (so a
-    slow spell of the machine hits both) until `pairs` pairs or `seconds` have passed. The CPU random state is
-    restored afterwards: a probe never changes what the cell draws."""
+    """Median milliseconds of `step(False)` and `step(True)`, after two warm-up steps each, timed in pairs whose
+    order alternates (so neither a slow spell of the machine nor going first favours one) until `pairs` pairs
+    or `seconds` have passed. The CPU random state is restored afterwards: a probe never changes what the cell
+    draws."""
     with torch.random.fork_rng(devices=[]):
-        step(False)
-        step(True)
+        for bf16 in (False, True, False, True):
+            step(bf16)
         times: dict[bool, list[float]] = {False: [], True: []}
         started = time.perf_counter()
         while len(times[True]) < pairs and (not times[True] or time.perf_counter() - started < seconds):
-            for bf16 in (False, True):
+            for bf16 in ((False, True) if len(times[True]) % 2 == 0 else (True, False)):
                 t = time.perf_counter()
                 step(bf16)
                 times[bf16].append(1000 * (time.perf_counter() - t))

@@ -165,3 +165,16 @@ def test_every_committed_record_key_recomputes_and_a_rerun_plans_nothing():
                 seen |= {c.key for c in cells}
                 assert all(store.finished(c) for c in cells), (task_name, backbone)
             assert seen <= {r["key"] for r in records}
+
+
+@pytest.mark.parametrize("task", ["vtab", "ade20k", "lit", "imagenet_c", "hires", "diagnose"])
+def test_a_tfds_entry_without_its_tfds_name_is_one_spec_error(task):
+    """One check (data.sources.require_tfds_name) for every adapter whose entries may come from tfds."""
+    from transferbench.spec import load_task
+    spec = load_task(task)
+    i, ds = next((i, d) for i, d in enumerate(spec.datasets)
+                 if d.model_dump().get("tfds") and d.model_dump().get("retrieval") is None)
+    broken = spec.model_copy(update={"datasets": [*spec.datasets[:i], ds.model_copy(update={"tfds": None})]})
+    with pytest.raises(SpecError, match=rf"<x>: datasets\.{i}\.tfds: a tfds dataset needs its tfds name "
+                                        rf"\(dataset '{ds.name}'\)"):
+        get_adapter(spec.adapter).validate(broken, "<x>")

@@ -48,8 +48,7 @@ def validate_entries(spec, source: str) -> None:
     its tfds builder, and the label rule exists."""
     for i, ds in enumerate(spec.datasets):
         d = ds.model_dump()
-        if d.get("source", "tfds") == "tfds" and not d.get("tfds"):
-            raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+        sources.require_tfds_name(source, i, {"source": "tfds", **d})
         if d.get("label", "label") not in vtab_data.LABEL_RULES:
             raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
                             f"{', '.join(vtab_data.LABEL_RULES)} (dataset {ds.name!r})")

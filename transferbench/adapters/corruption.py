@@ -39,7 +39,7 @@ from ..data import corruptions as C
 from ..data.corruptions import INSTALL, ImageNetCFolder, LAYOUT, NpyCorrupted, check_name, generator_identity
 from ..data.folder import DataMissingError
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
-from ..data.sources import DatasetEntry, open_split
+from ..data.sources import DatasetEntry, open_split, require_tfds_name
 from ..data.tfds_source import TfdsDataset
 from ..data.transforms import AUGMENTATIONS, eval_transform
 from ..engine.precision import for_forward
@@ -234,8 +234,7 @@ class CorruptionAdapter(Adapter):
         super().validate(spec, source)
         for i, d in enumerate(spec.datasets):
             ds = CorruptionDataset.model_validate(d.model_dump())
-            if ds.source == "tfds" and not ds.tfds:
-                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            require_tfds_name(source, i, ds.model_dump())
             if ds.corrupted in ("folder", "npy") and not ds.path:
                 raise SpecError(f"{source}: datasets.{i}.path: released {ds.corrupted} data needs its folder under "
                                 f"--data-dir (dataset {ds.name!r})")

@@ -7,6 +7,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import UserError
+from ..spec import SpecError
 from . import embedded
 from .folder import FolderDataset
 
@@ -22,6 +23,12 @@ class DatasetEntry(BaseModel):
     set: str | None = None  # the embedded set (source embedded), when it differs from `name`
     train: str  # tfds split string (tfds) or folder split name (embedded)
     test: str
+
+
+def require_tfds_name(where: str, i: int, entry: dict) -> None:
+    """A tfds dataset entry (`source: tfds`) names its tfds builder, or the spec stops with one line."""
+    if entry.get("source") == "tfds" and not entry.get("tfds"):
+        raise SpecError(f"{where}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {entry['name']!r})")
 
 
 def with_generator_version(ds):

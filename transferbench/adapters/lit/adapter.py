@@ -14,7 +14,7 @@ from ...data import embedded
 from ...data.embedded import embedded_pairs
 from ...data.folder import DataMissingError
 from ...data.image_text import open_pairs, pairs_identity as files_identity
-from ...data.sources import DatasetEntry, open_split
+from ...data.sources import DatasetEntry, open_split, require_tfds_name
 from ...data.transforms import eval_transform
 from ...engine.features import cache_key, cached, extract, extract_pairs, precision
 from ...engine.train import BF16_SETTINGS, fit, tensor_batches
@@ -84,8 +84,8 @@ class LitAdapter(Adapter):
             if ds.source == "embedded" and ds.retrieval is None and ds.class_names == "tfds":
                 raise SpecError(f"{source}: datasets.{i}.class_names: an embedded set has no tfds label names; list "
                                 f"them (dataset {ds.name!r})")
-            if ds.source == "tfds" and ds.retrieval is None and not ds.tfds:
-                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            if ds.retrieval is None:
+                require_tfds_name(source, i, ds.model_dump())
             if not isinstance(ds.templates, str):
                 try:
                     templates_for(ds.templates)

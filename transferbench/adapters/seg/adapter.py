@@ -15,10 +15,9 @@ from ...backbones import create_backbone
 from ...data import embedded
 from ...data.folder import DataMissingError
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
-from ...data.sources import DatasetEntry
+from ...data.sources import DatasetEntry, require_tfds_name
 from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
 from ...errors import UserError
-from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
 from .inference import evaluate
 from .metric import IGNORE_INDEX
@@ -113,9 +112,7 @@ class SegAdapter(Adapter):
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
         for i, ds in enumerate(spec.datasets):
-            d = ds.model_dump()
-            if d.get("source", "ade") == "tfds" and not d.get("tfds"):
-                raise SpecError(f"{source}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {ds.name!r})")
+            require_tfds_name(source, i, {"source": "ade", **ds.model_dump()})
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's train and test splits open, or one line says what is missing."""

@@ -18,10 +18,8 @@ from ..backbones.checkpoint import head_classes
 from ..data import sources, vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
-from ..data.tfds_source import data_dir as tfds_data_dir
 from ..data.transforms import AUGMENTATIONS, train_transform
 from ..engine.train import cross_entropy, fit, train_batches
-from ..errors import UserError
 from ..spec import SpecError
 from .base import Adapter
 
@@ -54,11 +52,6 @@ def validate_entries(spec, source: str) -> None:
                             f"{', '.join(vtab_data.LABEL_RULES)} (dataset {ds.name!r})")
 
 
-PREPARE_TFDS = ("prepare them with tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare(); "
-                "imagenet2012 needs the manual download: the tars in its manual dir) or run `transferbench data "
-                "export-vtab --out DIR` where they are prepared and pass --data-dir DIR")
-
-
 def require_splits(task, ctx, what: str, roles=("train", "test"), *, entry=None, unit: str = "datasets") -> None:
     """Before any cell of a protocol on VTAB-style entries (VTAB, high-res, diagnostics): every dataset's `roles`
     open, or one line names the missing datasets, where they were looked for and how to prepare them. `entry`
@@ -67,11 +60,7 @@ def require_splits(task, ctx, what: str, roles=("train", "test"), *, entry=None,
     entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
     missing = sources.missing(entries, lambda e: list(roles), opener=lambda e, role: open_split(e, role, ctx.data_dir))
     if missing:
-        raise UserError(
-            f"{what} data missing for {len(missing)} of {len(task.datasets)} {unit} ({', '.join(missing)}): "
-            f"searched {tfds_data_dir(ctx.data_dir)} (from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) "
-            f"for prepared tfds data and for an export-vtab folder; {PREPARE_TFDS}; or try `--suite embedded`, which "
-            "needs no download")
+        raise sources.missing_data(what, missing, len(task.datasets), ctx.data_dir, unit=unit, export=True)
 
 
 class ClassificationAdapter(Adapter):

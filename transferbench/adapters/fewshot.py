@@ -24,12 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backbones import create_backbone
-from ..data.sources import DatasetEntry, missing as find_missing, open_split
-from ..data.tfds_source import data_dir
+from ..data.sources import DatasetEntry, missing as find_missing, missing_data, open_split
 from ..data.transforms import eval_transform
 from ..engine.features import cache_key, cached, extract, precision
 from ..engine.train import BF16_SETTINGS
-from ..errors import UserError
 from .base import Adapter, plan_select_then_final
 
 BIAS = 100.0
@@ -206,10 +204,7 @@ class FewshotAdapter(Adapter):
         entries = [FewshotDataset.model_validate(ds.model_dump()).model_dump() for ds in task.datasets]
         missing = find_missing(entries, lambda e: [e["train"], e["test"]], ctx.data_dir)
         if missing:
-            raise UserError(f"few-shot data missing for {', '.join(missing)}: searched {data_dir(ctx.data_dir)} "
-                            "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets); prepare them with "
-                            "tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare()), "
-                            "or try `--suite embedded`, which needs no download")
+            raise missing_data("few-shot", missing, len(entries), ctx.data_dir)
 
     def run(self, cell, ctx):
         import torch

@@ -31,6 +31,21 @@ def require_tfds_name(where: str, i: int, entry: dict) -> None:
         raise SpecError(f"{where}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {entry['name']!r})")
 
 
+def missing_data(what: str, names: list[str], total: int, data_dir=None, *, unit: str = "datasets",
+                 export: bool = False) -> UserError:
+    """The one-line error for tfds datasets that are not prepared: which, where they were looked for, how to
+    prepare them (with `export`, an export-vtab folder is looked for too), and the embedded suite."""
+    from .tfds_source import data_dir as searched
+    also = (" or run `transferbench data export-vtab --out DIR` where they are prepared and pass --data-dir DIR"
+            if export else "")
+    return UserError(
+        f"{what} data missing for {len(names)} of {total} {unit} ({', '.join(names)}): searched {searched(data_dir)} "
+        "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) for prepared tfds data"
+        f"{' and for an export-vtab folder' if export else ''}; prepare them with tfds (pip install "
+        "'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare(); imagenet2012 needs the manual download: "
+        f"the tars in its manual dir){also}; or try `--suite embedded`, which needs no download")
+
+
 def with_generator_version(ds):
     """A spec's dataset entry with its embedded generator's version (part of every cell key), from the embedded
     suite's one table of versions; other entries as they are."""

@@ -14,7 +14,7 @@ from ...data import embedded
 from ...data.embedded import embedded_pairs
 from ...data.folder import DataMissingError
 from ...data.image_text import open_pairs, pairs_identity as files_identity
-from ...data.sources import DatasetEntry, open_split, require_tfds_name
+from ...data.sources import DatasetEntry, missing_data, open_split, require_tfds_name
 from ...data.transforms import eval_transform
 from ...engine.features import cache_key, cached, extract, extract_pairs, precision
 from ...engine.train import BF16_SETTINGS, fit, tensor_batches
@@ -94,26 +94,23 @@ class LitAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         """Before any cell: the pairs open (CSV header, shards present) and every zero-shot split opens."""
-        from ...data.tfds_source import data_dir
         if ctx.micro_batch:
             raise UserError("--micro-batch splits a batch, which changes a contrastive loss (every other pair in the "
                             "batch is a negative); LiT trains on whole batches: lower --set batch=N instead")
         for hp in task.grid():
             pairs_reader(hp)
-        missing = []
+        missing, zero_shot = [], 0
         for spec in task.datasets:
             ds = LitDataset.model_validate(spec.model_dump()).model_dump()
             if ds["retrieval"]:
                 continue
+            zero_shot += 1
             try:
                 open_zero_shot(ds, ctx.data_dir)
             except DataMissingError:
                 missing.append(ds["name"])
         if missing:
-            raise UserError(f"zero-shot data missing for {', '.join(missing)}: searched {data_dir(ctx.data_dir)} "
-                            "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets); prepare them with "
-                            "tfds (pip install 'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare()), "
-                            "or try `--suite embedded`, which needs no download")
+            raise missing_data("zero-shot", missing, zero_shot, ctx.data_dir)
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # cells: (dataset, seed); nothing selected

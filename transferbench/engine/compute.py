@@ -64,13 +64,8 @@ def _device_name() -> str:
     import torch
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu: {line.split(':', 1)[1].strip()} x{os.cpu_count()}"
-    except OSError:
-        pass
-    return f"cpu: {platform.processor() or 'unknown'} x{os.cpu_count()}"
+    from .precision import cpu_model
+    return f"cpu: {cpu_model() or platform.processor() or 'unknown'} x{os.cpu_count()}"
 
 
 def _git_sha() -> str | None:

@@ -25,12 +25,12 @@ def cache_dir() -> Path:
 def precision(setting, device: str, *, backbone: str, resolution: int, pool: str, build, batch: int = 256):
     """bf16 or fp32 for extracting this backbone's features (engine.precision: `auto` probes a forward of
     `batch` images on a cache miss of its own; `build()` makes the model only then)."""
-    from .precision import forward_step, resolve
+    from .precision import forward_step, probe_images, resolve
 
     def make_step():
         model = build().eval().to(device)
-        x = torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
-        return forward_step(lambda b: model.forward_head(model.forward_features(b), pre_logits=True), x, device)
+        return forward_step(lambda b: model.forward_head(model.forward_features(b), pre_logits=True),
+                            probe_images(batch, resolution), device)
 
     return resolve(setting, device, {"mode": "features", "backbone": backbone, "resolution": resolution, "pool": pool,
                                      "batch": batch}, make_step)

@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -55,11 +56,23 @@ def check_setting(setting) -> str:
     return "auto"
 
 
-def cpu_bf16_units() -> bool:
+@lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ('' where there is none)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return ""
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo, or None."""
+    return next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+                 if line.startswith("model name")), None)
+
+
+def cpu_bf16_units() -> bool:
+    flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -68,15 +81,7 @@ def device_kind(device: str) -> str:
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(torch.device(device))
     elif device == "cpu":
-        name = "cpu"
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        name = f"{name} bf16-units={cpu_bf16_units()}"
+        name = f"{cpu_model() or 'cpu'} bf16-units={cpu_bf16_units()}"
     else:
         name = device
     return f"{name} | threads={torch.get_num_threads()} | torch {torch.__version__}"
@@ -170,6 +175,11 @@ def training_step(model: torch.nn.Module, x, y, loss_fn: Callable, device: str) 
     return step
 
 
+def probe_images(batch: int, resolution: int) -> torch.Tensor:
+    """A fixed batch of square images in [-1, 1] for a forward probe (its own generator: no global draw)."""
+    return torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
+
+
 def forward_step(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: str) -> Callable[[bool], None]:
     """One inference-mode forward of `forward` on `x`."""
     x = x.to(device)
@@ -185,7 +195,6 @@ def forward_step(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
 def for_forward(setting, device: str, model: torch.nn.Module, batch: int, resolution: int) -> Precision:
     """bf16 or fp32 for evaluating `model` (already on `device`) in batches of `batch` square images."""
     def make_step():
-        x = torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
-        return forward_step(model, x, device)
+        return forward_step(model, probe_images(batch, resolution), device)
     return resolve(setting, device, {"mode": "eval", "model": shapes(model), "x": [batch, 3, resolution, resolution]},
                    make_step)

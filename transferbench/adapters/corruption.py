@@ -47,13 +47,12 @@ from ..engine.train import BF16_SETTINGS, accuracy
 from ..errors import UserError
 from ..hashing import digest
 from ..paths import cache
-from ..reporting.robustness import mce, relative_mce  # noqa: F401 (public names)
+from ..reporting.robustness import REPORT, mce, relative_mce  # noqa: F401 (mce, relative_mce: public names)
 from ..spec import SpecError
 from .base import Adapter
 from .classify import finetune
 
 CLASSIFIER_VERSION = "1"
-REPORT = "corruption"  # the report kind its cells name (entry point transferbench.reports)
 TRAIN_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "clip", "batch", "steps", "warmup_steps", "resolution",
               "bf16")
 

@@ -30,9 +30,9 @@ from ..data.transforms import eval_transform
 from ..engine.precision import for_forward
 from ..engine.train import BF16_SETTINGS, autocast, eval_batches
 from ..errors import UserError
+from ..reporting.diagnostics import REPORT
 from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
-REPORT = "diagnostics"
 STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "min")}
 
 

@@ -26,9 +26,9 @@ from ..cell import make_cell
 from ..data.transforms import AUGMENTATIONS, eval_transform
 from ..engine.train import BF16_SETTINGS, accuracy
 from ..errors import UserError
+from ..reporting.hires import REPORT
 from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
 
-REPORT = "hires"
 STAGES = ("base", "high")
 
 

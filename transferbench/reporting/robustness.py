@@ -26,6 +26,7 @@ from .tables import Cellv, Report, TaskTable, _judge, default_reference, seed_co
 
 SHORT = dict(zip(CORRUPTIONS, ("gauss", "shot", "impulse", "defocus", "glass", "motion", "zoom", "snow", "frost",
                                "fog", "bright", "contrast", "elastic", "pixel", "jpeg")))
+REPORT = "corruption"  # the report kind the robustness cells name
 CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
 
 
@@ -69,7 +70,7 @@ def relative_mce(errors: Mapping, clean_error: float, baseline_errors: Mapping, 
 # --- records -> tables ------------------------------------------------------------------------------------
 
 def is_robustness(record: dict) -> bool:
-    return record.get("report") == "corruption"
+    return record.get("report") == REPORT
 
 
 def _collect(records: list[dict]) -> dict:

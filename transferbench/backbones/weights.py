@@ -35,14 +35,12 @@ def resolve_backbone(spec: str) -> BackboneRef:
     name, checkpoint = split_backbone(spec)
     if not checkpoint:
         return BackboneRef(spec, name, None, RANDOM_INIT)
-    provider = providers().get(checkpoint)
-    if provider is not None:
-        path = Path(provider(name))
+    words = providers()
+    if checkpoint in words:
+        path = Path(words[checkpoint](name))
         return BackboneRef(spec, name, str(path), file_sha256(path))
     if not Path(checkpoint).is_file():
-        words = ", ".join(f"NAME@{w}" for w in sorted(providers()))
-        raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist "
-                        f"(NAME@PATH takes a .safetensors, .pth or big_vision .npz file; {words} "
-                        f"{'is' if len(providers()) == 1 else 'are'} provided by installed plugins"
-                        f"{': NAME@embedded pretrains on the embedded suite' if 'embedded' in providers() else ''})")
+        raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
+                        ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
+                        f"{', '.join(sorted(words)) or 'none installed'})")
     return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint))

@@ -6,6 +6,7 @@ the resolution's grid). Each protocol's adapter is its own module; this one hold
 """
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Literal
@@ -36,9 +37,14 @@ class ClassificationDataset(VtabDataset):
     val: str | None = None  # type: ignore[assignment]
 
 
+def schema_entry(schema, name: str, fields: dict) -> dict:
+    """A dataset entry validated by `schema`, its defaults filled in (source tfds, label rule 'label', ...)."""
+    return schema.model_validate({**fields, "name": name}).model_dump()
+
+
 def classification_entry(name: str, fields: dict) -> dict:
     """A ClassificationDataset entry with the schema's defaults filled in."""
-    return ClassificationDataset.model_validate({**fields, "name": name}).model_dump()
+    return schema_entry(ClassificationDataset, name, fields)
 
 
 def validate_entries(spec, source: str) -> None:
@@ -81,9 +87,8 @@ class ClassificationAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         self.check_hparams(task)
-        schema = self.dataset_schema
         require_splits(task, ctx, self.data_name, self.roles, unit=self.unit,
-                       entry=lambda name, fields: schema.model_validate({**fields, "name": name}).model_dump())
+                       entry=functools.partial(schema_entry, self.dataset_schema))
 
 
 class Joined(torch.utils.data.Dataset):
@@ -102,8 +107,8 @@ class Joined(torch.utils.data.Dataset):
 
 
 def config(name: str, fields: dict) -> dict:
-    """A dataset entry with the schema's defaults filled in (source tfds, label rule 'label', ...)."""
-    return VtabDataset.model_validate({**fields, "name": name}).model_dump()
+    """A VTAB dataset entry with the schema's defaults filled in."""
+    return schema_entry(VtabDataset, name, fields)
 
 
 def is_export(data_dir, name: str) -> bool:

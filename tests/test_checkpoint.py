@@ -45,7 +45,8 @@ def test_timm_checkpoint_into_the_wrong_size_lists_shapes(tmp_path):
 
 # --- big_vision --------------------------------------------------------------------------------------
 
-def bv_params(*, width=32, depth=2, heads=2, mlp=48, patch=4, grid=4, classes=5, cls=True, naflex=False, seed=0):
+def bv_params(*, width=32, depth=2, heads=2, mlp=48, patch=4, grid=4, classes=5, cls=True, naflex=False, seed=0,
+              rep=0):
     """Random arrays with the shapes of a big_vision ViT (flax layouts)."""
     rng = np.random.default_rng(seed)
     r = lambda *s, scale=0.3: (rng.standard_normal(s) * scale).astype(np.float32)  # noqa: E731
@@ -74,7 +75,9 @@ def bv_params(*, width=32, depth=2, heads=2, mlp=48, patch=4, grid=4, classes=5,
         p[b + "MlpBlock_0/Dense_0/kernel"], p[b + "MlpBlock_0/Dense_0/bias"] = r(width, mlp), r(mlp)
         p[b + "MlpBlock_0/Dense_1/kernel"], p[b + "MlpBlock_0/Dense_1/bias"] = r(mlp, width), r(width)
     p["Transformer/encoder_norm/scale"], p["Transformer/encoder_norm/bias"] = 1 + r(width), r(width)
-    p["head/kernel"], p["head/bias"] = r(width, classes), r(classes)
+    if rep:  # rep_size: Dense 'pre_logits' + tanh before the head
+        p["pre_logits/kernel"], p["pre_logits/bias"] = r(width, rep), r(rep)
+    p["head/kernel"], p["head/bias"] = r(rep or width, classes), r(classes)
     return p
 
 
@@ -110,6 +113,8 @@ def bv_forward(p, img_nhwc, patch, naflex=False):
         x = x + y @ p[b + "MlpBlock_0/Dense_1/kernel"] + p[b + "MlpBlock_0/Dense_1/bias"]
     x = ln(x, p["Transformer/encoder_norm/scale"], p["Transformer/encoder_norm/bias"])
     x = x[:, 0] if "cls" in p else x.mean(axis=1)
+    if "pre_logits/kernel" in p:
+        x = np.tanh(x @ p["pre_logits/kernel"] + p["pre_logits/bias"])
     return x @ p["head/kernel"] + p["head/bias"]
 
 
@@ -137,10 +142,11 @@ def scanned(p, depth=2):
     return out
 
 
-@pytest.mark.parametrize("variant", ["vit_tok", "vit_gap", "old_names", "scanned", "params_prefix", "naflex_dpn"])
+@pytest.mark.parametrize("variant", ["vit_tok", "vit_gap", "old_names", "scanned", "params_prefix", "naflex_dpn",
+                                     "rep_size"])
 def test_big_vision_npz_gives_the_same_logits(tmp_path, variant):
     naflex = variant == "naflex_dpn"
-    p = bv_params(cls=variant not in ("vit_gap", "naflex_dpn"), naflex=naflex)
+    p = bv_params(cls=variant not in ("vit_gap", "naflex_dpn"), naflex=naflex, rep=24 if variant == "rep_size" else 0)
     stored = {"old_names": old_names, "scanned": scanned,
               "params_prefix": lambda q: {f"params/{k}": v for k, v in q.items()}}.get(variant, lambda q: q)(p)
     np.savez(tmp_path / "bv.npz", **stored)
@@ -150,6 +156,7 @@ def test_big_vision_npz_gives_the_same_logits(tmp_path, variant):
     ours = create_backbone(name, num_classes=5, checkpoint=tmp_path / "bv.npz",
                            embed_dim=32, depth=2, num_heads=2, mlp_dim=48, img_size=16).eval()
     assert ours.config["act"] == "gelu_tanh" and ours.pool == ("gap" if variant in ("vit_gap", "naflex_dpn") else "tok")
+    assert ours.config["rep_size"] == (24 if variant == "rep_size" else 0)
     with torch.no_grad():
         got = ours(torch.from_numpy(img.transpose(0, 3, 1, 2)).float())
     np.testing.assert_allclose(got.double().numpy(), expected, atol=1e-5, rtol=0)

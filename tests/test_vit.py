@@ -62,9 +62,9 @@ def test_rectangular_images():
     assert m.forward_features(torch.randn(1, 3, 32, 48)).shape == (1, 97, 128)
 
 
-def test_pos_embed_resizes_bilinearly_by_hand(tmp_path):
-    # a 2x2 grid holding x-ramps [0, 1] upsampled to 4x4 with half-pixel centres:
-    # source coordinates (i + .5) / 2 - .5 = -.25, .25, .75, 1.25 -> 0, .25, .75, 1 after clamping
+def test_pos_embed_resizes_as_big_vision_by_hand(tmp_path):
+    # our checkpoints follow big_vision's resample_posemb (scipy.ndimage.zoom order=1: corner samples kept):
+    # a 2x2 grid holding x-ramps [0, 1] upsampled to 4x4 samples x at 0, 1/3, 2/3, 1
     m = create_backbone("mu4", img_size=8)
     with torch.no_grad():
         ramp = torch.tensor([0.0, 1.0, 0.0, 1.0])  # row-major 2x2: x = 0, 1 in each row
@@ -72,8 +72,9 @@ def test_pos_embed_resizes_bilinearly_by_hand(tmp_path):
         m.pos_embed[0, 0] = 7.0
     path = save_checkpoint(m, tmp_path / "m.safetensors")
     big = create_backbone("mu4", img_size=16, checkpoint=path)
+    assert big.posemb_resample == "big_vision"
     pe = big.pos_embed[0, 1:, 0].view(4, 4)
-    torch.testing.assert_close(pe, torch.tensor([[0.0, 0.25, 0.75, 1.0]] * 4))
+    torch.testing.assert_close(pe, torch.tensor([[0.0, 1 / 3, 2 / 3, 1.0]] * 4))
     torch.testing.assert_close(big.pos_embed[0, 1:, 9].view(4, 4), 10 * pe)  # every channel alike
     assert (big.pos_embed[0, 0] == 7.0).all()  # the cls position is not resampled
 

@@ -204,7 +204,7 @@ def cmd_list(args) -> int:
     from tabulate import tabulate
     if args.what == "backbones":
         print(tabulate(_backbone_rows(), ["backbone", "width", "depth", "heads", "patch", "stem", "dtn blocks",
-                                          "params (M, no head)"], tablefmt="github"))
+                                          "rep_size", "params (M, no head)"], tablefmt="github"))
     elif args.what == "adapters":
         from .adapters import list_adapters
         print("\n".join(list_adapters()) or "no adapters installed")
@@ -235,7 +235,7 @@ def _backbone_rows():
             m = create_backbone(name)
         cfg = getattr(m, "config", {})
         rows.append([name, cfg.get("embed_dim"), cfg.get("depth"), cfg.get("num_heads"), cfg.get("patch_size"),
-                     cfg.get("stem") or "-", cfg.get("dtn_layers"), f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}"])
+                     cfg.get("stem") or "-", cfg.get("dtn_layers"), cfg.get("rep_size") or "-", f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}"])
     return rows
 
 

@@ -42,6 +42,7 @@ class Checkpoint:
     img_size: tuple[int, int] | None = None
     name: str | None = None
     metadata: dict = field(default_factory=dict)
+    pixels: str | None = None  # the pixel normalisation the weights were trained with, where the file says
 
 
 def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
@@ -109,7 +110,7 @@ def read_checkpoint(path) -> Checkpoint:
         if meta.get("format") == FORMAT:
             ckpt = Checkpoint(sd, FORMAT, config=json.loads(meta["config"]),
                               img_size=tuple(json.loads(meta["img_size"])), name=meta.get("name") or None,
-                              metadata=meta)
+                              metadata=meta, pixels=meta.get("pixels") or None)
         else:
             ckpt = convert_timm(sd)
     elif p.suffix in _TORCH_SUFFIXES:
@@ -136,6 +137,37 @@ def checkpoint_resolution(path) -> tuple[int, int] | None:
     return read_checkpoint(p).img_size
 
 
+def checkpoint_pixels(path) -> str | None:
+    """The pixel normalisation a checkpoint states: ours in their header (`pixels`), a big_vision `.npz` always
+    [-1, 1] ('inception': big_vision's `value_range(-1, 1)`); None where the file does not say (timm files,
+    ours written before the field existed)."""
+    p = check_checkpoint_file(path)
+    if p.suffix == ".npz":
+        return "inception"
+    if p.suffix == ".safetensors":
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") == FORMAT:
+            return meta.get("pixels") or None
+    return None
+
+
+POSEMB_METHODS = ("big_vision", "timm")
+
+
+def resample_posemb(pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_tokens: int) -> torch.Tensor:
+    """big_vision's `resample_posemb` (models/vit.py): the patch grid's table zoomed with
+    `scipy.ndimage.zoom(order=1)`, which is bilinear interpolation with the corner samples kept
+    (`align_corners=True`); prefix (cls) positions unchanged."""
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    dim = grid.shape[-1]
+    grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
+    grid = grid.to(torch.promote_types(grid.dtype, torch.float32))
+    grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos_embed.dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
 def head_classes(path) -> int | None:
     """The number of classes of a checkpoint's head, or None without one. A safetensors file (ours or timm's:
     both name it `head.weight`) answers from its header; other formats are read."""
@@ -150,10 +182,17 @@ def head_classes(path) -> int | None:
     return int(w.shape[0]) if w is not None and w.ndim == 2 else None
 
 
-def load_checkpoint(model: nn.Module, path) -> Checkpoint:
+def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkpoint:
     """Load a checkpoint into `model` strictly, resizing position embeddings to its grid. A head of
-    a different size (or none in `model`) is not loaded: `model` keeps its zero-initialised head."""
+    a different size (or none in `model`) is not loaded: `model` keeps its zero-initialised head.
+
+    Position embeddings of another grid are resampled the way the weights' own code does it (`posemb`
+    None), or by the method `posemb` names: 'big_vision' (`resample_posemb`: bilinear, corners aligned; big_vision
+    `.npz` and our own files) or 'timm' (`checkpoint_filter_fn`: bicubic with antialias; timm files). The
+    method used is left in `model.posemb_resample` (None: no resampling)."""
     ckpt = read_checkpoint(path)
+    if posemb is not None and posemb not in POSEMB_METHODS:
+        raise CheckpointError(f"posemb={posemb!r}: choose one of {', '.join(POSEMB_METHODS)}")
     where = f"checkpoint {ckpt.path or '(in memory)'}" + (f" (saved from {ckpt.name!r})" if ckpt.name else "")
     differ = [f"{k}: checkpoint {v!r} vs backbone {model.config[k]!r}" for k, v in ckpt.config.items()
               if k in model.config and k not in _UNCHECKED and model.config[k] != v]
@@ -161,12 +200,25 @@ def load_checkpoint(model: nn.Module, path) -> Checkpoint:
         raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(differ)}")
     sd = dict(ckpt.state_dict)
     own = model.state_dict()
+    w = sd.get("patch_embed.proj.weight")
+    if ckpt.metadata.get("patch_embed_layout") == "timm_flat" and w is not None and w.ndim == 2:
+        # timm's checkpoint_filter_fn: an old 2-D stem weight is (O, C*p*p) in conv order, reshaped to
+        # (O, -1, p, p) with the model's patch size; ours flattens (p1 p2 c)
+        p = model.patch_size
+        sd["patch_embed.proj.weight"] = w.reshape(w.shape[0], -1, p, p).permute(0, 2, 3, 1).flatten(1)
+    model.posemb_resample = None
     if "pos_embed" in sd and sd["pos_embed"].shape != own["pos_embed"].shape and ckpt.img_size:
         old_grid = [s // model.patch_size for s in ckpt.img_size]
-        log.info("resizing pos_embed from grid %s to %s (bilinear)", old_grid, list(model.grid_size))
-        sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"].float(), list(model.grid_size), old_grid,
-                                                 num_prefix_tokens=model.num_prefix_tokens,
-                                                 interpolation="bilinear", antialias=False)
+        method = posemb or ("timm" if ckpt.source == "timm" else "big_vision")
+        log.info("resizing pos_embed from grid %s to %s (%s)", old_grid, list(model.grid_size), method)
+        if method == "timm":
+            sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"].float(), list(model.grid_size), old_grid,
+                                                     num_prefix_tokens=model.num_prefix_tokens,
+                                                     interpolation="bicubic", antialias=True)
+        else:
+            sd["pos_embed"] = resample_posemb(sd["pos_embed"].float(), model.grid_size, old_grid,
+                                              model.num_prefix_tokens)
+        model.posemb_resample = method
     head = [k for k in sd if k.startswith("head.")]
     drop_head = bool(head) and any(k not in own or own[k].shape != sd[k].shape for k in head)
     if drop_head:
@@ -198,19 +250,23 @@ def convert_timm(sd) -> Checkpoint:
     (D, C, p, p) -> Linear over (p1 p2 c), i.e. `permute(0, 2, 3, 1).flatten(1)`."""
     if not isinstance(sd, dict):
         raise CheckpointError(f"expected a state dict, got {type(sd).__name__}")
-    for key in ("state_dict", "model", "state_dict_ema"):  # training-script wrappers
-        if key in sd and isinstance(sd[key], dict):
+    # training-script wrappers, in the order of timm's load_state_dict(use_ema=True): EMA weights first
+    for key in ("state_dict_ema", "model_ema", "state_dict", "model"):
+        if isinstance(sd.get(key), dict):
             sd = sd[key]
             break
-    sd = {re.sub(r"^module\.", "", k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    # timm's clean_state_dict: DDP and torch.compile wrapper prefixes, in either order
+    sd = {re.sub(r"^(?:_orig_mod\.|module\.)*", "", k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
         raise CheckpointError("not a timm ViT state dict: no patch_embed.proj.weight / pos_embed")
     w = sd["patch_embed.proj.weight"]
+    metadata = {}
     if w.ndim == 4:
         sd["patch_embed.proj.weight"] = w.permute(0, 2, 3, 1).flatten(1)
         patch, in_chans = w.shape[-1], w.shape[1]
-    else:
+    else:  # an old 2-D stem weight in conv order: load_checkpoint reshapes it as timm does
         patch, in_chans = None, None
+        metadata["patch_embed_layout"] = "timm_flat"
     cls = "cls_token" in sd
     pos = sd["pos_embed"]
     grid = _square_grid(pos.shape[1], cls)
@@ -224,7 +280,9 @@ def convert_timm(sd) -> Checkpoint:
         config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     if patch:
         config.update(patch_size=patch, in_chans=in_chans)
-    return Checkpoint(sd, "timm", config=config, img_size=(grid * patch,) * 2 if patch else None)
+    if "pre_logits.fc.weight" in sd:  # timm's former representation layer (representation_size)
+        config["rep_size"] = int(sd["pre_logits.fc.weight"].shape[0])
+    return Checkpoint(sd, "timm", config=config, img_size=(grid * patch,) * 2 if patch else None, metadata=metadata)
 
 
 def _square_grid(tokens: int, cls: bool) -> int | None:
@@ -314,11 +372,15 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
         for key in [k for k in rest if k.startswith("Transformer/encoderblock/")]:
             del rest[key]
     sd["norm.weight"], sd["norm.bias"] = t(take("Transformer/encoder_norm/scale")), t(take("Transformer/encoder_norm/bias"))
+    if "pre_logits/kernel" in rest:  # rep_size: Dense 'pre_logits' + tanh before the head
+        sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"] = t(take("pre_logits/kernel").T), t(take("pre_logits/bias"))
     if "head/kernel" in rest:
         sd["head.weight"], sd["head.bias"] = t(take("head/kernel").T), t(take("head/bias"))
-    sd.update({k: t(v) for k, v in rest.items()})  # unconverted (MAP head, pre_logits, ...): reported as unexpected
+    sd.update({k: t(v) for k, v in rest.items()})  # unconverted (MAP head, ...): reported as unexpected
     config = dict(embed_dim=width, depth=depth, num_heads=num_heads, patch_size=patch, in_chans=in_chans,
                   stem=stem, class_token=cls, pool="tok" if cls else "gap", act="gelu_tanh")
     if depth:
         config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
-    return Checkpoint(sd, "big_vision", config=config, img_size=(grid * patch,) * 2)
+    if "pre_logits.fc.weight" in sd:
+        config["rep_size"] = int(sd["pre_logits.fc.weight"].shape[0])
+    return Checkpoint(sd, "big_vision", config=config, img_size=(grid * patch,) * 2, pixels="inception")

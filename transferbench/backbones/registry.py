@@ -1,4 +1,6 @@
-"""Backbone names: `{size}{patch}[_{stem}][_dtn]`, e.g. `b32`, `b32_dpn`, `s16_dtn`, `mu4_dpn_dtn`.
+"""Backbone names: `{size}{patch}[_{stem}][_dtn][_rep]`, e.g. `b32`, `b32_dpn`, `s16_dtn`, `mu4_dpn_dtn`, `b16_rep`.
+`_rep` adds big_vision's representation layer (`rep_size=True`: a dense layer of the model width + tanh
+before the head, as AugReg and the DPN paper train B and L); a checkpoint that has one brings it along anyway.
 
 Sizes are the ViT paper's (Dosovitskiy et al. Table 1; ti from DeiT) plus `mu`, a CPU size for the
 embedded offline suite. Backbones come in families found through the `transferbench.backbones` entry
@@ -32,7 +34,7 @@ SIZES: dict[str, Size] = {
     "b": Size(768, 12, 12, 3072, 224),
     "l": Size(1024, 24, 16, 4096, 224),
 }
-GRAMMAR = "{size}{patch}[_{stem}][_dtn]"
+GRAMMAR = "{size}{patch}[_{stem}][_dtn][_rep]"
 _NAME = re.compile(r"(?P<size>[a-z]+?)(?P<patch>\d+)(?:_(?P<stem>[a-z]+))?")
 _LISTED = ["ti16", "s16", "s32", "b16", "b32", "l16", "mu4", "mu8"]
 _EXTRA: dict[str, "_Single"] = {}
@@ -49,6 +51,7 @@ class ViTFamily:
         names = []
         for base in _LISTED:
             names += [base, f"{base}_dpn", f"{base}_dtn"]
+        names += [f"{base}{stem}_rep" for base in ("b16", "b32", "l16") for stem in ("", "_dpn")]
         return names + [f"b32_{stem}" for stem in STEMS if stem and stem != "dpn"]
 
     def accepts(self, name: str) -> bool:
@@ -114,14 +117,17 @@ def find_family(name: str):
 
 def parse_name(name: str, _raise: bool = True) -> dict:
     """Name -> VisionTransformer keyword arguments (architecture + default img_size)."""
-    dtn = name.endswith("_dtn")
-    m = _NAME.fullmatch(name[:-4] if dtn else name)
+    rep = name.endswith("_rep")
+    name_ = name[:-4] if rep else name
+    dtn = name_.endswith("_dtn")
+    m = _NAME.fullmatch(name_[:-4] if dtn else name_)
     if not m or m["size"] not in SIZES or int(m["patch"]) < 1 or (m["stem"] or "") not in STEMS:
         raise _unknown(name) if _raise else KeyError(name)
     size = SIZES[m["size"]]
     return dict(img_size=size.img_size, patch_size=int(m["patch"]), embed_dim=size.embed_dim,
                 depth=size.depth, num_heads=size.num_heads, mlp_dim=size.mlp_dim, stem=m["stem"] or "",
-                dtn_layers=size.depth - 2 if dtn else 0)  # DTN paper: LN kept in the last 2 blocks
+                dtn_layers=size.depth - 2 if dtn else 0,  # DTN paper: LN kept in the last 2 blocks
+                rep_size=size.embed_dim if rep else 0)  # big_vision rep_size=True: the model width
 
 
 def _unknown(name: str) -> UnknownBackboneError:
@@ -135,7 +141,8 @@ def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoin
     .npz) load its weights, resizing position embeddings when `img_size` differs from the checkpoint's.
 
     `overrides` go to VisionTransformer: pool ('tok'|'gap'), class_token, drop_rate, drop_path_rate,
-    attn_drop_rate, dtn_layers, act ('gelu'|'gelu_tanh'), in_chans, ...
+    attn_drop_rate, dtn_layers, act ('gelu'|'gelu_tanh'), in_chans, rep_size, ...; and `posemb` ('big_vision' |
+    'timm') to the loader: how the checkpoint's position embeddings are resampled (default: as its own code does).
     """
     return find_family(name).create(name, img_size=img_size, num_classes=num_classes, checkpoint=checkpoint,
                                     **overrides)
@@ -146,17 +153,21 @@ def _create_vit(name, *, img_size=None, num_classes=0, checkpoint=None, **overri
     from .vit import VisionTransformer
 
     kwargs = parse_name(name)
+    posemb = overrides.pop("posemb", None)  # how a checkpoint's position embeddings are resampled (load_checkpoint)
     ckpt = read_checkpoint(checkpoint) if checkpoint is not None else None
     if ckpt is not None:
         # What the weights fix but their shapes do not show (pool, cls token, activation) comes from the
         # checkpoint unless the caller overrides it; the rest is checked against the name when loading.
         kwargs.update({k: ckpt.config[k] for k in ("pool", "class_token", "act") if k in ckpt.config})
+        if ckpt.config.get("rep_size"):  # a representation layer in the file comes along (only the head is dropped)
+            kwargs["rep_size"] = ckpt.config["rep_size"]
         if ckpt.img_size is not None:
             kwargs["img_size"] = ckpt.img_size
     kwargs.update(overrides)
     if img_size is not None:
         kwargs["img_size"] = img_size
     model = VisionTransformer(num_classes=num_classes, name=name, **kwargs)
+    model.posemb_resample = None
     if ckpt is not None:
-        load_checkpoint(model, ckpt)
+        load_checkpoint(model, ckpt, posemb=posemb)
     return model

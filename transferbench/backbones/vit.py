@@ -5,6 +5,7 @@ timm's VisionTransformer, so its state dicts load after one reshape of the conv 
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Iterator
@@ -91,12 +92,14 @@ class VisionTransformer(nn.Module):
     'onlylearn'). dtn_layers: the first `dtn_layers` blocks use DynamicTokenNorm and see patch
     tokens only; the cls token joins right after them (DTN paper App. A.1).
     pool: 'tok' (cls token) or 'gap' (mean of patch tokens after the final norm, as big_vision).
+    rep_size: width of big_vision's representation layer (`rep_size`; a dense layer + tanh between the pooled
+    token and the head, named `pre_logits`, as old timm checkpoints name it too); 0: none.
     """
 
     def __init__(self, *, img_size=224, patch_size=16, in_chans=3, num_classes=0, embed_dim=768,
                  depth=12, num_heads=12, mlp_dim=None, stem="", dtn_layers=0, pool="tok",
                  class_token=True, act="gelu", drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
-                 dtn_eps=1e-5, name=None):
+                 dtn_eps=1e-5, rep_size=0, name=None):
         super().__init__()
         img_size = to_2tuple(img_size)
         if img_size[0] % patch_size or img_size[1] % patch_size:
@@ -117,11 +120,12 @@ class VisionTransformer(nn.Module):
         self.name = name
         self.config = dict(patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
                            num_heads=num_heads, mlp_dim=mlp_dim, stem=stem, dtn_layers=dtn_layers,
-                           pool=pool, class_token=class_token, act=act, dtn_eps=dtn_eps)
+                           pool=pool, class_token=class_token, act=act, dtn_eps=dtn_eps, rep_size=int(rep_size))
         self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_classes, self.pool, self.dtn_layers = num_classes, pool, dtn_layers
-        self.num_features = self.embed_dim = embed_dim
+        self.embed_dim = embed_dim
+        self.num_features = int(rep_size) or embed_dim  # what the head sees
         self.num_prefix_tokens = 1 if class_token else 0
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -136,8 +140,10 @@ class VisionTransformer(nn.Module):
             Block(embed_dim, num_heads, mlp_dim, dtn if i < dtn_layers else ln, act=act, drop=drop_rate,
                   attn_drop=attn_drop_rate, drop_path=dpr[i]) for i in range(depth)])
         self.norm = ln(embed_dim)
+        self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, int(rep_size)), act=nn.Tanh())) \
+            if rep_size else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes else nn.Identity()
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self.init_weights()
 
     @torch.no_grad()
@@ -152,14 +158,16 @@ class VisionTransformer(nn.Module):
         if isinstance(self.head, nn.Linear):  # zero-init head, as big_vision and the VTAB protocol
             nn.init.zeros_(self.head.weight)
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """New zero-initialised head (timm's name for it)."""
+    def reset_classifier(self, num_classes: int, bias: float = 0.0) -> None:
+        """New zero-initialised head (timm's name for it; big_vision's `head_zeroinit`), its bias `bias`
+        (AugReg pretraining: `init_head_bias = -6.9`). The representation layer stays."""
         self.num_classes = num_classes
         ref = self.pos_embed
-        self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype) if num_classes else nn.Identity()
+        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes \
+            else nn.Identity()
         if num_classes:
             nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+            nn.init.constant_(self.head.bias, float(bias))
 
     @property
     def dtn_norms(self) -> list[DynamicTokenNorm]:
@@ -234,8 +242,10 @@ class VisionTransformer(nn.Module):
         return torch.cat([cls.expand(x.shape[0], -1, -1), x], dim=1)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled token -> representation layer (where there is one) -> head; `pre_logits`: the representation
+        (big_vision's `out['pre_logits']`, what its few-shot evaluator probes)."""
         x = x[:, 0] if self.pool == "tok" else x[:, self.num_prefix_tokens:].mean(dim=1)
-        x = self.head_drop(x)
+        x = self.head_drop(self.pre_logits(x))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from .hashing import digest
 
 RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights
+DEFAULT_PIXELS = "inception"  # pixels in [-1, 1] (big_vision): for weights that state no normalisation (data.pixels)
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class BackboneRef:
     name: str
     checkpoint: str | None
     sha256: str
+    pixels: str = ""  # the pixel normalisation the weights state ('' = none stated; data.pixels)
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,12 @@ class Cell:
 def make_cell(task, dataset, backbone: BackboneRef, hparams: dict, seed: int, stage: str = "", *,
               metric: str | None = None, mode: str | None = None, report: str = "") -> Cell:
     """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
-    metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here."""
+    metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here. A `pixels`
+    hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none)."""
     spec = task.spec
+    hparams = dict(hparams)
+    if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
+        hparams["pixels"] = backbone.pixels or DEFAULT_PIXELS
     return Cell(task=spec.task, dataset=dataset.name, backbone=backbone.spec, checkpoint_sha256=backbone.sha256, hparams=dict(hparams), seed=int(seed),
                 protocol_version=spec.protocol_version, stage=stage, data_version=dataset.version,
                 dataset_config=dataset.model_dump(exclude={"name", "group", "version"}),

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from ..backbones.checkpoint import check_checkpoint_file
 from ..backbones.weights import providers, split_backbone
 from ..cell import make_cell
+from ..data import pixels
 from ..data.sources import with_generator_version
 from ..errors import UserError, close_matches
 from ..plugins import load_group
@@ -82,6 +83,11 @@ def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, se
                 shown = ", ".join(str(c) for c in choices if not isinstance(c, bool))
                 raise UserError(f"task {spec.task!r}: {key} = {value!r} is not one of {shown} "
                                 f"(set it with --set {key}=VALUE)")
+    for value in ([task.hparams["pixels"]] if "pixels" in task.hparams else []) + list(task.sweep.get("pixels", [])):
+        try:
+            pixels.check(value)
+        except UserError as e:
+            raise UserError(f"task {spec.task!r}: {e}") from None
     datasets = tuple(with_generator_version(d) for d in task.datasets)
     return dataclasses.replace(task, adapter=adapter, datasets=datasets)
 

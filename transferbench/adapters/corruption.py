@@ -1,5 +1,5 @@
 """Corruption robustness: ImageNet-C's 15 corruptions x 5 severities and mCE as Hendrycks & Dietterich define it
-(PROTOCOLS.md "ImageNet-C"; the formulas are in transferbench.reporting.robustness).
+(hendrycks/robustness, docs/robustness.md; the formulas are in transferbench.reporting.robustness).
 
 Cells, per dataset and model seed:
     stage 'classifier':  the classifier under test and its clean top-1 error. With a checkpoint whose head has
@@ -35,7 +35,7 @@ import torch
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes, save_checkpoint
 from ..cell import make_cell
-from ..data import corruptions as C
+from ..data import corruptions as C, pixels
 from ..data.corruptions import INSTALL, ImageNetCFolder, LAYOUT, NpyCorrupted, check_name, generator_identity
 from ..data.folder import DataMissingError
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
@@ -163,9 +163,9 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
 def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
     res = int(hp["resolution"])
     fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
-    transform = None if fast else eval_transform(res, resize_small=resize_small)
+    transform = None if fast else eval_transform(res, resize_small=resize_small, pixels=pixels.of(hp))
     return 100.0 - accuracy(model, data, transform, ctx.device, use_bf16, batch=int(hp.get("eval_batch", 256)),
-                            workers=ctx.workers)
+                            workers=ctx.workers, pixels=pixels.of(hp))
 
 
 # --- the classifier under test ----------------------------------------------------------------------------

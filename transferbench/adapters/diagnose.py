@@ -1,4 +1,4 @@
-"""Diagnostics (PROTOCOLS.md "Diagnostics"; DPN §8, the over-smoothing slides, DTN App. B.1): what happens inside
+"""Diagnostics (docs/diagnostics.md; DPN §8, the over-smoothing slides, DTN App. B.1): what happens inside
 a backbone, measured per layer and head, recorded like every task's cells so that they resume, cache and compare.
 
 Cells, per dataset and seed:
@@ -26,6 +26,7 @@ import torch
 from ..backbones import create_backbone
 from ..backbones.measures import Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
+from ..data import pixels
 from ..data.transforms import eval_transform
 from ..engine.precision import for_forward
 from ..engine.train import BF16_SETTINGS, autocast, eval_batches
@@ -52,7 +53,7 @@ def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
     batch = int(hp.get("eval_batch", 64))
     probe = Probe(model)
     use_bf16 = for_forward(hp.get("bf16", "auto"), ctx.device, model, batch, int(hp["resolution"])).bf16
-    batches = eval_batches(subset, eval_transform(int(hp["resolution"])), batch=batch, workers=ctx.workers)
+    batches = eval_batches(subset, eval_transform(int(hp["resolution"]), pixels=pixels.of(hp)), batch=batch, workers=ctx.workers)
     for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))

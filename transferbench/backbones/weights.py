@@ -38,9 +38,19 @@ def resolve_backbone(spec: str) -> BackboneRef:
     words = providers()
     if checkpoint in words:
         path = Path(words[checkpoint](name))
-        return BackboneRef(spec, name, str(path), file_sha256(path))
+        return BackboneRef(spec, name, str(path), file_sha256(path), _pixels(path))
     if not Path(checkpoint).is_file():
         raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
                         ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
                         f"{', '.join(sorted(words)) or 'none installed'})")
-    return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint))
+    return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint), _pixels(checkpoint))
+
+
+def _pixels(path) -> str:
+    """The normalisation a checkpoint file states ('' where it states none, or is not one this package reads)."""
+    from .checkpoint import CheckpointError, checkpoint_pixels
+
+    try:
+        return checkpoint_pixels(path) or ""
+    except CheckpointError:
+        return ""

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from .folder import DataMissingError, read_info, verify_files
+from .pixels import DEFAULT_PIXELS, stats
 
 IGNORE = 255
 ADE_ROOT = "ADEChallengeData2016"
@@ -203,14 +204,15 @@ def _cat_max_crop_class():
 
 
 def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, photometric: bool = True,
-                    cat_max_ratio: float = 0.75):
+                    cat_max_ratio: float = 0.75, pixels: str = DEFAULT_PIXELS):
     """mmseg's ADE20K training pipeline with torchvision v2 on (Image, Mask) pairs: random resize of the
     short side to base·r, r uniform in `ratio` (base: the crop size; mmseg's scale (2048, 512) with
     ratio 0.5-2.0 does the same for images of aspect below 4), random crop (padded with 0 / the ignore
     index where the image is smaller), horizontal flip, photometric distortion (mmseg's PhotoMetricDistortion
     with torchvision's ColorJitter: brightness, contrast, saturation and hue, each applied with p = 0.5, at
     mmseg's ranges; brightness is a factor 0.875-1.125 where mmseg adds +-32 of 255, and contrast always
-    comes first where mmseg puts it before or after the HSV steps at random), pixels to [-1, 1]. Masks
+    comes first where mmseg puts it before or after the HSV steps at random), pixels normalised as `pixels` says
+    (data.pixels). Masks
     resize with nearest neighbours (v2 does so for every tv_tensors.Mask). Call it as
     `transform(image, mask)`. The crop is mmseg's RandomCrop with `cat_max_ratio` (`CatMaxRandomCrop`)."""
     from torchvision import tv_tensors
@@ -226,8 +228,9 @@ def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, pho
         ops += [v2.RandomApply([v2.ColorJitter(**{name: span})], p=0.5)
                 for name, span in (("brightness", (0.875, 1.125)), ("contrast", (0.5, 1.5)),
                                    ("saturation", (0.5, 1.5)), ("hue", (-0.1, 0.1)))]
+    mean, std = stats(pixels)
     ops += [v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
-            v2.Normalize([0.5] * 3, [0.5] * 3)]
+            v2.Normalize(list(mean), list(std))]
     pipeline = v2.Compose(ops)
 
     def apply(image, mask):
@@ -246,9 +249,9 @@ def eval_size(height: int, width: int, short: int, long: int | None = None) -> t
     return int(height * factor + 0.5), int(width * factor + 0.5)
 
 
-def eval_image(image, short: int, device=None) -> torch.Tensor:
+def eval_image(image, short: int, device=None, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
     """The test pipeline's image: resized as `eval_size` says (bilinear on the uint8 image, rounded back to
-    uint8, as mmcv's cv2 resize: no antialiasing), then pixels in [-1, 1]: (3, h, w) float on `device`
+    uint8, as mmcv's cv2 resize: no antialiasing), then normalised as `pixels` says: (3, h, w) float on `device`
     (moved there as uint8, before resizing)."""
     from torchvision.transforms import v2
     x = v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else torch.as_tensor(image)
@@ -259,4 +262,7 @@ def eval_image(image, short: int, device=None) -> torch.Tensor:
         x = x.to(device)
     h, w = eval_size(x.shape[-2], x.shape[-1], short)
     x = v2.functional.resize(x, [h, w], antialias=False) if (h, w) != tuple(x.shape[-2:]) else x
-    return x.float().div_(127.5).sub_(1.0)
+    if pixels == "inception":
+        return x.float().div_(127.5).sub_(1.0)
+    mean, std = (torch.tensor(v, device=x.device).view(3, 1, 1) for v in stats(pixels))
+    return x.float().div_(255.0).sub_(mean).div_(std)

@@ -1,7 +1,9 @@
-"""Image transforms (torchvision v2), the same at pretraining and transfer. Pixels end in [-1, 1],
-big_vision's convention, which its checkpoints expect.
+"""Image transforms (torchvision v2), the same at pretraining and transfer. Pixels end normalised as the weights
+expect (`pixels`, data.pixels: 'inception' = [-1, 1], big_vision's convention and the default; 'imagenet'; explicit
+statistics).
 
-- eval: resize to (res, res) — or resize-small then centre crop (few-shot: 256 -> 224; high-res 418 -> 384);
+- eval: resize to (res, res) — or resize-small then centre crop (high-res 418 -> 384), or a square resize then
+  centre crop (big_vision's `resize(256)|central_crop(224)`: few-shot, LiT zero-shot);
 - train: 'crop' resizes to res * 8/7 then takes a random res x res crop, 'flip' flips left-right, both
   as the scenic VTAB config's per-task options; 'inception' is the inception crop of high-res fine-tune.
 
@@ -16,11 +18,15 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from .pixels import DEFAULT_PIXELS, stats
+
 AUGMENTATIONS = ("none", "crop", "flip", "crop_flip", "inception_flip")
 
 
-def _to_signed() -> list:
-    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.5] * 3)]
+def normalise(pixels: str = DEFAULT_PIXELS) -> list:
+    """uint8 image tensors -> float32 normalised as `pixels` says (data.pixels)."""
+    mean, std = stats(pixels)
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
 
 
 class ImageTransform:
@@ -28,10 +34,13 @@ class ImageTransform:
     uint8 images at once (`transform.batch(...)`, in-memory sets): the same operations in the same order,
     with the same per-example random draws, so both paths give the same tensors (tested)."""
 
-    def __init__(self, prefix: list, crop=None, flip=None):
-        # prefix: deterministic ops up to the random ones; then the random crop and flip; then the pixel scaling
-        self.prefix, self.crop, self.flip, self.suffix = prefix, crop, flip, _to_signed()[1:]
-        self.pipeline = v2.Compose(prefix + [op for op in (crop, flip) if op is not None] + self.suffix)
+    def __init__(self, prefix: list, crop=None, flip=None, pixels: str = DEFAULT_PIXELS, post=None):
+        # prefix: deterministic ops up to the random ones; then the random crop and flip; then `post` (RandAugment,
+        # per example only); then the pixel scaling
+        self.prefix, self.crop, self.flip, self.suffix = prefix, crop, flip, normalise(pixels)
+        self.pixels, self.post = pixels, post
+        self.batchable = post is None  # engine.train.batched: RandAugment has no batched form here
+        self.pipeline = v2.Compose(prefix + [op for op in (crop, flip, post) if op is not None] + self.suffix)
         self._shape_probe = None
 
     def __call__(self, image):
@@ -62,7 +71,7 @@ class ImageTransform:
         return box, flip
 
     def batch(self, prepared: torch.Tensor, seeds=None) -> torch.Tensor:
-        """float32 (B, C, res, res) in [-1, 1] from `prepared` rows (uint8, after `prepare`), each example with
+        """float32 (B, C, res, res), normalised, from `prepared` rows (uint8, after `prepare`), each example with
         its seed's draws (`seeds` None: a deterministic pipeline)."""
         x = prepared
         if self.random:
@@ -83,19 +92,23 @@ class ImageTransform:
         return v2.Compose(self.suffix)(x.contiguous()).as_subclass(torch.Tensor)
 
 
-def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None) -> ImageTransform:
+def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None, *,
+                   pixels: str = DEFAULT_PIXELS) -> ImageTransform:
     """`resize_small`: short side to that size, then a central crop; `resize_square`: both sides to that size,
-    then a central crop (big_vision's `resize(256)|central_crop(224)`, LiT's zero-shot images)."""
+    then a central crop (big_vision's `resize(256)|central_crop(224)`: few-shot, LiT's zero-shot images)."""
     if resize_square:
         size = [v2.Resize((resize_square, resize_square)), v2.CenterCrop(resolution)]
     elif resize_small:
         size = [v2.Resize(resize_small), v2.CenterCrop(resolution)]
     else:
         size = [v2.Resize((resolution, resolution))]
-    return ImageTransform([v2.ToImage(), *size])
+    return ImageTransform([v2.ToImage(), *size], pixels=pixels)
 
 
-def train_transform(resolution: int, augment: str = "crop_flip") -> ImageTransform:
+def train_transform(resolution: int, augment: str = "crop_flip", *, pixels: str = DEFAULT_PIXELS,
+                    randaug=None) -> ImageTransform:
+    """`augment` (the crop and flip), then `randaug` (a torchvision RandAugment, AugReg pretraining's
+    `randaug(2, m)` after `flip_lr`), then the pixel normalisation."""
     if augment not in AUGMENTATIONS:
         raise ValueError(f"unknown augmentation {augment!r}; choose one of {AUGMENTATIONS}")
     prefix: list = [v2.ToImage()]
@@ -107,4 +120,5 @@ def train_transform(resolution: int, augment: str = "crop_flip") -> ImageTransfo
         crop = v2.RandomCrop(resolution)
     else:
         prefix.append(v2.Resize((resolution, resolution)))
-    return ImageTransform(prefix, crop, v2.RandomHorizontalFlip() if "flip" in augment else None)
+    return ImageTransform(prefix, crop, v2.RandomHorizontalFlip() if "flip" in augment else None, pixels=pixels,
+                          post=randaug)

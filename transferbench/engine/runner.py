@@ -2,6 +2,7 @@
 against a second run writing into the same folder."""
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -12,11 +13,14 @@ from datetime import datetime, timezone
 
 from tqdm.auto import tqdm
 
+from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
 from .compute import (CellContext, Diverged, check_finite, compute_cell, default_device,  # noqa: F401 (public names)
                       environment, lost_outcome)
 from ..records.aggregate import select_best
 from ..records.store import FINISHED, RecordStore, Timeout
+
+log = logging.getLogger("transferbench")
 
 
 class Results:
@@ -75,6 +79,11 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     ctx = CellContext(device, show_progress, data_dir, workers, micro_batch)
     if check_data and hasattr(adapter, "check_data"):
         adapter.check_data(task, ctx)
+    if task.hparams.get("pixels") == "auto":
+        for b in backbones:
+            if b.checkpoint and not b.pixels:  # said once per run and backbone
+                log.warning("%s: the checkpoint states no pixel normalisation; using %r (pixels in [-1, 1]); set "
+                            "another with --set pixels=imagenet|inception|mean=R,G,B/std=R,G,B", b.spec, DEFAULT_PIXELS)
     summary = RunSummary(uuid.uuid4().hex[:12])
     attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
     queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first

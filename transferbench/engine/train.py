@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.pixels import DEFAULT_PIXELS, stats
 from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
 from .compute import check_finite
 
@@ -106,7 +107,7 @@ class _EpochSampler(torch.utils.data.Sampler):
 def batched(dataset, transform) -> bool:
     """Whether a dataset and transform take the batched path: an in-memory set (decoded once into an array of
     equal-size images) and a transform that can run on a whole batch (data.transforms.ImageTransform)."""
-    return hasattr(dataset, "array") and hasattr(transform, "batch")
+    return hasattr(dataset, "array") and hasattr(transform, "batch") and getattr(transform, "batchable", True)
 
 
 def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0,
@@ -253,31 +254,45 @@ def predict(model, batches: Iterator, device: str, bf16: bool) -> tuple[np.ndarr
     return np.concatenate(preds), np.concatenate(labels)
 
 
-def array_batches(images: np.ndarray, labels, *, batch: int = 256) -> Iterator:
-    """Batches of uint8 (N, H, W, 3) images already at the input size, scaled to [-1, 1] as the eval transform
-    scales them (x / 255 normalised by mean 0.5, std 0.5), converted a batch at a time."""
+def array_batches(images: np.ndarray, labels, *, batch: int = 256, pixels: str = DEFAULT_PIXELS) -> Iterator:
+    """Batches of uint8 (N, H, W, 3) images already at the input size, normalised as the eval transform
+    normalises them (`pixels`, data.pixels), converted a batch at a time."""
     labels = np.asarray(labels)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in stats(pixels))
     for i in range(0, len(images), batch):
         x = torch.from_numpy(np.array(images[i:i + batch])).permute(0, 3, 1, 2).float()  # a writable copy
-        yield x.div_(255.0).sub_(0.5).div_(0.5), labels[i:i + batch]
+        yield x.div_(255.0).sub_(mean).div_(std), labels[i:i + batch]
 
 
-def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0) -> float:
+def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0,
+             pixels: str = DEFAULT_PIXELS) -> float:
     """Top-1 accuracy in percent. `transform=None`: the dataset's `array()` holds images at the model's input
-    size, which are only scaled (batched, no per-image transform)."""
+    size, which are only normalised (`pixels`; batched, no per-image transform)."""
     if transform is None:
-        batches = array_batches(dataset.array(), dataset.labels, batch=batch)
+        batches = array_batches(dataset.array(), dataset.labels, batch=batch, pixels=pixels)
     else:
         batches = eval_batches(dataset, transform, batch=batch, workers=workers)
     pred, label = predict(model, batches, device, bf16)
     return 100.0 * float((pred == label).mean())
 
 
+def _targets(y: torch.Tensor, classes: int) -> torch.Tensor:
+    """Class indices -> one-hot; soft targets (mixup) as they are."""
+    return y.float() if y.is_floating_point() else F.one_hot(y, classes).float()
+
+
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Softmax cross-entropy (big_vision's `softmax_xent`), mean over examples; `y` indices or soft targets."""
+    if y.is_floating_point():
+        return -(y * F.log_softmax(logits, dim=-1)).sum(-1).mean()
     return F.cross_entropy(logits, y)
 
 
 def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """AugReg's loss: sigmoid cross-entropy on one-hot targets, summed over classes, mean over examples."""
-    target = F.one_hot(y, logits.shape[-1]).float()
+    """big_vision's `sigmoid_xent`: per example the binary cross-entropy of every class against its one-hot (or
+    soft) target, summed over classes; mean over examples."""
+    target = _targets(y, logits.shape[-1]).to(logits.dtype)
     return F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(y)
+
+
+LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}  # the `loss` hyper-parameter's choices

@@ -54,6 +54,7 @@ class Entry:
     estimate: Estimate | None
     counts: dict = field(default_factory=dict)  # status -> number of cells
     note: str = ""
+    pixels: str = ""  # the input normalisation its cells used (hyper-parameter `pixels`; '' in older records)
 
 
 def value_order(value) -> tuple:
@@ -64,12 +65,16 @@ def value_order(value) -> tuple:
     return (1, 0.0, canon({"v": value}))
 
 
+NOT_AXES = ("pixels",)  # properties of the weights, which differ between backbones: never report columns
+
+
 def task_axes(records: list[dict]) -> list[str]:
-    """Hyper-parameters (not selected) whose values differ between a task's records."""
+    """Hyper-parameters (not selected, not a property of the weights) whose values differ between a task's
+    records."""
     values = defaultdict(set)
     for r in records:
         for k, v in r["hparams"].items():
-            if k not in r.get("select", []):
+            if k not in r.get("select", []) and k not in NOT_AXES:
                 values[k].add(canon({"v": v}))
     return sorted(k for k, vs in values.items() if len(vs) > 1)
 
@@ -117,5 +122,6 @@ def aggregate(records: list[dict]) -> list[Entry]:
                     per_seed[int(r["seed"])] = float(_value(r, "test"))  # the latest record of a seed wins
             entries.append(Entry(task, first["protocol_version"], dataset, column, first.get("group"), first["order"],
                                  axis_values, backbone, first["metric"], first["mode"], chosen or {}, per_seed,
-                                 mean_ci(list(per_seed.values())) if per_seed else None, counts, note))
+                                 mean_ci(list(per_seed.values())) if per_seed else None, counts, note,
+                                 str(first["hparams"].get("pixels", ""))))
     return entries

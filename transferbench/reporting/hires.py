@@ -26,7 +26,9 @@ def collect(records: list[dict]) -> dict:
             continue
         key = (r["task"], int(r["hparams"]["base_resolution"]), int(r["hparams"]["resolution"]))
         t = out.setdefault(key, {"rows": defaultdict(lambda: defaultdict(lambda: defaultdict(dict))), "order": {},
-                                 "versions": set()})
+                                 "versions": set(), "pixels": defaultdict(set)})
+        if r["hparams"].get("pixels"):
+            t["pixels"][r["backbone"]].add(r["hparams"]["pixels"])
         t["rows"][r["backbone"]][r["dataset"]][r["stage"]][int(r["seed"])] = float(r["metrics"]["test"]["accuracy"])
         t["order"][r["dataset"]] = r.get("order", 0)
         t["versions"].add(r["protocol_version"])
@@ -48,7 +50,8 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
         columns = [f"{d} {p}" for d in datasets for p in PARTS]
         means = [f"mean {p}" for p in PARTS] if len(datasets) > 1 else []
         table = TaskTable(task, sorted(t["versions"]), "accuracy, %", "max", columns + means, means,
-                          reference=reference, setting=f"base {base} px → high {high} px; gain = high − base, paired by seed")
+                          reference=reference, setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
+                          pixels=dict(t["pixels"]))
         ref = t["rows"].get(reference) if reference else None
         for b in ([reference] if reference else []) + [x for x in backbones if x != reference]:
             row, mine = {}, t["rows"][b]

@@ -90,6 +90,8 @@ def _collect(records: list[dict]) -> dict:
                                                          "baseline": (r.get("dataset_config") or {}).get("baseline",
                                                                                                          "reference")})
         m["versions"].add(r["protocol_version"])
+        if r["hparams"].get("pixels"):
+            m.setdefault("pixels", defaultdict(set))[r["backbone"]].add(r["hparams"]["pixels"])
     return {k: (v, meta[k]) for k, v in out.items()}
 
 
@@ -142,7 +144,7 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
         present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
         groups = [c for c in (MCE, REL_MCE) if c in present]
         t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
-                      reference=ref_name, setting=f"{dataset}; {words}")
+                      reference=ref_name, setting=f"{dataset}; {words}", pixels=dict(meta.get("pixels", {})))
         for b in ([ref_name] if ref_name else []) + [x for x in backbones if x != ref_name]:
             row = {}
             for col in present:

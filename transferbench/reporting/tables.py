@@ -49,6 +49,7 @@ class TaskTable:
     decimals: int = 1  # digits after the point in the markdown cells
     footnote: str | None = None  # what the cells are, when not the default (means over seeds)
     row_label: str = "backbone"  # what a row is (the DTN diagnostics table: a norm of one backbone)
+    pixels: dict = field(default_factory=dict)  # backbone -> the input normalisation of its cells
 
 
 def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
@@ -113,6 +114,9 @@ def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "
     t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
                   columns + group_columns, group_columns, reference=reference, setting=setting)
     cell_of = {(e.backbone, column(e)): e for e in ents}
+    for e in ents:
+        if e.pixels:
+            t.pixels.setdefault(e.backbone, set()).add(e.pixels)
     rows = ([reference] if reference else []) + [b for b in backbones if b != reference]
     for b in rows:
         row = {}
@@ -170,6 +174,8 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
     at = f" — {t.setting}" if t.setting else ""
     out = [f"### {t.task}{at} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
         else [f"{t.setting + ': ' if t.setting else ''}{t.metric} ({direction})", ""]
+    if t.pixels:
+        out += [pixels_line(t.pixels, list(t.rows)), ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     if t.reference and len(t.rows) > 1:
         body = []
@@ -191,6 +197,15 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
                " within each dataset).")
     out += [f"- note: {n}" for n in t.notes]
     return "\n".join(out) + "\n"
+
+
+def pixels_line(pixels: dict, order: list) -> str:
+    """The header line that says how each backbone's input pixels were normalised (data.pixels)."""
+    named = {b: ", ".join(sorted(v)) for b, v in pixels.items()}
+    values = set(named.values())
+    if len(values) == 1 and set(named) >= set(order):
+        return f"Input pixels: {values.pop()} for every backbone."
+    return "Input pixels: " + "; ".join(f"{b} {named[b]}" for b in order if b in named) + "."
 
 
 def to_rows(t: TaskTable) -> list[dict]:

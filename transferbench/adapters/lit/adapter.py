@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ...backbones import create_backbone
-from ...data import embedded
+from ...data import embedded, pixels
 from ...data.embedded import embedded_pairs
 from ...data.folder import DataMissingError
 from ...data.image_text import open_pairs, pairs_identity as files_identity
@@ -142,10 +142,10 @@ class LitAdapter(Adapter):
 
         # image embeddings of every pair, once per backbone (the text tower never runs the image tower); the
         # pairs are opened only to compute them
-        pair_tf = {"resolution": hp["resolution"], "resize": "square", "pixels": "[-1,1]", "bf16": use_bf16}
+        pair_tf = {"resolution": hp["resolution"], "resize": "square", "pixels": pixels.of(hp), "bf16": use_bf16}
         px, captions, pairs_hit, pairs_key = features(
             pairs_identity(hp), "pairs", pair_tf,
-            lambda: extract_pairs(image_tower(), pairs_reader(hp), eval_transform(hp["resolution"]), device=ctx.device,
+            lambda: extract_pairs(image_tower(), pairs_reader(hp), eval_transform(hp["resolution"], pixels=pixels.of(hp)), device=ctx.device,
                                   bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                   desc=f"features {name} image-text pairs"))
         heldout = int(hp["heldout"])
@@ -169,10 +169,10 @@ class LitAdapter(Adapter):
             else:
                 data = open_zero_shot(ds, ctx.data_dir)
                 zs_tf = {"resolution": hp["resolution"], "resize_square": hp.get("zeroshot_resize"),
-                         "pixels": "[-1,1]", "bf16": use_bf16}
+                         "pixels": pixels.of(hp), "bf16": use_bf16}
                 identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
                 x, y, zs_hit, _ = features(identity, ds["test"], zs_tf, lambda: extract(
-                    image_tower(), data, eval_transform(hp["resolution"], resize_square=hp.get("zeroshot_resize")),
+                    image_tower(), data, eval_transform(hp["resolution"], resize_square=hp.get("zeroshot_resize"), pixels=pixels.of(hp)),
                     device=ctx.device, bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                     desc=f"features {name} {cell.dataset}"))
                 names = class_names_for(ds["class_names"], data)

@@ -14,6 +14,7 @@ from torch import nn
 from ...backbones import create_backbone
 from ...data import embedded
 from ...data.folder import DataMissingError
+from ...data import pixels
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry, require_tfds_name
 from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
@@ -162,7 +163,8 @@ class SegAdapter(Adapter):
         opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
                                 betas=(0.9, 0.999))
         transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
-                                    photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0))
+                                    photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0),
+                                    pixels=pixels.of(hp))
         batches = train_batches(train, transform, batch=hp["batch"], steps=steps, seed=cell.seed,
                                 workers=ctx.workers, joint=True)
         started = time.time()
@@ -174,7 +176,7 @@ class SegAdapter(Adapter):
         started = time.time()
         metric = evaluate(model, test, num_classes, short=hp["test_short"], window=hp["window"],
                           stride=hp["stride"], bf16=out["bf16"], progress=ctx.progress,
-                          desc=f"{cell.dataset} sliding-window eval")
+                          desc=f"{cell.dataset} sliding-window eval", pixels=pixels.of(hp))
         result = metric.compute()
         return {"test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
                 "info": {**out, "steps": steps, "train_examples": len(train), "train_pool": len(full),

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...data.pixels import DEFAULT_PIXELS
 from ...data.segmentation import eval_image
 from .metric import SegMetric
 
@@ -42,7 +43,7 @@ def _workspace(numel: int, device) -> torch.Tensor:
 
 @torch.inference_mode()
 def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, stride: int,
-                 batch: int = 8, bf16: bool = False) -> torch.Tensor:
+                 batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
     """Logits (K, H, W) of one image (3, H, W) — or (N, K, H, W) of N images of one size (N, 3, H, W) — from
     windows of `window` px every `stride` px, averaged where windows overlap. Windows (of all N images) go
     through the model `batch` at a time. Where an image is smaller than a window it is padded with 0 at
@@ -97,7 +98,7 @@ def _window_maps(size: int, padded: int, out: int, window: int, grid: int, start
 
 @torch.inference_mode()
 def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window: int, stride: int, out_size,
-                       batch: int = 8, bf16: bool = False) -> torch.Tensor:
+                       batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
     """(N, H0, W0, K) final logits of N same-size images (N, 3, h, w) for a model with `grid_logits`, through
     the separable maps of `_window_maps`; a view of a buffer that the next call reuses. Each window adds
     one in-place matrix product into the buffer (laid out (N, W0, H0, K)): no full-size temporary."""
@@ -130,7 +131,7 @@ def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window:
 
 @torch.inference_mode()
 def predict(model, image, num_classes: int, *, short: int, window: int, stride: int, out_size=None,
-            batch: int = 8, bf16: bool = False) -> torch.Tensor:
+            batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
     """The test pipeline on one image (PIL or uint8 (3, H, W)) or on N images of one size (uint8
     (N, 3, H, W)): resize (`data.segmentation.eval_image`, on the model's device), sliding windows whose
     logits are averaged where they overlap, bilinear resize to `out_size` (default: the images' own size),
@@ -141,7 +142,7 @@ def predict(model, image, num_classes: int, *, short: int, window: int, stride: 
     the final map through one (H0, h_grid) and one (W0, w_grid) matrix (`_window_maps`); the result equals
     `slide_logits` followed by F.interpolate up to float rounding (tested). Other models take that path."""
     device = next(model.parameters()).device
-    x = eval_image(image, short, device)
+    x = eval_image(image, short, device, pixels)
     if out_size is None:
         out_size = (image.height, image.width) if hasattr(image, "height") else tuple(image.shape[-2:])
     single = x.dim() == 3
@@ -159,7 +160,8 @@ def predict(model, image, num_classes: int, *, short: int, window: int, stride: 
 
 
 def evaluate(model, dataset, num_classes: int, *, short: int, window: int, stride: int, bf16: bool = False,
-             group: int = 16, batch: int = 32, progress=None, desc: str = "evaluate") -> SegMetric:
+             group: int = 16, batch: int = 32, progress=None, desc: str = "evaluate",
+             pixels: str = DEFAULT_PIXELS) -> SegMetric:
     """SegMetric over every (image, mask) of `dataset`, predictions at each annotation's own size.
     Consecutive images of one size (and annotation size) are evaluated together, up to `group` at a time,
     their windows `batch` per forward (ADE20K's images vary in size: one at a time)."""
@@ -174,7 +176,7 @@ def evaluate(model, dataset, num_classes: int, *, short: int, window: int, strid
                               else _pil_tensor(im) for im, _ in pending])
         masks = torch.stack([torch.as_tensor(np.asarray(m)) for _, m in pending]).to(device)
         preds = predict(model, images, num_classes, short=short, window=window, stride=stride,
-                        out_size=tuple(masks.shape[-2:]), batch=batch, bf16=bf16)
+                        out_size=tuple(masks.shape[-2:]), batch=batch, bf16=bf16, pixels=pixels)
         for p, m in zip(preds, masks):
             metric.update(p, m)
         if bar is not None:

@@ -11,7 +11,7 @@ def test_the_spec_holds_the_protocols_numbers_and_every_vtab_dataset():
     from transferbench.spec import load_task
     spec = load_task("hires")
     hp = spec.hparams
-    # PROTOCOLS.md "High-resolution fine-tune" (DPN App. D)
+    # DPN App. D, its printed big_vision config
     assert (hp["optimizer"], hp["lr"], hp["momentum"], hp["weight_decay"], hp["clip"]) == ("sgd", 0.03, 0.9, 0.0, 1.0)
     assert (hp["batch"], hp["steps"], hp["warmup_steps"]) == (512, 5000, 500)
     assert (hp["resolution"], hp["eval_resize_small"], hp["augment"]) == (384, 418, "inception_flip")

@@ -1,4 +1,4 @@
-"""Split arithmetic pinned to shared/PROTOCOLS.md: task_adaptation's percent splits, resolved against
+"""Split arithmetic pinned to scenic's absolute VTAB slices (tasks/vtab.yaml): task_adaptation's percent splits, resolved against
 the tfds split sizes, must give scenic's absolute indices."""
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ SIZES = {"caltech101": {"train": 3060, "test": 6084}, "cifar100": {"train": 5000
          "eurosat": {"train": 27000}, "resisc45": {"train": 31500}, "clevr": {"train": 70000, "validation": 15000},
          "dsprites": {"train": 737280}, "smallnorb": {"train": 24300, "test": 24300}}
 
-# (tfds, task_adaptation's split in percent, first 200 of it or the whole test = PROTOCOLS.md's absolute slice)
+# (tfds, task_adaptation's split in percent, first 200 of it or the whole test = the absolute slice in tasks/vtab.yaml)
 CASES = [
     ("caltech101", "train[90%:]", "val200", (2754, 2954)),
     ("cifar100", "train[90%:]", "val200", (45000, 45200)),

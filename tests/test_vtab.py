@@ -1,4 +1,4 @@
-"""The VTAB adapter: select-then-final protocol on the embedded sets (tiny profile), what records hold,
+"""The VTAB adapter: the paper's protocol and `final: retrain` on the embedded sets (tiny profile), what records hold,
 same seed -> same metrics, missing data as one line, and reading an export-vtab folder."""
 import json
 
@@ -18,8 +18,28 @@ TINY = ["--set", "steps=3", "--set", "batch=8", "--set", "warmup_steps=1", "--se
         "--set", "lr=0.003,0.3", "--seeds", "0,1", "--no-progress"]
 
 
-def test_sweep_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path):
-    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--out", str(tmp_path)]
+def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, tmp_path):
+    from transferbench.records.aggregate import aggregate
+
+    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--out",
+            str(tmp_path)]
+    assert main(args + TINY) == 0
+    recs = load_records([tmp_path / "vtab"])
+    assert len(recs) == 4 and {r["stage"] for r in recs} == {"select"} and all(r["status"] == "ok" for r in recs)
+    for r in recs:  # each train800 run measured on val200 and on test
+        assert (r["info"]["val_examples"], r["info"]["test_examples"]) == (200, 797)
+        assert r["hparams"]["loss"] == "sigmoid" and r["info"]["loss"] == "sigmoid" and r["info"]["head"] == "new"
+    mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr])
+                for lr in (0.003, 0.3)}
+    best = max(sorted(mean_val), key=lambda lr: mean_val[lr])
+    (entry,) = aggregate(recs)
+    assert entry.selected == {"lr": best}
+    assert entry.per_seed == {r["seed"]: r["metrics"]["test"]["accuracy"] for r in recs if r["hparams"]["lr"] == best}
+
+
+def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path):
+    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--set",
+            "final=retrain", "--out", str(tmp_path)]
     assert main(args + TINY) == 0
     recs = load_records([tmp_path / "vtab"])
     n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))  # 1,797 digits - 1,000
@@ -27,6 +47,7 @@ def test_sweep_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path)
     select = [r for r in recs if r["stage"] == "select"]
     final = [r for r in recs if r["stage"] == "final"]
     assert len(select) == 4 and len(final) == 2 and all(r["status"] == "ok" for r in recs)
+    assert all("test" not in r["metrics"] for r in select)
     mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in select if r["hparams"]["lr"] == lr])
                 for lr in (0.003, 0.3)}
     best = max(sorted(mean_val), key=lambda lr: mean_val[lr])
@@ -54,7 +75,7 @@ def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
     assert main(args) == 0
     capsys.readouterr()
     assert main(args) == 0
-    assert "0 ok, 0 diverged, 0 failed, 6 skipped" in capsys.readouterr().err
+    assert "0 ok, 0 diverged, 0 failed, 4 skipped" in capsys.readouterr().err
 
 
 def test_missing_data_is_one_line_naming_the_directory(tmp_path, capsys):

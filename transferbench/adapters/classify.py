@@ -16,11 +16,12 @@ import torch
 
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes
-from ..data import sources, vtab as vtab_data
+from ..data import pixels, sources, vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
-from ..engine.train import cross_entropy, fit, train_batches
+from ..engine.train import LOSSES, fit, train_batches
+from ..errors import UserError
 from ..spec import SpecError
 from .base import Adapter
 
@@ -33,8 +34,10 @@ class VtabDataset(DatasetEntry):
 
 
 class ClassificationDataset(VtabDataset):
-    """A VTAB-style entry for protocols without selection (high-res fine-tune, diagnostics): `val` unused."""
+    """A VTAB-style entry for protocols without selection (high-res fine-tune, diagnostics): `val` unused;
+    `minival`, a held-out part of the training data evaluated as well (high-res ImageNet: train[99%:])."""
     val: str | None = None  # type: ignore[assignment]
+    minival: str | None = None
 
 
 def schema_entry(schema, name: str, fields: dict) -> dict:
@@ -131,33 +134,41 @@ def open_split(ds: dict, role: str, data_dir=None):
 
 
 def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, keep_head: bool = False,
-             on_step=None):
+             on_step=None, posemb: str | None = None):
     """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
-    optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, bf16): a new
-    zero-initialised head of `classes` (with `keep_head`, the checkpoint's own head where it has `classes`
-    outputs), SGD with momentum, warm-up then cosine, clipping, `augment`; the position embeddings are resized
-    to the resolution's grid and DTN's grid factors rebuilt for it. `on_step(model, step)` sees each step's
-    complete gradients (engine.train.fit). Returns (model, info); other adapters that need a fine-tuned
+    optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, loss, pixels, bf16):
+    a new zero-initialised head of `classes` on the checkpoint's representation layer (with `keep_head`, the
+    checkpoint's own head where it has `classes` outputs), SGD with momentum, warm-up then cosine, clipping,
+    `augment`, loss `loss` (sigmoid: big_vision's sigmoid_xent; softmax; specs without the key: softmax). The
+    position embeddings are resampled to the resolution's grid (`posemb`: the method, default the weights' own
+    code's, backbones.checkpoint.load_checkpoint) and DTN's grid factors rebuilt for it. `on_step(model, step)` sees
+    each step's complete gradients (engine.train.fit). Returns (model, info); other adapters that need a fine-tuned
     classifier (robustness, high-res, diagnostics) call it too."""
 
     hp = cell.hparams
     torch.manual_seed(cell.seed)
     head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
     model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint,
-                            num_classes=classes if head_kept else 0)
+                            num_classes=classes if head_kept else 0, **({"posemb": posemb} if posemb else {}))
     if not head_kept:
         model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
     model.to(ctx.device)
     if hp["optimizer"] != "sgd":
         raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
+    loss = hp.get("loss", "softmax")
+    if loss not in LOSSES:
+        raise UserError(f"loss={loss!r}: choose one of {', '.join(LOSSES)}")
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
-    batches = train_batches(train, train_transform(hp["resolution"], augment), batch=hp["batch"], steps=hp["steps"],
-                            seed=cell.seed, workers=ctx.workers)
+    batches = train_batches(train, train_transform(hp["resolution"], augment, pixels=pixels.of(hp)), batch=hp["batch"],
+                            steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
     started = time.time()
     out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-              loss_fn=cross_entropy, device=ctx.device, bf16=hp.get("bf16", "auto"), micro_batch=ctx.micro_batch,
+              loss_fn=LOSSES[loss], device=ctx.device, bf16=hp.get("bf16", "auto"), micro_batch=ctx.micro_batch,
               progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
               on_step=None if on_step is None else (lambda step: on_step(model, step)))
     train_seconds = time.time() - started
-    return model, {**out, "train_examples": len(train), "head": "checkpoint" if head_kept else "new", "train_seconds": round(train_seconds, 2),
+    return model, {**out, "train_examples": len(train), "head": "checkpoint" if head_kept else "new",
+                   "loss": loss, "rep_size": int(getattr(model, "config", {}).get("rep_size", 0)),
+                   "posemb_resample": getattr(model, "posemb_resample", None),
+                   "train_seconds": round(train_seconds, 2),
                    "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}

@@ -1,4 +1,4 @@
-"""Few-shot linear probes on frozen features: big_vision's `fewshot_lsr` evaluator (PROTOCOLS.md).
+"""Few-shot linear probes on frozen features: big_vision's `fewshot_lsr` evaluator (docs/fewshot.md).
 
 Per (dataset, shots, seed): take `shots` training examples of every class (`fewshot_indices`), fit a
 closed-form ridge regression on their standardised pre-logits (`ridge_accuracy`) and report test
@@ -25,6 +25,7 @@ import numpy as np
 
 from ..backbones import create_backbone
 from ..data.sources import DatasetEntry, missing as find_missing, missing_data, open_split
+from ..data import pixels
 from ..data.transforms import eval_transform
 from ..engine.features import cache_key, cached, extract, precision
 from ..engine.train import BF16_SETTINGS
@@ -186,6 +187,9 @@ def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
 # Which pre-logits: the backbone's own pooling (big_vision's pre_logits; the default), or one chosen for
 # every backbone alike, so that backbones trained with different heads are probed on the same footing.
 POOLS = ("model", "tok", "gap")
+# big_vision's `resize(256)` is square (256 x 256, aspect not kept), then `central_crop(224)`: the default;
+# 'short_side' resizes the short side to 256 (aspect kept) before the crop, as timm and torchvision evaluate.
+RESIZE_MODES = ("square", "short_side")
 
 
 class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
@@ -195,7 +199,7 @@ class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
 class FewshotAdapter(Adapter):
     name = "fewshot"
     dataset_schema = FewshotDataset
-    hparam_choices = {"bf16": BF16_SETTINGS, "pool": POOLS}
+    hparam_choices = {"bf16": BF16_SETTINGS, "pool": POOLS, "resize_mode": RESIZE_MODES}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
@@ -229,14 +233,15 @@ class FewshotAdapter(Adapter):
         choice = precision(hp.get("bf16", "auto"), ctx.device, backbone=cell.backbone.partition("@")[0],
                            resolution=hp["resolution"], pool=pool, build=build)
         use_bf16 = choice.bf16
-        transform = {"resolution": hp["resolution"], "resize_small": hp.get("resize"), "pixels": "[-1,1]",
-                     "bf16": use_bf16}
+        mode = hp.get("resize_mode", "short_side")  # specs written before the option resized the short side
+        sizes = {("resize_square" if mode == "square" else "resize_small"): hp.get("resize")}
+        transform = {"resolution": hp["resolution"], **sizes, "pixels": pixels.of(hp), "bf16": use_bf16}
 
         def features(role):
             data = open_split(ds, ds[role], ctx.data_dir)
 
             def compute():
-                return extract(build(), data, eval_transform(hp["resolution"], hp.get("resize")), device=ctx.device,
+                return extract(build(), data, eval_transform(hp["resolution"], **sizes, pixels=pixels.of(hp)), device=ctx.device,
                                bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                desc=f"features {cell.dataset} {role}")
             key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,

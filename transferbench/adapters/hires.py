@@ -1,16 +1,18 @@
-"""High-resolution fine-tuning (DPN App. D; PROTOCOLS.md "High-resolution fine-tune"): a checkpoint trained at its
-own resolution (224) fine-tuned at a higher one (384) with SGD momentum, lr 0.03, no weight decay, clip 1.0,
-batch 512, 5,000 steps of which 500 warm-up then cosine, inception crop + flip; evaluated after resize-small
-418 -> centre crop 384. Position embeddings are resized bilinearly on the patch grid and DTN's grid factors
-are rebuilt for the new grid (backbones.create_backbone with the new img_size).
+"""High-resolution fine-tuning (DPN App. D, its printed big_vision config): a checkpoint trained at its own
+resolution (224) fine-tuned at a higher one (384) with sigmoid cross-entropy (`sigmoid_xent`), a new
+zero-initialised head on the checkpoint's representation layer (App. D's `dont_load` head, whatever the
+checkpoint's class count), SGD momentum, lr 0.03, no weight decay, clip 1.0, batch 512, 5,000 steps of which 500
+warm-up then cosine, inception crop + flip, on ImageNet's train[:99%] (minival train[99%:] evaluated too); evaluated
+after resize-small 418 -> centre crop 384. Position embeddings are resampled on the patch grid with big_vision's
+`resample_posemb` (bilinear with the corner samples kept, = scipy.ndimage.zoom order 1; `posemb: timm` uses timm's
+bicubic antialiased resampling instead) and DTN's grid factors are rebuilt for the new grid.
 
 Cells, per dataset and seed, with the same hyper-parameters (so the record holds both resolutions):
     stage 'base':  the recipe at `base_resolution` (default: the checkpoint's own), evaluated there;
     stage 'high':  the recipe at `resolution`, evaluated there.
 Both stages train with the same recipe, so their paired per-seed difference (the report's "gain") is what the
-resolution alone buys. Training is adapters.classify.finetune (engine.train.fit: the one loop). With `head: auto` a
-checkpoint whose head has the dataset's classes (an ImageNet-1k fine-tuned file for imagenet2012) keeps it, as
-DPN's App. D continues an ImageNet classifier; otherwise the head is new and zero-initialised.
+resolution alone buys. Training is adapters.classify.finetune (engine.train.fit: the one loop). `head: auto` is the
+option that keeps a checkpoint head with the dataset's classes (an ImageNet-1k fine-tuned file for imagenet2012).
 
 Datasets: imagenet2012 (train / validation) and every dataset of the VTAB spec (`datasets_from: [vtab]`), or
 the embedded sets; the report (reporting/hires.py) shows base and high accuracy side by side with their
@@ -23,8 +25,10 @@ from functools import lru_cache
 
 from ..backbones.checkpoint import checkpoint_resolution
 from ..cell import make_cell
+from ..data import pixels
 from ..data.transforms import AUGMENTATIONS, eval_transform
-from ..engine.train import BF16_SETTINGS, accuracy
+from ..backbones.checkpoint import POSEMB_METHODS
+from ..engine.train import BF16_SETTINGS, LOSSES, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
 from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
@@ -68,8 +72,8 @@ def eval_resize_small(hp: dict, resolution: int) -> int:
 
 class HiresAdapter(ClassificationAdapter):
     name = "hires"
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "head": ("auto", "new"),
-                      "augment": (*AUGMENTATIONS, "dataset")}
+    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "head": ("new", "auto"),
+                      "augment": (*AUGMENTATIONS, "dataset"), "loss": tuple(LOSSES), "posemb": POSEMB_METHODS}
 
     data_name = "high-res"
 
@@ -102,11 +106,16 @@ class HiresAdapter(ClassificationAdapter):
         augment = ds["augment"] if hp["augment"] == "dataset" else hp["augment"]
         at = dataclasses.replace(cell, hparams={**hp, "resolution": res})  # finetune builds the model at `res`
         model, info = finetune(at, train, ds["classes"], augment, ctx, keep_head=hp.get("head", "auto") == "auto",
-                               desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}")
+                               desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}", posemb=hp.get("posemb"))
         resize = eval_resize_small(hp, res)
-        acc = accuracy(model, test, eval_transform(res, resize_small=resize), ctx.device, info["bf16"],
-                       workers=ctx.workers)
-        return {"test": {"accuracy": acc},
+        evaluate = eval_transform(res, resize_small=resize, pixels=pixels.of(hp))
+        acc = accuracy(model, test, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
+        extra = {}
+        if ds.get("minival"):
+            minival = open_split({**ds, "test": ds["minival"]}, "test", ctx.data_dir)
+            extra["minival"] = {"accuracy": accuracy(model, minival, evaluate, ctx.device, info["bf16"],
+                                                     workers=ctx.workers)}
+        return {"test": {"accuracy": acc}, **extra,
                 "info": {**info, "trained_resolution": res, "eval_resize_small": resize, "augment": augment,
                          "base_resolution": int(hp["base_resolution"]), "high_resolution": int(hp["resolution"]),
                          "checkpoint_resolution": _checkpoint_resolution(str(cell.checkpoint)) if cell.checkpoint

@@ -1,9 +1,15 @@
-"""Upstream pretraining (DPN App. C: the AugReg recipe), one cell per backbone, writing a checkpoint.
+"""Upstream pretraining (DPN §5 + App. C: the AugReg recipe in big_vision), one cell per backbone, writing a
+checkpoint.
 
-Protocol (numbers in tasks/pretrain.yaml): Adam with decoupled weight decay, linear warm-up then cosine
-to 0, sigmoid cross-entropy on one-hot targets, gradient clip 1.0, dropout and stochastic depth 0.1 for
-B and L. The record's info holds the checkpoint path and sha256; `NAME@embedded` backbones resolve to it
-(`embedded_checkpoint`, the `embedded` weights provider of backbones.weights) and pretrain on demand.
+Protocol (numbers in tasks/pretrain.yaml; the recipe's pieces in engine.augreg): inception crop + flip +
+RandAugment(2, m) and mixup p at the strength App. C's table gives each model size (`aug: auto`), the
+representation layer (`rep_size`) except for S/32, dropout and stochastic depth 0.1 for B and L only, a
+zero-initialised head with bias -6.9, sigmoid cross-entropy, Adam (0.9, 0.999) with big_vision's weight decay
+(wd x schedule on the kernels: AdamW weight_decay = wd / lr), linear warm-up then cosine to 0, clip 1.0; train on
+`train[:99%]`, evaluate on the official validation split and on minival `train[99%:]` after resize-small 256 ->
+centre crop 224. The record's info holds the checkpoint path and sha256; the checkpoint's header says its pixel
+normalisation. `NAME@embedded` backbones resolve to it (`embedded_checkpoint`, the `embedded` weights provider of
+backbones.weights) and pretrain on demand.
 """
 from __future__ import annotations
 
@@ -14,13 +20,14 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ..backbones import SIZES, create_backbone, parse_name, save_checkpoint
+from ..backbones import create_backbone, parse_name, save_checkpoint
 from ..cell import BackboneRef, RANDOM_INIT
+from ..data import pixels
 from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
+from ..engine import augreg
 from ..engine.runner import Results, run_task
-from ..engine.train import (BF16_SETTINGS, accuracy, cross_entropy, fit, sigmoid_cross_entropy,
-                            train_batches)
+from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
 from ..errors import UserError
 from ..hashing import file_sha256
 from ..paths import cache
@@ -37,6 +44,7 @@ class PretrainDataset(BaseModel):
     tfds: str | None = None
     train: str
     test: str
+    minival: str | None = None  # a held-out part of the training split, evaluated as well (AugReg: train[99%:])
 
 
 def load_split(cell, split: str, data_dir=None):
@@ -47,13 +55,34 @@ def checkpoint_path(cell) -> Path:
     return cache("checkpoints") / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
 
 
-LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}
+def recipe(name: str, hp: dict) -> dict:
+    """What App. C sets per model size, resolved for backbone `name`: aug (its RandAugment and mixup), rep_size,
+    dropout. `aug: auto` and `rep_size: auto` follow App. C's table; a size the table lacks needs them set."""
+    try:
+        parsed = parse_name(name)
+    except UserError:
+        parsed = None  # a plugin backbone: no size to go by
+    size = augreg.size_key(parsed, name) if parsed else name
+    aug = hp.get("aug", "none")
+    if aug == "auto":
+        if size not in augreg.AUG:
+            raise UserError(f"aug=auto: DPN App. C gives no augmentation for {name!r} (it covers "
+                            f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}")
+        aug = augreg.AUG[size]
+    rep = hp.get("rep_size", False)
+    if rep == "auto":
+        rep = size not in augreg.NO_REP if size in augreg.AUG else bool(parsed and parsed.get("rep_size"))
+    big = bool(parsed) and any(size.startswith(b) for b in augreg.BIG) and parsed["embed_dim"] >= 768
+    return {"aug": aug, "randaug": augreg.RANDAUG[aug], "mixup": augreg.MIXUP[aug],
+            "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
+            "dropout": float(hp["dropout_b_l"]) if big else 0.0}
 
 
 class PretrainAdapter(Adapter):
     name = "pretrain"
     dataset_schema = PretrainDataset
-    hparam_choices = {"loss": tuple(LOSSES), "augment": AUGMENTATIONS, "bf16": BF16_SETTINGS}
+    hparam_choices = {"loss": tuple(LOSSES), "augment": AUGMENTATIONS, "bf16": BF16_SETTINGS,
+                      "aug": ("auto", *augreg.RANDAUG), "rep_size": ("auto", True, False)}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)
@@ -64,33 +93,43 @@ class PretrainAdapter(Adapter):
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
         name = cell.backbone.partition("@")[0]  # the spec may name a checkpoint to continue from
-        try:
-            big = parse_name(name)["embed_dim"] >= SIZES["b"].embed_dim  # AugReg regularises B and L only
-        except UserError:
-            big = False  # a plugin backbone: no size to go by
-        reg = dict(drop_rate=hp["dropout_b_l"], drop_path_rate=hp["dropout_b_l"]) if big else {}
-        model = create_backbone(name, img_size=hp["resolution"], num_classes=train.num_classes,
-                                checkpoint=cell.checkpoint, **reg)
+        r = recipe(name, hp)
+        reg = dict(drop_rate=r["dropout"], drop_path_rate=r["dropout"]) if r["dropout"] else {}
+        model = create_backbone(name, img_size=hp["resolution"], checkpoint=cell.checkpoint,
+                                **({"rep_size": r["rep_size"]} if cell.checkpoint is None else {}), **reg)
+        model.reset_classifier(train.num_classes, bias=float(hp.get("init_head_bias", 0.0)))
         model.to(ctx.device)
-        decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
-        rest = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp["weight_decay"]},
-                                 {"params": rest, "weight_decay": 0.0}], lr=hp["lr"], betas=(0.9, hp["beta2"]))
-        batches = train_batches(train, train_transform(hp["resolution"], hp["augment"]), batch=hp["batch"],
-                                steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
+        opt = augreg.adamw(model, lr=hp["lr"], wd=hp["wd"], betas=(0.9, hp["beta2"]))
+        px = pixels.of(hp)
+        transform = train_transform(hp["resolution"], hp["augment"], pixels=px, randaug=augreg.randaugment(r["aug"]))
+        batches = train_batches(train, transform, batch=hp["batch"], steps=hp["steps"], seed=cell.seed,
+                                workers=ctx.workers)
+        if r["mixup"]:
+            batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
         started = time.time()
         out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
                   loss_fn=LOSSES[hp["loss"]], device=ctx.device, bf16=hp["bf16"], micro_batch=ctx.micro_batch,
                   progress=ctx.progress, desc=f"pretrain {cell.backbone}")
         train_seconds = time.time() - started
-        acc = accuracy(model, test, eval_transform(hp["resolution"]), ctx.device, out["bf16"], workers=ctx.workers)
+        resize = hp.get("eval_resize_small")
+        evaluate = eval_transform(hp["resolution"], resize_small=resize, pixels=px)
+        metrics = {"test": {"accuracy": accuracy(model, test, evaluate, ctx.device, out["bf16"], workers=ctx.workers)}}
+        if cell.dataset_config.get("minival"):
+            minival = load_split(cell, "minival", ctx.data_dir)
+            metrics["minival"] = {"accuracy": accuracy(model, minival, evaluate, ctx.device, out["bf16"],
+                                                       workers=ctx.workers)}
+        acc = metrics["test"]["accuracy"]
         path = save_checkpoint(model.cpu(), checkpoint_path(cell), task="pretrain", dataset=cell.dataset,
-                               cell_key=cell.key, steps=hp["steps"], test_accuracy=acc)
-        return {"test": {"accuracy": acc},
-                "info": {**out, "checkpoint": str(path), "checkpoint_sha256": file_sha256(path),
+                               cell_key=cell.key, steps=hp["steps"], test_accuracy=acc, pixels=px)
+        return {**metrics,
+                "info": {**out, **{k: v for k, v in r.items() if k != "randaug"},
+                         "randaug": list(r["randaug"]) if r["randaug"] else None,
+                         "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])
+                         if r["randaug"] else None,
+                         "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
+                         "checkpoint": str(path), "checkpoint_sha256": file_sha256(path),
                          "train_seconds": round(train_seconds, 1),
                          "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
-
 
 
 PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights

@@ -1,4 +1,4 @@
-"""What the seed papers measure inside a ViT (PROTOCOLS.md "Diagnostics"), as functions of tensors:
+"""What the seed papers measure inside a ViT (docs/diagnostics.md), as functions of tensors:
 
 - patch cosine similarity (over-smoothing): mean over i != j of cos(h_i, h_j) over a layer's patch tokens,
   computed as (||sum_i u_i||^2 - N) / (N (N - 1)) with u_i = h_i / ||h_i||: O(N D), not O(N^2 D);

@@ -1,4 +1,4 @@
-"""VTAB's label rules for the structured tasks (google-research/task_adaptation; PROTOCOLS.md), pure.
+"""VTAB's label rules for the structured tasks (google-research/task_adaptation), pure.
 
 The embedded suite's procedural sets use the same functions, so their labels follow VTAB's exactly.
 """

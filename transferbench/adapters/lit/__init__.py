@@ -1,4 +1,4 @@
-"""LiT zero-shot (DPN §6.2; Zhai et al. 2022; PROTOCOLS.md "LiT zero-shot"): the backbone, locked, is the
+"""LiT zero-shot (DPN §6.2; Zhai et al. 2022; docs/lit.md): the backbone, locked, is the
 image tower; an open_clip text tower is trained contrastively against it on image-text pairs, then
 classifies images zero-shot from class-name prompts.
 

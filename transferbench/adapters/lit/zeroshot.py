@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 
 def clean_class_name(name: str) -> str:
-    """PROTOCOLS.md's cleanup: lower case, '_' -> ' ', keep the first comma-separated name."""
+    """big_vision's class-name cleanup (docs/lit.md): lower case, '_' -> ' ', keep the first comma-separated name."""
     return name.split(",")[0].replace("_", " ").strip().lower()
 
 

@@ -1,5 +1,5 @@
-"""Semantic segmentation with Segmenter's linear decoder (DPN §6.3 + App. G; PROTOCOLS.md "ADE20K linear
-segmentation"), at fractions of the training set.
+"""Semantic segmentation with Segmenter's linear decoder (DPN §6.3 + App. G; docs/segmentation.md),
+at fractions of the training set.
 
 Model: the backbone's patch tokens after its final norm (no cls token) -> Linear(D, K) -> (B, K, h, w) on
 the patch grid -> bilinear upsampling to the input size (`LinearSegmenter`). The whole backbone is

@@ -1,0 +1,93 @@
+"""The AugReg pretraining recipe's pieces that are not the training loop (DPN App. C; big_vision
+`configs/vit_i1k.py`, `utils.mixup`, `optax.py`):
+
+- `AUG` / `RANDAUG` / `MIXUP`: the named augmentation strengths and, per model size, the one App. C uses;
+- `mixup`: big_vision's mixup of a batch (one Dirichlet(p, p) draw per batch, sorted so that the first image
+  dominates, each image mixed with its neighbour `roll(batch, 1)`, labels alike);
+- `decoupled_wd`: big_vision's weight decay as torch AdamW's. big_vision's update is
+  -sched(t) * (lr * adam + wd * param) on the `.*/kernel$` parameters: the decay follows the schedule but is
+  not multiplied by the learning rate, so AdamW (which decays by lr_t * weight_decay) needs weight_decay = wd / lr;
+- `kernels`: which parameters are decayed: big_vision's default mask `.*/kernel$`, the weights of dense and conv
+  layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+# big_vision configs/vit_i1k.py RANDAUG_DEF / MIXUP_DEF: randaug(num_ops, magnitude) and the mixup concentration
+RANDAUG = {"none": None, "light1": (2, 0), "light2": (2, 10), "medium1": (2, 15), "medium2": (2, 15),
+           "strong1": (2, 20), "strong2": (2, 20)}
+MIXUP = {"none": 0.0, "light1": 0.0, "light2": 0.2, "medium1": 0.2, "medium2": 0.5, "strong1": 0.5, "strong2": 0.8}
+# DPN App. C's table: the augmentation strength per model (big_vision's vit_i1k.py default differs for S/32:
+# light2 there, medium1 in the paper; the paper wins)
+AUG = {"ti16": "light1", "s32": "medium1", "s16": "medium2", "b32": "medium2", "b16": "medium2", "l16": "medium2"}
+NO_REP = ("s32",)  # App. C: rep_size=True except for S/32
+BIG = ("b", "l")  # dropout and stochastic depth 0.1 for B and L only
+
+
+def size_key(parsed: dict, name: str) -> str:
+    """'b16' for any backbone of ViT-B/16 (stem, DTN or `_rep` variants alike)."""
+    from ..backbones.registry import SIZES
+
+    size = next((k for k, s in SIZES.items() if s.embed_dim == parsed["embed_dim"] and s.depth == parsed["depth"]),
+                name)
+    return f"{size}{parsed['patch_size']}"
+
+
+def torchvision_magnitude(magnitude: int) -> int:
+    """big_vision's randaug magnitude m (TF autoaugment: level m of _MAX_LEVEL 10 sets each op at m/10 of its
+    range, and m may exceed 10) on torchvision's 31 bins (bin 30 = each op's full range): bin 3m, capped at 30."""
+    return min(30, 3 * int(magnitude))
+
+
+def randaugment(aug: str):
+    """torchvision's RandAugment at the strength `aug` names (None for 'none'); light1 is randaug(2, 0), which
+    still applies two operations (the magnitude-free ones change the image)."""
+    from torchvision.transforms import v2
+
+    setting = RANDAUG[aug]
+    if setting is None:
+        return None
+    ops, magnitude = setting
+    return v2.RandAugment(num_ops=ops, magnitude=torchvision_magnitude(magnitude), num_magnitude_bins=31)
+
+
+def mixup(x: torch.Tensor, y: torch.Tensor, p: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """big_vision's `utils.mixup` with n = 2 and one coefficient per batch: alpha ~ Dirichlet(p, p) sorted in
+    decreasing order, x' = a0 x + a1 roll(x, 1) and the one-hot (or soft) targets y' alike. p = 0: unchanged."""
+    if not p:
+        return x, y
+    a = np.sort(rng.dirichlet([p, p]))[::-1]
+    a0, a1 = float(a[0]), float(a[1])
+    return a0 * x + a1 * torch.roll(x, 1, dims=0), a0 * y + a1 * torch.roll(y, 1, dims=0)
+
+
+def mixup_batches(batches, p: float, num_classes: int, seed: int):
+    """(images, labels) batches -> (mixed images, mixed one-hot targets), one draw per batch from a generator
+    seeded by the cell's seed."""
+    rng = np.random.default_rng([seed, 0x6D78])
+    for x, y in batches:
+        target = torch.nn.functional.one_hot(torch.as_tensor(y), num_classes).float()
+        yield mixup(x, target, p, rng)
+
+
+def kernels(model: nn.Module) -> list[nn.Parameter]:
+    """big_vision's `.*/kernel$`: the weights of every dense (nn.Linear) and conv layer."""
+    return [m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+
+
+def decoupled_wd(wd: float, lr: float) -> float:
+    """big_vision's `wd` as torch AdamW's weight_decay: wd / lr (see the module's docstring)."""
+    return float(wd) / float(lr) if wd else 0.0
+
+
+def adamw(model: nn.Module, *, lr: float, wd: float, betas=(0.9, 0.999)) -> torch.optim.AdamW:
+    """AdamW decaying the kernels only, by sched(t) * wd per step as big_vision does (engine.train.fit sets each
+    step's lr = lr * sched(t))."""
+    decay = {id(p) for p in kernels(model)}
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW([{"params": [p for p in params if id(p) in decay], "weight_decay": decoupled_wd(wd, lr)},
+                              {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0}],
+                             lr=lr, betas=betas)

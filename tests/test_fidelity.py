@@ -75,7 +75,11 @@ def test_vtab_default_plans_no_final_stage_and_retrain_keeps_it():
 
     ref = resolve_backbone("mu4")
     default = prepare_task("vtab", suite="embedded", datasets=["mini_digits"])
-    assert default.hparams["final"] == "none" and default.hparams["loss"] == "sigmoid"
+    assert default.hparams["final"] == "none"
+    paper = prepare_task("vtab").hparams  # the default suite: App. E's numbers
+    assert (paper["loss"], paper["optimizer"], paper["momentum"], paper["weight_decay"], paper["clip"]) == \
+        ("sigmoid", "sgd", 0.9, 0.0, 1.0)
+    assert (paper["batch"], paper["steps"], paper["warmup_steps"], paper["resolution"]) == (512, 2500, 200, 224)
     cells = VtabAdapter().plan(default, ref, Won())
     assert {c.stage for c in cells} == {"select"} and len(cells) == len(default.seeds) * len(default.sweep["lr"])
     retrain = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], sets=["final=retrain"])
@@ -87,6 +91,16 @@ def test_vtab_default_plans_no_final_stage_and_retrain_keeps_it():
     recs += [_record(0.001, s, None, 60 + s, stage="final", final="retrain") for s in range(3)]
     (entry,) = aggregate(recs)
     assert entry.per_seed == {0: 60.0, 1: 61.0, 2: 62.0}
+
+
+def test_cells_of_two_protocol_versions_never_share_a_table():
+    from transferbench.reporting.tables import build_tables
+
+    old = [{**_record(0.01, s, 70, 60, stage="final", final="retrain"), "protocol_version": "1"} for s in range(3)]
+    new = [_record(0.001, s, 80, 50) for s in range(3)]
+    tables = build_tables(aggregate(old + new))
+    assert [t.protocol_versions for t in tables] == [["2"], ["1"]]  # the newest first
+    assert [t.rows["b"]["d"].estimate.mean for t in tables] == [50.0, 60.0]
 
 
 def test_vtab_sweep_holds_app_e_learning_rate():
@@ -313,3 +327,18 @@ def test_normalisation_travels_with_the_weights_into_the_cell_key(tmp_path):
     assert forced.hparams["pixels"] == "inception" and forced.key != a.key
     with pytest.raises(UserError, match="pixels="):
         prepare_task("vtab", sets=["pixels=imagenett"])
+
+
+def test_a_checkpoint_without_stated_pixels_is_named_once(suite_home, tmp_path, caplog):
+    import logging
+
+    from transferbench.cli import main
+
+    path = save_checkpoint(create_backbone("mu4", img_size=16), tmp_path / "bare.safetensors")
+    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", f"mu4@{path}", "--seeds",
+            "0,1", "--set", "steps=1", "--set", "batch=4", "--set", "warmup_steps=1", "--out", str(tmp_path / "o"),
+            "--no-progress"]
+    with caplog.at_level(logging.WARNING, logger="transferbench"):
+        assert main(args) == 0
+    said = [r.getMessage() for r in caplog.records if "states no pixel normalisation" in r.getMessage()]
+    assert len(said) == 1 and "using 'inception'" in said[0]  # 4 cells, one line

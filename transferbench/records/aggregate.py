@@ -91,9 +91,9 @@ def aggregate(records: list[dict]) -> list[Entry]:
     not add a column of dashes)."""
     entries = []
     by_task = defaultdict(list)
-    for r in records:
-        by_task[r["task"]].append(r)
-    for task, recs in sorted(by_task.items()):
+    for r in records:  # one protocol version at a time: its hyper-parameters are the axes' domain
+        by_task[(r["task"], str(r["protocol_version"]))].append(r)
+    for (task, _), recs in sorted(by_task.items()):
         finished = [r for r in recs if r["status"] != "failed"]
         axes = task_axes(finished)
         groups = defaultdict(list)

@@ -69,26 +69,43 @@ def axis_settings(entries: list[Entry]) -> list[dict]:
 
 
 def build_tables(entries: list[Entry], reference: str | None = None, split_axes: bool = True) -> list[TaskTable]:
-    """One table per task; with `split_axes` a task with report axes (few-shot shots) gets one table per
-    axis setting, headline first, each with its group means. Without, one wide table with a column per
-    dataset and setting (csv/json, the leaderboard's details)."""
+    """One table per task and protocol version (the newest first: cells of two protocols never share a table);
+    with `split_axes` a task with report axes (few-shot shots) gets one table per axis setting, headline first,
+    each with its group means. Without, one wide table with a column per dataset and setting (csv/json, the
+    leaderboard's details)."""
     by_task = defaultdict(list)
     for e in entries:
         by_task[e.task].append(e)
-    tables = []
     for task, ents in by_task.items():
         backbones = sorted({e.backbone for e in ents})
         if reference is not None and reference not in backbones:
             raise UserError(f"--reference {reference!r} has no results for task {task!r}"
                             f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+    by_protocol = defaultdict(list)
+    for e in entries:
+        by_protocol[(e.task, e.protocol_version)].append(e)
+    tables = []
+    for (task, _), ents in sorted(by_protocol.items(), key=lambda kv: (list(by_task).index(kv[0][0]),
+                                                                       _newest_first(kv[0][1]))):
+        if reference is not None and reference not in {e.backbone for e in ents}:
+            reference_here = None  # the reference ran under another protocol version only
+        else:
+            reference_here = reference
         if split_axes and any(e.axes for e in ents):
             for setting in axis_settings(ents):
                 same = [e for e in ents if e.axes == setting]
                 title = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(setting.items()))
-                tables.append(_table(task, same, reference, setting=title))
+                tables.append(_table(task, same, reference_here, setting=title))
         else:
-            tables.append(_table(task, ents, reference))
+            tables.append(_table(task, ents, reference_here))
     return tables
+
+
+def _newest_first(version: str) -> tuple:
+    try:
+        return (0, -float(version), "")
+    except ValueError:
+        return (1, 0.0, version)
 
 
 def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "") -> TaskTable:

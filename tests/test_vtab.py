@@ -28,7 +28,7 @@ def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, 
     assert len(recs) == 4 and {r["stage"] for r in recs} == {"select"} and all(r["status"] == "ok" for r in recs)
     for r in recs:  # each train800 run measured on val200 and on test
         assert (r["info"]["val_examples"], r["info"]["test_examples"]) == (200, 797)
-        assert r["hparams"]["loss"] == "sigmoid" and r["info"]["loss"] == "sigmoid" and r["info"]["head"] == "new"
+        assert r["hparams"]["loss"] == r["info"]["loss"] == "softmax" and r["info"]["head"] == "new"  # the profile's
     mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr])
                 for lr in (0.003, 0.3)}
     best = max(sorted(mean_val), key=lambda lr: mean_val[lr])

@@ -104,8 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "checked, and missing data before any pretraining or cell.",
         epilog="examples:\n  transferbench run vtab --backbone b32,b32_dpn\n"
                "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
-               "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n\n"
-               "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)")
+               "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n"
+               "  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input\n"
+               "  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val\n\n"
+               "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)\n"
+               "pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;\n"
+               "  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so")
     run.add_argument("task", help="an installed task (`transferbench list tasks`) or a spec .yaml")
     run.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: the suite's)")
     run.add_argument("--suite", "-s", help="dataset subset and hyper-parameter profile (`transferbench list suites`)")

@@ -52,15 +52,23 @@ def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeyp
     from transferbench.adapters import prepare_task
     from transferbench.engine.runner import run_task
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
-    task = prepare_task("pretrain", sets=["steps=2", "batch=4", "warmup_steps=1", "resolution=32"])
+    # App. C's recipe on a size its table lacks: medium2 (RandAugment(2, 15) + mixup 0.5) and rep_size by hand
+    task = prepare_task("pretrain", sets=["steps=2", "batch=4", "warmup_steps=1", "resolution=32", "aug=medium2",
+                                          "rep_size=on", "eval_resize_small=36"])
     assert [d.name for d in task.datasets] == ["imagenet2012"] and task.hparams["loss"] == "sigmoid"
     with tfds.testing.mock_data(num_examples=200):
         s = run_task(task, [resolve_backbone("mu8")], tmp_path / "runs", show_progress=False)
     assert (s.ok, s.failed) == (1, 0), s.failures
     (rec,) = load_records([tmp_path / "runs"])
-    # train[99%:] of 200 mock examples = 2 test images; a 1000-class head from the tfds feature info
-    assert rec["metrics"]["test"]["accuracy"] in (0.0, 50.0, 100.0)
-    assert create_backbone("mu8", checkpoint=rec["info"]["checkpoint"], num_classes=1000).head.weight.abs().sum() > 0
+    info = rec["info"]
+    assert (info["aug"], info["randaug"], info["mixup"], info["rep_size"]) == ("medium2", [2, 15], 0.5, 128)
+    assert info["adamw_weight_decay"] == pytest.approx(0.1)  # wd 1e-4 / lr 1e-3
+    for split in ("test", "minival"):  # validation and train[99%:] (mock data: 200 images each)
+        acc = rec["metrics"][split]["accuracy"]
+        assert acc * 2 == pytest.approx(round(acc * 2))  # a count of correct images out of 200
+    m = create_backbone("mu8", checkpoint=info["checkpoint"], num_classes=1000)
+    assert m.config["rep_size"] == 128 and m.head.weight.abs().sum() > 0
+    assert float(m.head.bias.mean()) < -6.0  # init_head_bias -6.9, two small steps later
 
 
 def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, tmp_path, monkeypatch):

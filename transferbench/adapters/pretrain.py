@@ -69,9 +69,11 @@ def recipe(name: str, hp: dict) -> dict:
             raise UserError(f"aug=auto: DPN App. C gives no augmentation for {name!r} (it covers "
                             f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}")
         aug = augreg.AUG[size]
-    rep = hp.get("rep_size", False)
+    rep = hp.get("rep_size", "off")
     if rep == "auto":
         rep = size not in augreg.NO_REP if size in augreg.AUG else bool(parsed and parsed.get("rep_size"))
+    else:
+        rep = rep in ("on", True)
     big = bool(parsed) and any(size.startswith(b) for b in augreg.BIG) and parsed["embed_dim"] >= 768
     return {"aug": aug, "randaug": augreg.RANDAUG[aug], "mixup": augreg.MIXUP[aug],
             "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
@@ -82,7 +84,8 @@ class PretrainAdapter(Adapter):
     name = "pretrain"
     dataset_schema = PretrainDataset
     hparam_choices = {"loss": tuple(LOSSES), "augment": AUGMENTATIONS, "bf16": BF16_SETTINGS,
-                      "aug": ("auto", *augreg.RANDAUG), "rep_size": ("auto", True, False)}
+                      "aug": ("auto", *augreg.RANDAUG),
+                      "rep_size": ("auto", "on", "off", True, False)}
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)

@@ -265,7 +265,8 @@ def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
 def test_real_cells_give_the_same_records_in_process_and_in_the_pool_at_the_same_threads(suite_home, tmp_path):
     """VTAB fine-tuning on embedded digits: the executor does not change a metric; only the threads per cell
     (the floating-point reduction order) could."""
-    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["lr=0.03", "steps=8"])
+    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0],
+                        sets=["lr=0.03", "steps=8", "final=retrain"])
     backbone = [resolve_backbone("mu4")]
     inline = run_task(task, backbone, tmp_path / "inline", show_progress=False, executor=make_executor("local", jobs=1,
                                                                                                           cpus_per_cell=1))

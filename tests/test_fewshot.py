@@ -120,7 +120,7 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     ds = next(d for d in task.datasets if d.name == "mini_digits")
     ident = {"name": "mini_digits", "source": "embedded", "tfds": None, "set": "digits", "version": ds.version}
     assert all(r["info"]["bf16"] is False and r["info"]["bf16_choice"] == {"setting": "off"} for r in recs)
-    tf = {"resolution": 8, "resize_small": None, "pixels": "[-1,1]", "bf16": False}
+    tf = {"resolution": 8, "resize_square": None, "pixels": "inception", "bf16": False}
     load = lambda split: features.cached(features.cache_key(backbone="mu4", weights_sha256="random-init",  # noqa: E731
                                                             transform=tf, dataset=ident, split=split,
                                                             pool="gap"), None)  # the embedded suite's pooling

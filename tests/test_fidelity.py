@@ -187,6 +187,22 @@ def test_augreg_settings_per_size_follow_app_c(name, aug, randaug, mixup, rep, d
     assert ra.num_ops == 2 and ra.magnitude == min(30, 3 * randaug[1]) and ra.num_magnitude_bins == 31
 
 
+def test_light1_randaugment_is_not_nothing():
+    # big_vision: light1 = randaug(2, 0), "Actually not nothing!": at magnitude 0 the geometric and colour ops are
+    # the identity, but AutoContrast, Equalize and Solarize (threshold 255 at bin 0) still change an image
+    ra = augreg.randaugment("light1")
+    assert ra.magnitude == 0
+    img = torch.arange(64, dtype=torch.uint8).view(1, 8, 8).repeat(3, 1, 1) * 3 + 40  # low contrast, 40..229
+    changed = []
+    for seed in range(20):
+        torch.manual_seed(seed)
+        changed.append(not torch.equal(ra(img), img))
+    assert any(changed) and not all(changed)  # some draws are identity-only, some are not
+    autocontrast = ((img.float() - 40) * (255 / 189)).floor().clamp(0, 255).to(torch.uint8)  # by hand
+    from torchvision.transforms.v2 import functional as F
+    assert torch.equal(F.autocontrast(img), autocontrast)
+
+
 def test_aug_auto_refuses_a_size_app_c_does_not_cover():
     with pytest.raises(UserError, match="aug=auto"):
         recipe("mu4", {"aug": "auto", "rep_size": "auto", "dropout_b_l": 0.1})

@@ -43,9 +43,11 @@ def collect(records: list[dict]) -> dict:
             latest[(r["task"], r["dataset"], r["backbone"], r["stage"], int(r["seed"]))] = r
     out: dict = {}
     for (task, ds, b, stage, seed), r in sorted(latest.items()):
-        t = out.setdefault((task, ds), {"order": r.get("order", 0), "versions": set(),
+        t = out.setdefault((task, ds), {"order": r.get("order", 0), "versions": set(), "pixels": defaultdict(set),
                                         "forward": defaultdict(list), "gradients": defaultdict(list)})
         t["versions"].add(r["protocol_version"])
+        if r["hparams"].get("pixels"):
+            t["pixels"][b].add(r["hparams"]["pixels"])
         t[stage][b].append(r["info"]["diagnostics"])
     return out
 
@@ -95,7 +97,7 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             cols = [f"L{i}" for i in range(depth)]
             what = "images" if key != "grad_norm" else "steps"
             table = TaskTable(task, versions, DEPTH_MEASURES[key], "none", cols, [], setting=ds,
-                              decimals=DECIMALS[key],
+                              decimals=DECIMALS[key], pixels=dict(t["pixels"]),
                               footnote=f"Cells: mean ± 95% CI half-width (t-interval over the {what} of all seeds); "
                                        "seeds: how many were pooled.")
             for b, (mean, ci, n) in curves.items():

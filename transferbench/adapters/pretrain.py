@@ -74,7 +74,7 @@ def recipe(name: str, hp: dict) -> dict:
         rep = size not in augreg.NO_REP if size in augreg.AUG else bool(parsed and parsed.get("rep_size"))
     else:
         rep = rep in ("on", True)
-    big = bool(parsed) and any(size.startswith(b) for b in augreg.BIG) and parsed["embed_dim"] >= 768
+    big = bool(parsed) and size[0] in augreg.BIG
     return {"aug": aug, "randaug": augreg.RANDAUG[aug], "mixup": augreg.MIXUP[aug],
             "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
             "dropout": float(hp["dropout_b_l"]) if big else 0.0}

@@ -51,9 +51,9 @@ class VtabAdapter(ClassificationAdapter):
         roles = ["test"] if final else ["val"] + (["test"] if reports_select_runs(hp) else [])
         model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx)
         metrics, sizes = {}, {}
+        transform = eval_transform(hp["resolution"], pixels=pixels.of(hp))
         for role in roles:
             data = open_split(ds, role, ctx.data_dir)
-            metrics[role] = {"accuracy": accuracy(model, data, eval_transform(hp["resolution"], pixels=pixels.of(hp)),
-                                                  ctx.device, info["bf16"], workers=ctx.workers)}
+            metrics[role] = {"accuracy": accuracy(model, data, transform, ctx.device, info["bf16"], workers=ctx.workers)}
             sizes[f"{role}_examples"] = len(data)
         return {**metrics, "info": {**info, "eval_examples": sum(sizes.values()), **sizes}}

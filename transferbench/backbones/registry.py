@@ -167,7 +167,6 @@ def _create_vit(name, *, img_size=None, num_classes=0, checkpoint=None, **overri
     if img_size is not None:
         kwargs["img_size"] = img_size
     model = VisionTransformer(num_classes=num_classes, name=name, **kwargs)
-    model.posemb_resample = None
     if ckpt is not None:
         load_checkpoint(model, ckpt, posemb=posemb)
     return model

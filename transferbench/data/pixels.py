@@ -13,6 +13,8 @@ in every cell's hyper-parameters, hence in its key, its record and the report he
 """
 from __future__ import annotations
 
+import torch
+
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
 
@@ -40,6 +42,13 @@ def stats(value: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return mean, std
 
 
+def normalise_uint8(x: torch.Tensor, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
+    """uint8 images (..., 3, H, W) -> float32 (x / 255 - mean) / std, as torchvision's ToDtype + Normalize compute
+    it, on the images' device."""
+    mean, std = (torch.tensor(v, device=x.device).view(3, 1, 1) for v in stats(pixels))
+    return x.float().div_(255.0).sub_(mean).div_(std)
+
+
 def of(hparams: dict) -> str:
     """A cell's pixel normalisation (its `pixels` hyper-parameter, resolved by cell.make_cell; DEFAULT_PIXELS for
     tasks without one)."""
@@ -52,4 +61,4 @@ def check(value: str) -> None:
         stats(value)
 
 
-__all__ = ["DEFAULT_PIXELS", "HELP", "PRESETS", "check", "of", "stats"]
+__all__ = ["DEFAULT_PIXELS", "HELP", "PRESETS", "check", "normalise_uint8", "of", "stats"]

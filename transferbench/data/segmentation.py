@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from .folder import DataMissingError, read_info, verify_files
-from .pixels import DEFAULT_PIXELS, stats
+from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
 
 IGNORE = 255
 ADE_ROOT = "ADEChallengeData2016"
@@ -262,7 +262,6 @@ def eval_image(image, short: int, device=None, pixels: str = DEFAULT_PIXELS) -> 
         x = x.to(device)
     h, w = eval_size(x.shape[-2], x.shape[-1], short)
     x = v2.functional.resize(x, [h, w], antialias=False) if (h, w) != tuple(x.shape[-2:]) else x
-    if pixels == "inception":
+    if pixels == "inception":  # the arithmetic the committed ADE20K records were made with
         return x.float().div_(127.5).sub_(1.0)
-    mean, std = (torch.tensor(v, device=x.device).view(3, 1, 1) for v in stats(pixels))
-    return x.float().div_(255.0).sub_(mean).div_(std)
+    return normalise_uint8(x, pixels)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.pixels import DEFAULT_PIXELS, stats
+from ..data.pixels import DEFAULT_PIXELS, normalise_uint8
 from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
 from .compute import check_finite
 
@@ -258,10 +258,9 @@ def array_batches(images: np.ndarray, labels, *, batch: int = 256, pixels: str =
     """Batches of uint8 (N, H, W, 3) images already at the input size, normalised as the eval transform
     normalises them (`pixels`, data.pixels), converted a batch at a time."""
     labels = np.asarray(labels)
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in stats(pixels))
     for i in range(0, len(images), batch):
-        x = torch.from_numpy(np.array(images[i:i + batch])).permute(0, 3, 1, 2).float()  # a writable copy
-        yield x.div_(255.0).sub_(mean).div_(std), labels[i:i + batch]
+        x = torch.from_numpy(np.array(images[i:i + batch])).permute(0, 3, 1, 2)  # a copy: memmaps are read-only
+        yield normalise_uint8(x, pixels), labels[i:i + batch]
 
 
 def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0,

@@ -43,7 +43,7 @@ def _workspace(numel: int, device) -> torch.Tensor:
 
 @torch.inference_mode()
 def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, stride: int,
-                 batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
+                 batch: int = 8, bf16: bool = False) -> torch.Tensor:
     """Logits (K, H, W) of one image (3, H, W) — or (N, K, H, W) of N images of one size (N, 3, H, W) — from
     windows of `window` px every `stride` px, averaged where windows overlap. Windows (of all N images) go
     through the model `batch` at a time. Where an image is smaller than a window it is padded with 0 at
@@ -98,7 +98,7 @@ def _window_maps(size: int, padded: int, out: int, window: int, grid: int, start
 
 @torch.inference_mode()
 def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window: int, stride: int, out_size,
-                       batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
+                       batch: int = 8, bf16: bool = False) -> torch.Tensor:
     """(N, H0, W0, K) final logits of N same-size images (N, 3, h, w) for a model with `grid_logits`, through
     the separable maps of `_window_maps`; a view of a buffer that the next call reuses. Each window adds
     one in-place matrix product into the buffer (laid out (N, W0, H0, K)): no full-size temporary."""

@@ -88,17 +88,21 @@ def test_metric_agrees_with_mmsegmentation_ioumetric():
 # --- model and loss -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["mu4", "mu4_dpn", "mu4_dtn"])
-def test_linear_decoder_maps_patch_tokens_to_upsampled_logits(name):
+@pytest.mark.parametrize("where", ["prenorm", "norm"])
+def test_linear_decoder_maps_patch_tokens_to_upsampled_logits(name, where):
     from einops import rearrange
 
     from conftest import randomize_
     from transferbench.backbones import create_backbone
     bb = create_backbone(name, img_size=(32, 48))
-    model = randomize_(LinearSegmenter(bb, 7))
+    model = randomize_(LinearSegmenter(bb, 7, tokens=where))
     x = torch.randn(2, 3, 32, 48)
     out = model(x)
     assert out.shape == (2, 7, 32, 48)
     tokens = bb.forward_features(x)[:, 1:]  # after the final norm, cls token dropped
+    if where == "prenorm":  # the last block's output: the final norm undone from its own statistics
+        *_, last = bb._run_blocks(bb._embed(x))
+        tokens = last[:, 1:]
     grid = rearrange(tokens @ model.head.weight.T + model.head.bias, "b (h w) k -> b k h w", h=8, w=12)
     assert torch.allclose(out, F.interpolate(grid, size=(32, 48), mode="bilinear", align_corners=False), atol=1e-5)
 

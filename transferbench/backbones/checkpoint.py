@@ -152,18 +152,48 @@ def checkpoint_pixels(path) -> str | None:
     return None
 
 
-POSEMB_METHODS = ("big_vision", "timm")
+def training_log_path(path) -> Path:
+    """The side file of a checkpoint with what its training logged (`measures.TrainingLog`): NAME.log.json."""
+    p = Path(path)
+    return p.with_name(p.name.removesuffix(p.suffix) + ".log.json")
 
 
-def resample_posemb(pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_tokens: int) -> torch.Tensor:
-    """big_vision's `resample_posemb` (models/vit.py): the patch grid's table zoomed with
-    `scipy.ndimage.zoom(order=1)`, which is bilinear interpolation with the corner samples kept
-    (`align_corners=True`); prefix (cls) positions unchanged."""
+def read_training_log(path) -> dict | None:
+    """The training log beside checkpoint `path`, or None when it has none. A log that does not parse is an
+    error naming the file (it is never half-trusted)."""
+    if path is None:
+        return None
+    log_file = training_log_path(path)
+    if not log_file.is_file():
+        return None
+    try:
+        return json.loads(log_file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"training log {log_file} is unreadable ({e}); delete it (the checkpoint stays "
+                              "usable) or restore it") from None
+
+
+POSEMB_METHODS = ("big_vision", "scenic", "timm")
+
+
+def resample_posemb(pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_tokens: int,
+                    method: str = "big_vision") -> torch.Tensor:
+    """The patch grid's table resized bilinearly, prefix (cls) positions unchanged.
+
+    'big_vision': big_vision's `resample_posemb` (models/vit.py), `scipy.ndimage.zoom(order=1)`, which is
+    bilinear interpolation with the corner samples kept (`align_corners=True`).
+    'scenic': scenic's `pos_interpolation_method='bilinear'`, `jax.image.resize(posemb, ..., 'bilinear')`:
+    half-pixel centres (`align_corners=False`), antialiased when the grid shrinks (jax's default)."""
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim = grid.shape[-1]
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
     grid = grid.to(torch.promote_types(grid.dtype, torch.float32))
-    grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
+    if method == "scenic":
+        shrink = any(n < o for n, o in zip(new_grid, old_grid))
+        grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=False,
+                                               antialias=shrink)
+    else:
+        grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)
 
@@ -188,7 +218,8 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
 
     Position embeddings of another grid are resampled the way the weights' own code does it (`posemb`
     None), or by the method `posemb` names: 'big_vision' (`resample_posemb`: bilinear, corners aligned; big_vision
-    `.npz` and our own files) or 'timm' (`checkpoint_filter_fn`: bicubic with antialias; timm files). The
+    `.npz` and our own files), 'scenic' (bilinear, half-pixel centres, as `jax.image.resize`) or 'timm'
+    (`checkpoint_filter_fn`: bicubic with antialias; timm files). The
     method used is left in `model.posemb_resample` (None: no resampling)."""
     ckpt = read_checkpoint(path)
     if posemb is not None and posemb not in POSEMB_METHODS:
@@ -217,7 +248,7 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
                                                      interpolation="bicubic", antialias=True)
         else:
             sd["pos_embed"] = resample_posemb(sd["pos_embed"].float(), model.grid_size, old_grid,
-                                              model.num_prefix_tokens)
+                                              model.num_prefix_tokens, method=method)
         model.posemb_resample = method
     head = [k for k in sd if k.startswith("head.")]
     drop_head = bool(head) and any(k not in own or own[k].shape != sd[k].shape for k in head)

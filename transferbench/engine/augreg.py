@@ -1,5 +1,5 @@
 """The AugReg pretraining recipe's pieces that are not the training loop (DPN App. C; big_vision
-`configs/vit_i1k.py`, `utils.mixup`, `optax.py`):
+`configs/vit_i1k.py`, `utils.mixup`, `optax.py`) and the reference codebases' weight-decay rules:
 
 - `AUG` / `RANDAUG` / `MIXUP`: the named augmentation strengths and, per model size, the one App. C uses;
 - `mixup`: big_vision's mixup of a batch (one Dirichlet(p, p) draw per batch, sorted so that the first image
@@ -7,6 +7,8 @@
 - `decoupled_wd`: big_vision's weight decay as torch AdamW's. big_vision's update is
   -sched(t) * (lr * adam + wd * param) on the `.*/kernel$` parameters: the decay follows the schedule but is
   not multiplied by the learning rate, so AdamW (which decays by lr_t * weight_decay) needs weight_decay = wd / lr;
+- `scale_and_bias`, `scenic_adamw`: scenic's decay mask (`skip_scale_and_bias_regularization`), used by the
+  segmentation protocol;
 - `kernels`: which parameters are decayed: big_vision's default mask `.*/kernel$`, the weights of dense and conv
   layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits).
 """
@@ -76,6 +78,25 @@ def mixup_batches(batches, p: float, num_classes: int, seed: int):
 def kernels(model: nn.Module) -> list[nn.Parameter]:
     """big_vision's `.*/kernel$`: the weights of every dense (nn.Linear) and conv layer."""
     return [m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+
+
+def scale_and_bias(model: nn.Module) -> list[str]:
+    """scenic's `skip_scale_and_bias_regularization` (train_lib/optimizers.py): the weight-decay mask is
+    `x.ndim != 1`, so every 1-D parameter goes undecayed: LayerNorm scales and biases (DPN's two stem norms
+    included) and the biases of dense and conv layers. Position embeddings, the cls token and every kernel stay
+    decayed (in a flax tree they are 3-D or more). The names of the 1-D parameters, in `named_parameters` order."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and p.ndim == 1]
+
+
+def scenic_adamw(model: nn.Module, *, lr: float, weight_decay: float, skip_scale_and_bias: bool = True,
+                 betas=(0.9, 0.999)) -> torch.optim.AdamW:
+    """optax.adamw as scenic configures it: decay lr_t * weight_decay * param (torch AdamW's semantics, which
+    optax.adamw shares), not on `scale_and_bias(model)` with `skip_scale_and_bias`."""
+    skip = set(scale_and_bias(model)) if skip_scale_and_bias else set()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return torch.optim.AdamW([{"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
+                              {"params": [p for n, p in named if n in skip], "weight_decay": 0.0}],
+                             lr=lr, betas=betas)
 
 
 def decoupled_wd(wd: float, lr: float) -> float:

@@ -1,11 +1,15 @@
-"""Semantic segmentation with Segmenter's linear decoder (DPN §6.3 + App. G; docs/segmentation.md),
-at fractions of the training set.
+"""Semantic segmentation with a linear decoder (DPN §6.3 + App. G's scenic config; docs/segmentation.md), at
+fractions of the training set.
 
-Model: the backbone's patch tokens after its final norm (no cls token) -> Linear(D, K) -> (B, K, h, w) on
-the patch grid -> bilinear upsampling to the input size (`LinearSegmenter`). The whole backbone is
-fine-tuned: AdamW, polynomial decay (power 0.9) to 0, batch 16, `epochs` passes over the fraction's images
-(128: Segmenter's 160k iterations on all of ADE20K), mmseg's training pipeline on (image, mask) pairs
-(`data.segmentation.train_transform`), cross-entropy that ignores label 255.
+Model: the last block's patch tokens (before the encoder's final norm: App. G's `out_with_norm = False`; no
+cls token) -> Linear(D, K) -> (B, K, h, w) on the patch grid -> bilinear upsampling to the input size
+(`LinearSegmenter`, Segmenter's linear baseline). The whole backbone is fine-tuned with stochastic depth 0.1,
+position embeddings resized to the crop's grid as scenic's `pos_interpolation_method = 'bilinear'` does:
+AdamW (lr 3e-5, weight decay 0.01 except on 1-D parameters: scenic's `skip_scale_and_bias_regularization`),
+polynomial decay (power 0.9) to 0, batch 16, 128 epochs of `20210 // 16` steps whatever the fraction (App. G's
+`steps_per_epoch`), pixels standardised with ImageNet's mean and std, mmseg's training pipeline on (image,
+mask) pairs (`data.segmentation.train_transform`), cross-entropy that ignores label 255. (Segmenter's own
+ADE20K recipe, 64 epochs at batch 8 with SGD at lr 1e-3, mmseg's "160k" schedule, is a different one.)
 
 Evaluation (`predict`): the image resized as mmseg's ADE20K test pipeline does (short side 512, long side
 at most 2048, aspect kept), sliding windows of 512 with stride 341 whose logits are averaged where they

@@ -17,6 +17,8 @@ from ...data.folder import DataMissingError
 from ...data import pixels
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry, require_tfds_name
+from ...backbones.checkpoint import POSEMB_METHODS
+from ...engine import augreg
 from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
 from ...errors import UserError
 from ..base import Adapter, plan_select_then_final
@@ -24,22 +26,37 @@ from .inference import evaluate
 from .metric import IGNORE_INDEX
 
 
-class LinearSegmenter(nn.Module):
-    """Segmenter's linear decoder on a timm-style ViT (`forward_features`, `num_prefix_tokens`,
-    `grid_size`): patch tokens -> Linear(D, K) -> (B, K, h, w) -> bilinear upsampling to the input size.
-    The head is initialised as Segmenter's (truncated normal, std 0.02; bias 0)."""
+DECODER_TOKENS = ("prenorm", "norm")
 
-    def __init__(self, backbone: nn.Module, num_classes: int):
+
+class LinearSegmenter(nn.Module):
+    """Segmenter's linear decoder on a timm-style ViT (`forward_intermediates`, `forward_features`,
+    `num_prefix_tokens`, `grid_size`): patch tokens -> Linear(D, K) -> (B, K, h, w) -> bilinear upsampling to
+    the input size. The head is initialised as Segmenter's (truncated normal, std 0.02; bias 0).
+
+    `tokens`: 'prenorm' (DPN App. G's `out_with_norm = False`): the last block's patch tokens, before the
+    encoder's final norm, which then takes no part; 'norm': after it (`forward_features`)."""
+
+    def __init__(self, backbone: nn.Module, num_classes: int, tokens: str = "prenorm"):
         super().__init__()
         from timm.layers import trunc_normal_
-        self.backbone, self.num_classes = backbone, num_classes
+        if tokens not in DECODER_TOKENS:
+            raise ValueError(f"decoder_tokens {tokens!r}: choose one of {', '.join(DECODER_TOKENS)}")
+        self.backbone, self.num_classes, self.tokens = backbone, num_classes, tokens
         self.head = nn.Linear(backbone.embed_dim, num_classes)
         trunc_normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
 
+    def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) patch tokens the decoder reads (prefix tokens dropped)."""
+        if self.tokens == "prenorm":
+            return self.backbone.forward_intermediates(x, indices=1, norm=False, output_fmt="NLC",
+                                                       intermediates_only=True)[0]
+        return self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
+
     def grid_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K, h, w) on the patch grid, before upsampling."""
-        tokens = self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
+        tokens = self.patch_tokens(x)
         gh, gw = self.backbone.grid_size
         # (B, h, w, K) seen as (B, K, h, w): channels-last, no copy; the upsampled logits stay channels-last,
         # which makes the interpolation, the window stitching and the per-pixel argmax cheaper on CPUs
@@ -55,6 +72,21 @@ def segmentation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     if not bool((target != IGNORE_INDEX).any()):
         return logits.sum() * 0.0
     return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
+
+
+def train_steps(hp: dict, subset_size: int, pool_size: int) -> int:
+    """The fine-tuning steps of a cell. `steps` when set; else `epochs` x steps per epoch, where an epoch is
+    `pool_size // batch` steps whatever the fraction (`epoch: pool`, App. G: `steps_per_epoch = 20210 //
+    batch_size` with 20,210 = all of ADE20K's training images, so every fraction trains 128 x 1263 steps) or
+    ceil(subset_size / batch) steps (`epoch: fraction`: passes over the fraction's own images)."""
+    if hp.get("steps"):
+        return int(hp["steps"])
+    epoch = hp.get("epoch", "pool")
+    if epoch == "pool":
+        return int(hp["epochs"]) * max(1, pool_size // int(hp["batch"]))
+    if epoch == "fraction":
+        return math.ceil(hp["epochs"] * subset_size / hp["batch"])
+    raise ValueError(f"epoch {epoch!r}: choose pool or fraction")
 
 
 def subset(n: int, fraction: float, seed: int) -> np.ndarray:
@@ -108,7 +140,8 @@ def open_split(ds: dict, split: str, data_dir=None):
 class SegAdapter(Adapter):
     name = "seg"
     dataset_schema = SegDatasetEntry
-    hparam_choices = {"bf16": BF16_SETTINGS, "optimizer": ("adamw",), "schedule": SCHEDULES}
+    hparam_choices = {"bf16": BF16_SETTINGS, "optimizer": ("adamw",), "schedule": SCHEDULES,
+                      "decoder_tokens": DECODER_TOKENS, "epoch": ("pool", "fraction"), "posemb": POSEMB_METHODS}
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -154,14 +187,18 @@ class SegAdapter(Adapter):
         num_classes = ds["classes"]
         idx = subset(len(full), float(hp["fraction"]), cell.seed)
         train = Subset(full, idx)
-        steps = int(hp["steps"]) if hp.get("steps") else math.ceil(hp["epochs"] * len(train) / hp["batch"])
+        steps = train_steps(hp, len(train), len(full))
 
         torch.manual_seed(cell.seed)
-        backbone = create_backbone(cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint)
+        extra = {"drop_path_rate": float(hp.get("drop_path") or 0.0)}
+        if hp.get("posemb"):
+            extra["posemb"] = hp["posemb"]
+        backbone = create_backbone(cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint,
+                                   **extra)
         backbone.reset_classifier(0)
-        model = LinearSegmenter(backbone, num_classes).to(ctx.device)
-        opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"],
-                                betas=(0.9, 0.999))
+        model = LinearSegmenter(backbone, num_classes, tokens=hp.get("decoder_tokens", "norm")).to(ctx.device)
+        skip = bool(hp.get("skip_scale_and_bias", False))
+        opt = augreg.scenic_adamw(model, lr=hp["lr"], weight_decay=hp["weight_decay"], skip_scale_and_bias=skip)
         transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
                                     photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0),
                                     pixels=pixels.of(hp))
@@ -180,6 +217,8 @@ class SegAdapter(Adapter):
         result = metric.compute()
         return {"test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
                 "info": {**out, "steps": steps, "train_examples": len(train), "train_pool": len(full),
+                         "posemb_resample": getattr(backbone, "posemb_resample", None),
+                         "no_decay_params": len(augreg.scale_and_bias(model)) if skip else 0,
                          "eval_examples": len(test), "train_seconds": round(train_seconds, 2),
                          "eval_seconds": round(time.time() - started, 2),
                          "iou_per_class": [None if np.isnan(v) else round(100 * float(v), 4) for v in result["iou"]]}}

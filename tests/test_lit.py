@@ -87,9 +87,11 @@ def test_trimming_the_padding_changes_no_output():
 
 def test_templates_and_class_names():
     import open_clip
-    t = templates_for("imagenet")
-    assert len(t) == 81 and t[0]("dog") == "dog" and t[1]("dog") == open_clip.OPENAI_IMAGENET_TEMPLATES[0]("dog")
-    assert clean_class_name("Aquarium_Fish, fish tank") == "aquarium fish"
+    t = templates_for("imagenet", "open_clip")  # as written: the 80 CLIP templates, then big_vision's '{}'
+    assert len(t) == 81 and t[-1]("dog") == "dog" and t[0]("dog") == open_clip.OPENAI_IMAGENET_TEMPLATES[0]("dog")
+    assert clean_class_name("Aquarium_Fish, fish tank", "open_clip") == "aquarium fish"
+    assert clean_class_name("St. Bernard", "open_clip") == "st. bernard"
+    assert clean_class_name("St. Bernard", "big_vision") == "st bernard"
     with pytest.raises(ValueError, match="one '\\{\\}'"):
         templates_for(["no placeholder"])
 
@@ -123,10 +125,16 @@ def test_siglip_loss_by_hand():
 
 def test_weight_decay_groups_leave_out_gains_biases_and_temperature():
     model = LitModel(8, {**TINY, "width": 16}, image_head="linear")
-    decay, no_decay = parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = parameter_groups(model, 0.01, decay="open_clip")
     assert {names[id(p)] for p in no_decay["params"]} >= {"logit_scale", "image_head.bias"}
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.01
+    decay, no_decay = parameter_groups(model, 0.01, lr=1e-3, decay="big_vision")
+    assert {names[id(p)] for p in no_decay["params"]} >= {"logit_scale", "image_head.bias",
+                                                          "text.token_embedding.weight", "text.positional_embedding"}
+    assert decay["weight_decay"] == pytest.approx(10.0)  # wd / lr
+    with pytest.raises(ValueError, match="learning rate"):
+        parameter_groups(model, 0.01)
 
 
 def test_locked_tower_gets_no_gradient_while_the_text_tower_trains():

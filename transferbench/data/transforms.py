@@ -93,15 +93,18 @@ class ImageTransform:
 
 
 def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None, *,
-                   pixels: str = DEFAULT_PIXELS) -> ImageTransform:
+                   pixels: str = DEFAULT_PIXELS, flip: bool = False) -> ImageTransform:
     """`resize_small`: short side to that size, then a central crop; `resize_square`: both sides to that size,
-    then a central crop (big_vision's `resize(256)|central_crop(224)`: few-shot, LiT's zero-shot images)."""
+    then a central crop (big_vision's `resize(256)|central_crop(224)`: few-shot, LiT's zero-shot images).
+    `flip`: every image mirrored left-right (a deterministic second view)."""
     if resize_square:
         size = [v2.Resize((resize_square, resize_square)), v2.CenterCrop(resolution)]
     elif resize_small:
         size = [v2.Resize(resize_small), v2.CenterCrop(resolution)]
     else:
         size = [v2.Resize((resolution, resolution))]
+    if flip:
+        size.append(v2.RandomHorizontalFlip(p=1.0))
     return ImageTransform([v2.ToImage(), *size], pixels=pixels)
 
 

@@ -23,11 +23,12 @@ from ...hashing import digest
 from ...paths import atomic_path, cache
 from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
-from .towers import IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
-from .zeroshot import class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
+from .towers import DECAY, IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
+from .zeroshot import PROMPTS, class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
 
 
-LIT_VERSION = "1"  # bump when text-tower training changes (part of the tower cache key)
+LIT_VERSION = "2"
+AUGMENT = ("none", "flip")  # bump when text-tower training changes (part of the tower cache key)
 
 
 class LitDataset(DatasetEntry):
@@ -72,7 +73,7 @@ class LitAdapter(Adapter):
     name = "lit"
     dataset_schema = LitDataset
     hparam_choices = {"bf16": BF16_SETTINGS, "image_head": IMAGE_HEADS, "loss": LOSSES,
-                      "pool": ("model", "tok", "gap")}
+                      "pool": ("model", "tok", "gap"), "decay": DECAY, "prompts": PROMPTS, "augment": AUGMENT}
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -148,11 +149,22 @@ class LitAdapter(Adapter):
             lambda: extract_pairs(image_tower(), pairs_reader(hp), eval_transform(hp["resolution"], pixels=pixels.of(hp)), device=ctx.device,
                                   bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                                   desc=f"features {name} image-text pairs"))
+        views = [px]
+        if hp.get("augment", "none") == "flip":  # the mirrored view of every pair, cached beside the original
+            flipped, _, flip_hit, _ = features(
+                pairs_identity(hp), "pairs", {**pair_tf, "flip": True},
+                lambda: extract_pairs(image_tower(), pairs_reader(hp),
+                                      eval_transform(hp["resolution"], pixels=pixels.of(hp), flip=True),
+                                      device=ctx.device, bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
+                                      desc=f"features {name} image-text pairs, flipped"))
+            views.append(flipped)
+            pairs_hit = pairs_hit and flip_hit
         heldout = int(hp["heldout"])
         if not 0 < heldout < len(captions):
             raise UserError(f"heldout={heldout} leaves no training pairs or none held out of {len(captions)} pairs: "
                             f"set --set heldout=N with 0 < N < {len(captions)}")
-        model, train_info = text_tower(px[:-heldout], captions[:-heldout], hp, cell.seed, pairs_key, ctx)
+        model, train_info = text_tower([v[:-heldout] for v in views], captions[:-heldout], hp, cell.seed, pairs_key,
+                                       ctx)
         model = model.to(ctx.device).eval()
         started = time.time()
         with torch.inference_mode():
@@ -175,11 +187,12 @@ class LitAdapter(Adapter):
                     image_tower(), data, eval_transform(hp["resolution"], resize_square=hp.get("zeroshot_resize"), pixels=pixels.of(hp)),
                     device=ctx.device, bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
                     desc=f"features {name} {cell.dataset}"))
-                names = class_names_for(ds["class_names"], data)
+                prompts = hp.get("prompts", "open_clip")
+                names = class_names_for(ds["class_names"], data, prompts)
                 if getattr(data, "num_classes", 0) and len(names) != data.num_classes:
                     raise UserError(f"dataset {cell.dataset!r} has {data.num_classes} classes but {len(names)} class "
                                     "names; give one name per label, in label order (class_names in the spec)")
-                templates = templates_for(ds["templates"])
+                templates = templates_for(ds["templates"], prompts)
                 weights = zero_shot_classifier(model, tokenizer(hp["context_length"]), names, templates,
                                                device=ctx.device, progress=ctx.progress)
                 img = model.encode_image(torch.from_numpy(x).to(ctx.device), normalize=True).float().cpu()
@@ -192,6 +205,7 @@ class LitAdapter(Adapter):
                          "bf16": use_bf16, "bf16_choice": choice.info,
                          "pairs_train": int(len(captions) - heldout), "pairs_heldout": heldout,
                          "image_head": hp["image_head"], "loss": hp["loss"], "text_config": text_config(hp),
+                         "pair_views": len(views),
                          "eval_seconds": round(time.time() - started, 2)}}
 
 
@@ -203,12 +217,29 @@ def tower_key(pairs_key: str, hp: dict, seed: int) -> str:
 
 
 TRAIN_KEYS = ("heldout", "image_head", "loss", "temperature_init", "text_width", "text_layers", "text_heads",
-              "context_length", "batch", "steps", "lr", "weight_decay", "warmup_steps", "clip", "bf16")
+              "context_length", "batch", "steps", "lr", "weight_decay", "decay", "augment", "warmup_steps", "clip",
+              "bf16")
 
 
-def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: str, ctx):
+def view_batches(tokens: torch.Tensor, views: list[torch.Tensor], *, batch: int, steps: int, seed: int):
+    """`tensor_batches` of (tokens, image features) where each example's features come from one of `views`
+    (the original and, with `augment: flip`, the mirrored image), drawn uniformly per example and step from
+    a generator seeded by `seed`: big_vision's `flip_lr` (p = 0.5) on cached features."""
+    if len(views) == 1:
+        yield from tensor_batches(tokens, views[0], batch=batch, steps=steps, seed=seed)
+        return
+    rng = torch.Generator().manual_seed(int(seed) + 7919)
+    stacked = torch.stack(views, 1)  # (N, V, D)
+    for t, f in tensor_batches(tokens, stacked, batch=batch, steps=steps, seed=seed):
+        pick = torch.randint(len(views), (len(t),), generator=rng)
+        yield t, f[torch.arange(len(t)), pick]
+
+
+def text_tower(features, captions, hp: dict, seed: int, pairs_key: str, ctx):
     """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
-    init and data order from `seed`) and stored. Returns (model, info)."""
+    init and data order from `seed`) and stored. `features`: (N, D) image features, or a list of such arrays,
+    one per view of the same images (`view_batches`). Returns (model, info)."""
+    views = [torch.from_numpy(np.asarray(v)) for v in (features if isinstance(features, list) else [features])]
     from filelock import FileLock
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -221,7 +252,7 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
 
     def build():
         torch.manual_seed(seed)
-        return LitModel(features.shape[1], text_config(hp), image_head=hp["image_head"], loss=hp["loss"],
+        return LitModel(views[0].shape[1], text_config(hp), image_head=hp["image_head"], loss=hp["loss"],
                         temperature_init=float(hp["temperature_init"]))
 
     with FileLock(str(folder / f"{key}.lock")):
@@ -233,15 +264,16 @@ def text_tower(features: np.ndarray, captions, hp: dict, seed: int, pairs_key: s
             return model, {**info, "tower_cache_hit": True}
         model = build().to(ctx.device)
         tokens = tokenizer(hp["context_length"])(list(captions))
-        batches = tensor_batches(tokens, torch.from_numpy(features), batch=int(hp["batch"]), steps=int(hp["steps"]),
-                                 seed=seed)
-        opt = torch.optim.AdamW(parameter_groups(model, float(hp["weight_decay"])), lr=float(hp["lr"]),
-                                betas=(0.9, 0.999))
+        batches = view_batches(tokens, views, batch=int(hp["batch"]), steps=int(hp["steps"]), seed=seed)
+        groups = parameter_groups(model, float(hp["weight_decay"]), lr=float(hp["lr"]),
+                                  decay=hp.get("decay", "open_clip"))
+        opt = torch.optim.AdamW(groups, lr=float(hp["lr"]), betas=(0.9, 0.999))
         started = time.time()
         out = fit(model, batches, opt, steps=int(hp["steps"]), base_lr=float(hp["lr"]), warmup=int(hp["warmup_steps"]),
                   clip=hp.get("clip") or None, loss_fn=contrastive_loss(model), device=ctx.device, bf16=hp.get("bf16", "auto"),
                   progress=ctx.progress, desc=f"text tower seed={seed}", splittable=False)
         info = {"final_loss": out["final_loss"], "steps": int(hp["steps"]), "text_bf16": out["bf16"],
+                "adamw_weight_decay": groups[0]["weight_decay"], "decayed_tensors": len(groups[0]["params"]),
                 **({"text_bf16_choice": out["bf16_choice"]} if "bf16_choice" in out else {}),
                 "train_seconds": round(time.time() - started, 2),
                 "temperature": round(float(model.scale().detach()), 4),

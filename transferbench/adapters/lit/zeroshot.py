@@ -4,30 +4,55 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import re
+import string
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+PROMPTS = ("big_vision", "open_clip")
 
-def clean_class_name(name: str) -> str:
-    """big_vision's class-name cleanup (docs/lit.md): lower case, '_' -> ' ', keep the first comma-separated name."""
+
+def canonicalize(text: str, keep: str | None = None) -> str:
+    """big_vision's `prompt_engineering._canonicalize`: '_' -> ' ', punctuation removed (except each exact
+    occurrence of `keep`), lower case, runs of whitespace folded to one space, stripped."""
+    text = text.replace("_", " ")
+    drop = str.maketrans("", "", string.punctuation)
+    text = keep.join(part.translate(drop) for part in text.split(keep)) if keep else text.translate(drop)
+    return re.sub(r"\s+", " ", text.lower()).strip()
+
+
+def clean_class_name(name: str, prompts: str = "big_vision") -> str:
+    """A class name as the zero-shot classifier sees it. big_vision (`get_class_names(canonicalize=True)` then
+    the evaluator's `first_class_name_only`): canonicalised keeping commas, then the first comma-separated
+    alias. open_clip: lower case, '_' -> ' ', the first comma-separated name, punctuation kept."""
+    if prompts == "big_vision":
+        return canonicalize(name, keep=",").split(",")[0].strip()
     return name.split(",")[0].replace("_", " ").strip().lower()
 
 
-def templates_for(spec) -> list:
-    """Prompt makers (class name -> prompt). `imagenet`: '{}' followed by open_clip's 80 CLIP ImageNet
-    templates; a list: format strings with one '{}'."""
+def templates_for(spec, prompts: str = "big_vision") -> list:
+    """Prompt makers (class name -> prompt). `imagenet`: CLIP's 80 ImageNet templates and '{}' (big_vision's
+    `clip_paper` list, the same 80 as open_clip's OPENAI_IMAGENET_TEMPLATES); a list: format strings with one
+    '{}'. With prompts 'big_vision' every template is canonicalised keeping '{}' (`get_prompt_templates`), so
+    'a bad photo of a {}.' becomes 'a bad photo of a {}'; with 'open_clip' they are used as written."""
+    if prompts not in PROMPTS:
+        raise ValueError(f"prompts {prompts!r}: choose one of {', '.join(PROMPTS)}")
     if spec == "imagenet":
         from open_clip import OPENAI_IMAGENET_TEMPLATES
-        return ["{}".format, *OPENAI_IMAGENET_TEMPLATES]
+        spec = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES] + ["{}"]
     if isinstance(spec, str) or any(not isinstance(t, str) or t.count("{}") != 1 for t in spec):
         raise ValueError(f"templates: 'imagenet' or a list of strings with one '{{}}' each, got {spec!r}")
+    if prompts == "big_vision":
+        spec = [canonicalize(t, keep="{}") for t in spec]
     return [t.format for t in spec]
 
 
-def class_names_for(spec, data=None) -> list[str]:
-    """`imagenet`: open_clip's ImageNet class names (CLIP's curated ones); `tfds` / `info`: the dataset's own
-    label names; a list: as given. Every name cleaned (`clean_class_name`)."""
+def class_names_for(spec, data=None, prompts: str = "big_vision") -> list[str]:
+    """`imagenet`: open_clip's ImageNet class names (CLIP's curated ones, which big_vision's `clip` source also
+    uses); `tfds` / `info`: the dataset's own label names; a list: as given. Every name cleaned
+    (`clean_class_name`)."""
     if spec == "imagenet":
         from open_clip import IMAGENET_CLASSNAMES
         names = list(IMAGENET_CLASSNAMES)
@@ -37,7 +62,7 @@ def class_names_for(spec, data=None) -> list[str]:
             raise ValueError(f"class_names: {spec!r}, but the dataset has no label names; list them in the spec")
     else:
         names = list(spec)
-    return [clean_class_name(n) for n in names]
+    return [clean_class_name(n, prompts) for n in names]
 
 
 @torch.inference_mode()

@@ -2,13 +2,18 @@
 a backbone, measured per layer and head, recorded like every task's cells so that they resume, cache and compare.
 
 Cells, per dataset and seed:
-    stage 'forward':    the backbone (with its weights; random-init seeded by the cell's seed) over the first
-                        `images` images of the `test` split at `resolution`: per layer the patch tokens' mean
-                        pairwise cosine similarity, the std of the attention rows, the mean token norm; per layer
-                        and head the mean attention distance in pixels (backbones.measures.Probe); and what the
-                        weights alone show: DPN's stem scale maps, DTN's mixing weights and kernel widths.
+    stage 'forward':    the backbone (with its weights; random-init seeded by the cell's seed) over `images`
+                        images of split `image_split` (the over-smoothing slides: 10,000 images subsampled from
+                        ImageNet's training set, seeded by the cell's seed) at `resolution`: per layer the patch
+                        tokens' mean pairwise cosine similarity, the std of the patch queries' attention rows over
+                        the patch keys, the mean token norm; per layer and head the mean attention distance in
+                        patches and pixels (backbones.measures.Probe); what the weights alone show: DPN's stem
+                        scale maps, DTN's mixing weights, kernel widths and kernels P^h; and, for a checkpoint
+                        whose pretraining logged them (`upstream`), the per-layer gradient norms of its last
+                        1,000 upstream steps (DPN Fig. 2) and DTN's λ over training (DTN Fig. 4).
                         Metric `patch_cosine` at the last layer (lower: less over-smoothed).
-    stage 'gradients':  `steps` steps of the VTAB fine-tuning recipe (adapters.classify.finetune, the one loop) on the
+    stage 'gradients':  gradient norms while fine-tuning (not DPN Fig. 2's upstream ones):
+                        `steps` steps of the VTAB fine-tuning recipe (adapters.classify.finetune, the one loop) on the
                         `train` split; after each step's backward the L2 norm of every block's parameter gradients
                         and of the patch embedding's (before clipping). Per layer: mean over the last `grad_last`
                         steps; the patch embedding's over every step. Metric `embed_grad_norm` (mean over the last
@@ -24,7 +29,8 @@ import numpy as np
 import torch
 
 from ..backbones import create_backbone
-from ..backbones.measures import Probe, layer_grad_norms, summarise, weight_measures
+from ..backbones.checkpoint import read_training_log
+from ..backbones.measures import ATTN_STD_TOKENS, Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
 from ..data import pixels
 from ..data.transforms import eval_transform
@@ -45,19 +51,39 @@ def backbone_for(cell, ctx):
     return model.to(ctx.device).eval()
 
 
-def forward_diagnostics(model, data, hp: dict, ctx) -> dict:
-    """Probe `model` over the first `images` images of `data`; returns the per-layer summaries."""
+IMAGE_SAMPLES = ("random", "first")
 
-    n = min(int(hp["images"]), len(data))
-    subset = torch.utils.data.Subset(data, range(n))
+
+def image_indices(size: int, n: int, how: str, seed: int) -> np.ndarray:
+    """Which `n` of a split's `size` images the forward measures see: 'random' (the over-smoothing slides'
+    subsample: n distinct indices drawn by np.random.default_rng(seed), in ascending order) or 'first'."""
+    n = min(int(n), size)
+    if how == "first":
+        return np.arange(n)
+    if how != "random":
+        raise ValueError(f"image_sample {how!r}: choose one of {', '.join(IMAGE_SAMPLES)}")
+    return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
+
+
+def forward_diagnostics(model, data, hp: dict, ctx, seed: int = 0) -> dict:
+    """Probe `model` over `images` images of `data` (`image_indices`); returns the per-layer summaries."""
+
+    idx = image_indices(len(data), int(hp["images"]), hp.get("image_sample", "first"), seed)
+    n = len(idx)
+    subset = torch.utils.data.Subset(data, idx.tolist())
     batch = int(hp.get("eval_batch", 64))
-    probe = Probe(model)
+    probe = Probe(model, hp.get("attn_std_tokens", "all"))
     use_bf16 = for_forward(hp.get("bf16", "auto"), ctx.device, model, batch, int(hp["resolution"])).bf16
     batches = eval_batches(subset, eval_transform(int(hp["resolution"]), pixels=pixels.of(hp)), batch=batch, workers=ctx.workers)
     for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))
-    return probe.summary()
+    summary = probe.summary()
+    patch = float(model.patch_size)
+    summary["attn_distance_patches"] = {"mean": (np.asarray(summary["attn_distance"]["mean"]) / patch).tolist(),
+                                        "sd": (np.asarray(summary["attn_distance"]["sd"]) / patch).tolist(),
+                                        "n": summary["attn_distance"]["n"]}
+    return summary
 
 
 def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
@@ -80,7 +106,8 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
 
 class DiagnoseAdapter(ClassificationAdapter):
     name = "diagnose"
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS}
+    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "image_sample": IMAGE_SAMPLES,
+                      "attn_std_tokens": ATTN_STD_TOKENS, "image_split": ("train", "test")}
 
     data_name = "diagnostics"
 
@@ -106,14 +133,16 @@ class DiagnoseAdapter(ClassificationAdapter):
         started = time.time()
         if cell.stage == "forward":
             model = backbone_for(cell, ctx)
-            data = open_split(ds, "test", ctx.data_dir)
-            summary = forward_diagnostics(model, data, hp, ctx)
+            data = open_split(ds, hp.get("image_split", "test"), ctx.data_dir)
+            summary = forward_diagnostics(model, data, hp, ctx, seed=cell.seed)
             diag = {**summary, **weight_measures(model), "depth": len(model.blocks), "heads": model.blocks[0].attn.num_heads,
-                    "patch_size": model.patch_size, "grid": list(model.grid_size), "dtn_layers": model.dtn_layers}
+                    "patch_size": model.patch_size, "grid": list(model.grid_size), "dtn_layers": model.dtn_layers,
+                    "upstream": read_training_log(cell.checkpoint)}
             metrics = {"patch_cosine": summary["patch_cosine"]["mean"][-1],
                        "attn_std": summary["attn_std"]["mean"][-1],
                        "token_norm": summary["token_norm"]["mean"][-1],
-                       "attn_distance": float(np.mean(summary["attn_distance"]["mean"]))}
+                       "attn_distance": float(np.mean(summary["attn_distance"]["mean"])),
+                       "attn_distance_patches": float(np.mean(summary["attn_distance_patches"]["mean"]))}
         else:
             data = open_split(ds, "train", ctx.data_dir)
             diag = gradient_diagnostics(cell, data, ds["classes"], ds["augment"], ctx)

@@ -13,6 +13,7 @@ backbones.weights) and pretrain on demand.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ..backbones import create_backbone, parse_name, save_checkpoint
+from ..backbones.checkpoint import training_log_path
+from ..backbones.measures import TrainingLog
 from ..cell import BackboneRef, RANDOM_INIT
 from ..data import pixels
 from ..data.sources import open_split
@@ -30,7 +33,7 @@ from ..engine.runner import Results, run_task
 from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
 from ..errors import UserError
 from ..hashing import file_sha256
-from ..paths import cache
+from ..paths import atomic_path, cache
 from ..records.store import RecordStore
 from .base import Adapter, plan_select_then_final, prepare_task
 
@@ -53,6 +56,9 @@ def load_split(cell, split: str, data_dir=None):
 
 def checkpoint_path(cell) -> Path:
     return cache("checkpoints") / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
+
+
+GRAD_LOG_LAST = 1000  # DPN Fig. 2: per-layer gradient norms over the last 1,000 steps of upstream training
 
 
 def recipe(name: str, hp: dict) -> dict:
@@ -110,9 +116,10 @@ class PretrainAdapter(Adapter):
         if r["mixup"]:
             batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
         started = time.time()
+        log = TrainingLog(model, hp["steps"], last=GRAD_LOG_LAST)
         out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
                   loss_fn=LOSSES[hp["loss"]], device=ctx.device, bf16=hp["bf16"], micro_batch=ctx.micro_batch,
-                  progress=ctx.progress, desc=f"pretrain {cell.backbone}")
+                  progress=ctx.progress, desc=f"pretrain {cell.backbone}", on_step=log)
         train_seconds = time.time() - started
         resize = hp.get("eval_resize_small")
         evaluate = eval_transform(hp["resolution"], resize_small=resize, pixels=px)
@@ -124,6 +131,7 @@ class PretrainAdapter(Adapter):
         acc = metrics["test"]["accuracy"]
         path = save_checkpoint(model.cpu(), checkpoint_path(cell), task="pretrain", dataset=cell.dataset,
                                cell_key=cell.key, steps=hp["steps"], test_accuracy=acc, pixels=px)
+        log_file = write_training_log(path, log.to_dict())
         return {**metrics,
                 "info": {**out, **{k: v for k, v in r.items() if k != "randaug"},
                          "randaug": list(r["randaug"]) if r["randaug"] else None,
@@ -131,8 +139,18 @@ class PretrainAdapter(Adapter):
                          if r["randaug"] else None,
                          "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
                          "checkpoint": str(path), "checkpoint_sha256": file_sha256(path),
+                         "training_log": str(log_file),
                          "train_seconds": round(train_seconds, 1),
                          "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
+
+
+def write_training_log(checkpoint, log: dict) -> Path:
+    """The training log as the checkpoint's side file (`backbones.checkpoint.training_log_path`), written
+    aside and renamed into place; the checkpoint file itself (and so its sha256) is left as it is."""
+    path = training_log_path(checkpoint)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(log))
+    return path
 
 
 PRETRAINED = {"embedded": "embedded"}  # NAME@<this> -> the pretrain task's suite that makes the weights

@@ -2,11 +2,12 @@
 
 - patch cosine similarity (over-smoothing): mean over i != j of cos(h_i, h_j) over a layer's patch tokens,
   computed as (||sum_i u_i||^2 - N) / (N (N - 1)) with u_i = h_i / ||h_i||: O(N D), not O(N^2 D);
-- attention smoothness: the std of each query's softmax attention row (over keys), averaged over heads and
-  queries; a uniform row has std 0;
-- mean attention distance per head (ViT paper Fig. 7, ConViT): sum_j A_ij ||pos_i - pos_j|| in pixels, over patch
+- attention smoothness (the over-smoothing slides' S(h_i) in R^n): the std of each patch query's softmax
+  attention row over the n patch keys (the cls query row and cls key column left out; the row is not
+  renormalised), averaged over heads and queries; a uniform row has std 0. `tokens='all'` keeps every query and key;
+- mean attention distance per head (ViT paper Fig. 7, ConViT): sum_j A_ij ||pos_i - pos_j||, over patch
   queries and patch keys (the cls token has no position; rows are renormalised over the patch keys), averaged
-  over queries;
+  over queries; in patches as the DTN paper reports it and in pixels (patches x patch size);
 - DPN's first LayerNorm scale (p*p*3 weights in the stem's (p1 p2 c) order) as three p x p maps;
 - DTN per norm and head: sigmoid(mix_mean), sigmoid(mix_var) and the effective width of the positional kernel
   P^h (eq. 7): its mean distance sum_s P_ts ||pos_t - pos_s|| in pixels, averaged over target tokens.
@@ -39,10 +40,13 @@ def token_norm(tokens: torch.Tensor) -> torch.Tensor:
     return tokens.float().norm(dim=-1).mean(dim=1)
 
 
-def attention_row_std(probs: torch.Tensor) -> torch.Tensor:
-    """(B, H, Nq, Nk) attention probabilities -> (B,) std over keys of each row (population std), averaged
-    over heads and queries."""
-    return probs.float().std(dim=-1, unbiased=False).mean(dim=(1, 2))
+ATTN_STD_TOKENS = ("patches", "all")
+
+
+def attention_row_std(probs: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+    """(B, H, prefix + N, prefix + N) attention probabilities -> (B,) population std of each patch query's row
+    over the N patch keys, averaged over heads and patch queries (`prefix` 0: every query and key)."""
+    return probs[..., prefix:, prefix:].float().std(dim=-1, unbiased=False).mean(dim=(1, 2))
 
 
 @lru_cache(maxsize=16)
@@ -96,10 +100,73 @@ def dtn_statistics(model: nn.Module) -> list[dict]:
     return out
 
 
+def dtn_kernel_maps(model: nn.Module) -> list[dict]:
+    """Per DynamicTokenNorm: the positional kernel P^h of each head as an (h, w) map of the weights the
+    centre token gives every position (DTN Figs. 7-8: how far and in which directions it mixes)."""
+    from .dtn import DynamicTokenNorm
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, DynamicTokenNorm):
+            gh, gw = m.grid
+            centre = (gh // 2) * gw + gw // 2
+            with torch.no_grad():
+                maps = m.positional_weights()[:, centre].reshape(-1, gh, gw)
+            out.append({"name": name.removeprefix("blocks."), "centre": [gh // 2, gw // 2],
+                        "maps": maps.float().cpu().tolist()})
+    return out
+
+
 def weight_measures(model: nn.Module) -> dict:
-    """What the weights alone show: DPN's stem scale maps, DTN's mixing weights and kernel widths."""
+    """What the weights alone show: DPN's stem scale maps, DTN's mixing weights, kernel widths and kernels."""
     maps = stem_scale_maps(model)
-    return {"stem_scale_maps": None if maps is None else maps.tolist(), "dtn": dtn_statistics(model)}
+    return {"stem_scale_maps": None if maps is None else maps.tolist(), "dtn": dtn_statistics(model),
+            "dtn_kernels": dtn_kernel_maps(model)}
+
+
+def dtn_lambdas(model: nn.Module) -> list[dict]:
+    """sigmoid(mix_mean) and sigmoid(mix_var) per head of every DynamicTokenNorm (the λ of DTN Fig. 4)."""
+    from .dtn import DynamicTokenNorm
+    return [{"name": n.removeprefix("blocks."), "lambda_mean": torch.sigmoid(m.mix_mean.detach()).tolist(),
+             "lambda_var": torch.sigmoid(m.mix_var.detach()).tolist()}
+            for n, m in model.named_modules() if isinstance(m, DynamicTokenNorm)]
+
+
+class TrainingLog:
+    """What upstream training shows and the final weights do not (DPN Fig. 2, DTN Fig. 4), gathered by an
+    `on_step` hook of the training loop (after the backward, before clipping):
+
+    - `grad_norm_last`: per block, the mean L2 norm of its parameter gradients over the last `last` steps
+      (DPN Fig. 2: the last 1,000 steps of upstream training), and `embed_grad_norm_last`, the patch embedding's;
+    - `embed_grad_norm`: the patch embedding's gradient norm over all of training, averaged in `points` bins;
+    - `dtn_lambda`: DTN's λ per norm and head after `step` updates, at `points` evenly spaced steps (the hook
+      runs before each step's update, so entry s holds the weights after s updates) and after the last."""
+
+    def __init__(self, model: nn.Module, steps: int, last: int = 1000, points: int = 100):
+        self.model, self.steps, self.last = model, int(steps), max(1, min(int(last), int(steps)))
+        self.every = max(1, -(-int(steps) // int(points)))
+        self.layers: list[list[float]] = []
+        self.embed: list[float] = []
+        self.lambdas: list[dict] = []
+        self.has_dtn = bool(dtn_lambdas(model))
+
+    def __call__(self, step: int) -> None:
+        per_layer, embed = layer_grad_norms(self.model)
+        self.embed.append(embed)
+        if step >= self.steps - self.last:
+            self.layers.append(per_layer)
+        if self.has_dtn and step % self.every == 0:
+            self.lambdas.append({"step": step, "norms": dtn_lambdas(self.model)})
+
+    def to_dict(self) -> dict:
+        bins = [self.embed[i:i + self.every] for i in range(0, len(self.embed), self.every)]
+        k = len(self.layers)
+        return {"steps": self.steps, "last": k,
+                "grad_norm_last": np.mean(self.layers, axis=0).tolist() if k else [],
+                "embed_grad_norm_last": float(np.mean(self.embed[-k:])) if k else None,
+                "embed_grad_norm": {"step": [i * self.every for i in range(len(bins))],
+                                    "value": [float(np.mean(b)) for b in bins]},
+                "dtn_lambda": self.lambdas + ([{"step": self.steps, "norms": dtn_lambdas(self.model)}]
+                                              if self.has_dtn else [])}
 
 
 class Probe:
@@ -108,14 +175,17 @@ class Probe:
 
     MEASURES = ("patch_cosine", "attn_std", "token_norm", "attn_distance")
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def __init__(self, model: nn.Module, attn_std_tokens: str = "patches"):
+        if attn_std_tokens not in ATTN_STD_TOKENS:
+            raise ValueError(f"attn_std_tokens {attn_std_tokens!r}: choose one of {', '.join(ATTN_STD_TOKENS)}")
+        self.model, self.attn_std_tokens = model, attn_std_tokens
         self.values = {k: [[] for _ in model.blocks] for k in self.MEASURES}
 
     def _attention(self, layer: int, probs: torch.Tensor) -> None:
         m = self.model
         prefix = m.num_prefix_tokens if layer >= m.dtn_layers else 0  # DTN blocks run before the cls token joins
-        self.values["attn_std"][layer].append(attention_row_std(probs).cpu())
+        std_prefix = prefix if self.attn_std_tokens == "patches" else 0
+        self.values["attn_std"][layer].append(attention_row_std(probs, std_prefix).cpu())
         self.values["attn_distance"][layer].append(attention_distance(probs, m.grid_size, m.patch_size, prefix).cpu())
 
     @torch.inference_mode()

@@ -1,7 +1,8 @@
 """Diagnostics reports: a table per measure (rows backbones, columns layers: mean ± 95% CI) and the figures —
 measure vs depth with one line per backbone and a 95% band, mean attention distance per head against depth (the
-ViT / ConViT scatter), DPN's stem scale maps as images, DTN's mixing weights and kernel widths per head, and the
-patch embedding's gradient norm over the fine-tuning steps.
+ViT / ConViT scatter), DPN's stem scale maps as images, DTN's mixing weights and kernel widths per head and its
+kernels P^h as maps, the patch embedding's gradient norm over the fine-tuning steps, and, for checkpoints whose
+pretraining logged them, the per-layer upstream gradient norms (DPN Fig. 2) and DTN's λ over training (DTN Fig. 4).
 
 Intervals: forward measures pool every image of every seed (per-seed summaries pooled by
 records.stats.pool; a t-interval over images), gradient norms pool the last `grad_last` steps of every seed.
@@ -25,9 +26,11 @@ DEPTH_MEASURES = {  # key -> title
     "attn_std": "attention row std",
     "token_norm": "token norm",
     "attn_distance": "mean attention distance (px, mean over heads)",
-    "grad_norm": "gradient norm (last steps)",
+    "attn_distance_patches": "mean attention distance (patches, mean over heads)",
+    "grad_norm": "gradient norm (last fine-tuning steps)",
 }
-DECIMALS = {"patch_cosine": 3, "attn_std": 4, "token_norm": 2, "attn_distance": 2, "grad_norm": 3}
+DECIMALS = {"patch_cosine": 3, "attn_std": 4, "token_norm": 2, "attn_distance": 2, "attn_distance_patches": 3,
+            "grad_norm": 3}
 
 
 def is_diagnostics(record: dict) -> bool:
@@ -104,8 +107,32 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
                 table.rows[b] = {c: Cellv(_estimate(m, e, n)) for c, m, e in zip(cols, mean, ci)}
                 table.seeds[b] = str(len(t["gradients" if key == "grad_norm" else "forward"][b]))
             out.append(table)
+        out += _upstream_tables(task, ds, versions, t)
         out += _dtn_tables(task, ds, versions, t) + _stem_tables(task, ds, versions, t)
     return out
+
+
+def _upstream(t: dict) -> dict:
+    """backbone -> the training log of its checkpoint's pretraining (`upstream`), for those that have one."""
+    return {b: u for b, parts in sorted(t["forward"].items()) if (u := _first(parts, "upstream"))}
+
+
+def _upstream_tables(task, ds, versions, t) -> list[TaskTable]:
+    logs = _upstream(t)
+    if not logs:
+        return []
+    depth = max(len(u["grad_norm_last"]) for u in logs.values())
+    cols = ["embed", *[f"L{i}" for i in range(depth)]]
+    table = TaskTable(task, versions, "upstream gradient norm per layer (pretraining's last steps)", "none", cols, [],
+                      setting=ds, decimals=3,
+                      footnote="The L2 norm of each block's (and the patch embedding's) parameter gradients, before "
+                               "clipping, averaged over the last steps of the checkpoint's upstream training (DPN "
+                               "Fig. 2: the last 1,000); seeds: how many steps were averaged.")
+    for b, u in logs.items():
+        vals = [u["embed_grad_norm_last"], *u["grad_norm_last"]]
+        table.rows[b] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
+        table.seeds[b] = str(u["last"])
+    return [table]
 
 
 def _first(parts: list[dict], key: str):
@@ -269,9 +296,68 @@ def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
     return finish(fig, path, ax)
 
 
+def plot_upstream(t: dict, title: str, path: Path) -> Path | None:
+    """From the checkpoints' training logs: the per-layer gradient norm over the last upstream steps (DPN Fig. 2),
+    the patch embedding's gradient norm over training, and DTN's λ (mean over heads) over training (DTN Fig. 4)."""
+    plt = pyplot()
+    logs = _upstream(t)
+    if not logs:
+        return None
+    colours = _colours(logs)
+    with_dtn = {b: u for b, u in logs.items() if u.get("dtn_lambda")}
+    fig, axes = plt.subplots(1, 3 if with_dtn else 2, figsize=(11.0 if with_dtn else 7.4, 3.1))
+    for b, u in logs.items():
+        axes[0].plot(range(len(u["grad_norm_last"])), u["grad_norm_last"], marker="o", ms=3, color=colours[b], label=b)
+        axes[1].plot(u["embed_grad_norm"]["step"], u["embed_grad_norm"]["value"], color=colours[b], label=b)
+    axes[0].set(xlabel="layer", title=f"gradient norm, last {min(u['last'] for u in logs.values())} upstream steps")
+    axes[1].set(xlabel="upstream step", title="patch embedding gradient norm")
+    axes[1].set_ylim(bottom=0)
+    for b, u in with_dtn.items():
+        steps = [e["step"] for e in u["dtn_lambda"]]
+        norms = [n["name"] for n in u["dtn_lambda"][0]["norms"]]
+        for k, name in enumerate(norms):
+            mean = [np.mean(e["norms"][k]["lambda_mean"]) for e in u["dtn_lambda"]]
+            var = [np.mean(e["norms"][k]["lambda_var"]) for e in u["dtn_lambda"]]
+            shade = 0.35 + 0.65 * (k + 1) / len(norms)
+            axes[2].plot(steps, mean, color=colours[b], alpha=shade, label=f"{b} λμ" if k == len(norms) - 1 else None)
+            axes[2].plot(steps, var, color=colours[b], alpha=shade, ls="--",
+                         label=f"{b} λσ" if k == len(norms) - 1 else None)
+        axes[2].set(xlabel="upstream step", title="DTN λ per norm (mean over heads; darker: deeper)")
+    for ax in axes:
+        ax.title.set_fontsize(8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: what upstream training logged", fontsize=9)
+    return finish(fig, path, axes[-1])
+
+
+def plot_dtn_kernels(t: dict, title: str, path: Path) -> Path | None:
+    """DTN's positional kernels P^h as maps (DTN Figs. 7-8): the weight the centre token gives each position, a
+    column per head, a row per norm (up to 4 per backbone)."""
+    plt = pyplot()
+    rows = [(b, k) for b, parts in sorted(t["forward"].items()) for k in (_first(parts, "dtn_kernels") or [])[:4]]
+    if not rows:
+        return None
+    heads = max(len(k["maps"]) for _, k in rows)
+    fig, axes = plt.subplots(len(rows), heads, figsize=(1.9 * heads + 0.6, 1.8 * len(rows)), squeeze=False)
+    for r, (b, k) in enumerate(rows):
+        maps = np.asarray(k["maps"])
+        for h in range(heads):
+            ax = axes[r][h]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h < len(maps):
+                im = ax.imshow(maps[h], cmap="magma", vmin=0, vmax=float(maps.max()))
+                ax.set_title(f"{b} {k['name']} h{h}", fontsize=6)
+        fig.colorbar(im, ax=list(axes[r]), fraction=0.04)
+    fig.suptitle(f"{title}: DTN positional kernels P^h seen from the centre token", fontsize=9)
+    return finish(fig, path, tight=False)
+
+
 FIGURES = (("depth", plot_depth, "measures vs depth"), ("distance", plot_attention_distance, "attention distance per head"),
            ("stem", plot_stem_maps, "DPN stem scale maps"), ("dtn", plot_dtn, "DTN mixing weights and widths"),
-           ("embed_grad", plot_embed_grad, "patch embedding gradient norm"))
+           ("dtn_kernels", plot_dtn_kernels, "DTN positional kernels"),
+           ("embed_grad", plot_embed_grad, "patch embedding gradient norm (fine-tuning)"),
+           ("upstream", plot_upstream, "upstream gradient norms and DTN λ over pretraining"))
 
 
 def figures(records: list[dict], folder: Path, stem: str) -> list[tuple[str, str, Path]]:

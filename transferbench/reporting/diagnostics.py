@@ -319,10 +319,14 @@ def plot_upstream(t: dict, title: str, path: Path) -> Path | None:
             mean = [np.mean(e["norms"][k]["lambda_mean"]) for e in u["dtn_lambda"]]
             var = [np.mean(e["norms"][k]["lambda_var"]) for e in u["dtn_lambda"]]
             shade = 0.35 + 0.65 * (k + 1) / len(norms)
-            axes[2].plot(steps, mean, color=colours[b], alpha=shade, label=f"{b} λμ" if k == len(norms) - 1 else None)
-            axes[2].plot(steps, var, color=colours[b], alpha=shade, ls="--",
-                         label=f"{b} λσ" if k == len(norms) - 1 else None)
+            axes[2].plot(steps, mean, color=colours[b], alpha=shade)
+            axes[2].plot(steps, var, color=colours[b], alpha=shade, ls="--")
         axes[2].set(xlabel="upstream step", title="DTN λ per norm (mean over heads; darker: deeper)")
+    for b in logs:  # one legend for the three panels: a colour per backbone, a line style per λ
+        axes[-1].plot([], [], color=colours[b], label=b)
+    if with_dtn:
+        axes[-1].plot([], [], color="k", label="λμ (mean)")
+        axes[-1].plot([], [], color="k", ls="--", label="λσ (variance)")
     for ax in axes:
         ax.title.set_fontsize(8)
         ax.grid(alpha=0.3)

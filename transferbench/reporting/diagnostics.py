@@ -192,6 +192,8 @@ def plot_depth(t: dict, title: str, path: Path) -> Path | None:
     """Each depth measure against the layer, one line per backbone, 95% band."""
     plt = pyplot()
     curves = depth_curves(t)
+    if "attn_distance_patches" in curves:  # the figure in patches, as the DTN paper reports it (px in the table)
+        curves.pop("attn_distance", None)
     if not curves:
         return None
     colours = _colours({b for c in curves.values() for b in c})
@@ -210,9 +212,13 @@ def plot_depth(t: dict, title: str, path: Path) -> Path | None:
 
 
 def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
-    """Mean attention distance of every head against its layer (ViT Fig. 7): a dot per head, a colour per backbone."""
+    """Mean attention distance of every head against its layer (ViT Fig. 7), in patches as the DTN paper reports
+    it (pixels for records that predate it): a dot per head, a colour per backbone."""
     plt = pyplot()
-    per = {b: pooled(parts, "attn_distance") for b, parts in sorted(t["forward"].items())}
+    parts_of = sorted(t["forward"].items())
+    unit = "patches" if all("attn_distance_patches" in p for _, parts in parts_of for p in parts) else "px"
+    key = "attn_distance_patches" if unit == "patches" else "attn_distance"
+    per = {b: pooled(parts, key) for b, parts in parts_of}
     per = {b: np.asarray(p["mean"]) for b, p in per.items() if p is not None}
     if not per:
         return None
@@ -223,7 +229,7 @@ def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
         xs = np.repeat(np.arange(layers), heads) + (i - (len(per) - 1) / 2) * 0.12
         ax.scatter(xs, d.reshape(-1), s=12, color=colours[b], label=b, alpha=0.8)
     ax.set_xlabel("layer")
-    ax.set_ylabel("mean attention distance (px)")
+    ax.set_ylabel(f"mean attention distance ({unit})")
     ax.grid(alpha=0.3)
     ax.set_title(f"{title}: mean attention distance per head", fontsize=9)
     return finish(fig, path, ax)

@@ -42,7 +42,10 @@ def _ints(text: str) -> list[int]:
 def _execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
     p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress output: no bars on a terminal, and no per-cell lines where stderr is a file "
+                        "(Slurm, nohup, CI), where each finished cell otherwise gets one line with its metric, "
+                        "cells done / planned and an ETA")
     p.add_argument("--data-dir", help="where datasets are: a tfds data dir (default: $TFDS_DATA_DIR, else "
                                       "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per cell (default 0: "

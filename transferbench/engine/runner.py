@@ -91,6 +91,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     inflight: dict = {}  # future -> (cell, lock, attempt)
     bar = tqdm(total=0, desc=f"{task.name} cells", unit="cell", position=0, dynamic_ncols=True,
                disable=None if show_progress else True)
+    lines = CellLines(task.name, show_progress, axes=sorted(task.sweep))
 
     def show():
         bar.set_postfix_str(f"running {len(inflight)}, failed {summary.failed}"
@@ -104,6 +105,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
         todo = [c for c in fresh if force or not store.finished(c)]
         summary.skipped += len(fresh) - len(todo)
         bar.total += len(todo)
+        lines.total += len(todo)
         # cells that results just unlocked (a final stage) go first: a dataset finishes while others still run
         queue.extend(todo) if first else queue.extendleft(reversed(todo))
 
@@ -123,6 +125,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
                 lock.release()
                 summary.skipped += 1
                 bar.update(1)
+                lines.done += 1
                 changed = True
                 return True
             inflight[executor.submit(cell)] = (cell, lock, 0)
@@ -148,6 +151,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
             status = _write_record(cell, outcome, store, summary)
             setattr(summary, status, getattr(summary, status) + 1)
             bar.update(1)
+            lines.cell(cell, outcome)
             changed = True
         finally:
             if lock is not None:
@@ -185,6 +189,54 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
             lock.release()
         bar.close()
     return summary
+
+
+def headline(cell, outcome: dict) -> str:
+    """The cell's metric as one short phrase: 'accuracy 45.21 (test)', 'failed: REASON' or 'diverged: REASON'."""
+    if outcome["status"] != "ok":
+        reason = (outcome.get("reason") or "").strip().splitlines()
+        return f"{outcome['status']}: {reason[0] if reason else 'no reason given'}"
+    metrics = outcome.get("metrics") or {}
+    first = ("val", "test") if cell.stage == "select" else ("test", "val")  # what the stage is judged on
+    for split in (*first, *metrics):
+        value = (metrics.get(split) or {}).get(cell.metric)
+        if isinstance(value, (int, float)):
+            return f"{cell.metric} {value:.4g} ({split})"
+    return "ok"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0)))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class CellLines:
+    """Progress for a log file: when stderr is not a terminal (Slurm, nohup, CI) tqdm's bars are off, so each
+    finished cell gets one line instead: time, task, dataset, backbone, stage, seed, its headline metric or why
+    it failed, cells done / planned, elapsed time and an ETA from the cells computed so far. On a terminal
+    (or with `enabled` False) it prints nothing: the bars show progress there."""
+
+    def __init__(self, task_name: str, enabled: bool, stream=None, axes=()):
+        self.stream = stream if stream is not None else sys.stderr
+        self.axes = tuple(axes)  # swept hyper-parameters: what tells a dataset's cells apart (shots, lr, ...)
+        isatty = getattr(self.stream, "isatty", lambda: False)
+        self.enabled = bool(enabled) and not isatty()
+        self.task, self.started, self.computed = task_name, time.monotonic(), 0
+        self.done = self.total = 0  # cells of this run: finished (computed or found finished) / planned
+
+    def cell(self, cell, outcome: dict) -> None:
+        self.done += 1
+        self.computed += 1
+        if not self.enabled:
+            return
+        done, total = self.done, self.total
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.computed * max(total - done, 0)
+        stage = f" {cell.stage}" if cell.stage else ""
+        stage += "".join(f" {k}={cell.hparams[k]}" for k in self.axes if k in cell.hparams)
+        when = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{when} {self.task} {cell.dataset} {cell.backbone}{stage} seed {cell.seed}: {headline(cell, outcome)}"
+              f" | {done}/{total} cells, {_clock(elapsed)} elapsed, ETA {_clock(eta)}", file=self.stream, flush=True)
 
 
 def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) -> str:

@@ -144,27 +144,38 @@ class TrainingLog:
     def __init__(self, model: nn.Module, steps: int, last: int = 1000, points: int = 100):
         self.model, self.steps, self.last = model, int(steps), max(1, min(int(last), int(steps)))
         self.every = max(1, -(-int(steps) // int(points)))
-        self.layers: list[list[float]] = []
-        self.embed: list[float] = []
+        # sums kept on the gradients' device: the step loop reads nothing back but once per bin
+        self.bin_sum, self.bin_n, self.embed_bins = None, 0, []
+        self.last_sum, self.last_n = None, 0  # (depth + 1,): the blocks', then the patch embedding's
         self.lambdas: list[dict] = []
         self.has_dtn = bool(dtn_lambdas(model))
 
     def __call__(self, step: int) -> None:
-        per_layer, embed = layer_grad_norms(self.model)
-        self.embed.append(embed)
+        norms = grad_norms(self.model).double()
+        self.bin_sum = norms[-1] if self.bin_sum is None else self.bin_sum + norms[-1]
+        self.bin_n += 1
+        if self.bin_n == self.every:
+            self._close_bin()
         if step >= self.steps - self.last:
-            self.layers.append(per_layer)
+            self.last_sum = norms if self.last_sum is None else self.last_sum + norms
+            self.last_n += 1
         if self.has_dtn and step % self.every == 0:
             self.lambdas.append({"step": step, "norms": dtn_lambdas(self.model)})
 
+    def _close_bin(self) -> None:
+        self.embed_bins.append(float(self.bin_sum) / self.bin_n)
+        self.bin_sum, self.bin_n = None, 0
+
     def to_dict(self) -> dict:
-        bins = [self.embed[i:i + self.every] for i in range(0, len(self.embed), self.every)]
-        k = len(self.layers)
+        if self.bin_n:
+            self._close_bin()
+        k = self.last_n
+        last = (self.last_sum / k).tolist() if k else []
         return {"steps": self.steps, "last": k,
-                "grad_norm_last": np.mean(self.layers, axis=0).tolist() if k else [],
-                "embed_grad_norm_last": float(np.mean(self.embed[-k:])) if k else None,
-                "embed_grad_norm": {"step": [i * self.every for i in range(len(bins))],
-                                    "value": [float(np.mean(b)) for b in bins]},
+                "grad_norm_last": last[:-1],
+                "embed_grad_norm_last": last[-1] if k else None,
+                "embed_grad_norm": {"step": [i * self.every for i in range(len(self.embed_bins))],
+                                    "value": self.embed_bins},
                 "dtn_lambda": self.lambdas + ([{"step": self.steps, "norms": dtn_lambdas(self.model)}]
                                               if self.has_dtn else [])}
 
@@ -211,9 +222,18 @@ def summarise(samples) -> dict:
     return {"mean": a.mean(axis=0).tolist(), "sd": sd.tolist(), "n": int(len(a))}
 
 
-def layer_grad_norms(model: nn.Module) -> tuple[list[float], float]:
-    """(L2 norm of each block's parameter gradients, of the patch embedding's) from the current `.grad`s."""
+def grad_norms(model: nn.Module) -> torch.Tensor:
+    """(depth + 1,) L2 norms of each block's parameter gradients, then the patch embedding's, from the current
+    `.grad`s, left on their device (no read-back)."""
+    device = next(model.parameters()).device
+
     def norm(module):
         gs = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
-        return float(torch.stack(gs).sum().sqrt()) if gs else 0.0
-    return [norm(b) for b in model.blocks], norm(model.patch_embed)
+        return torch.stack(gs).sum().sqrt() if gs else torch.zeros((), device=device)
+    return torch.stack([*(norm(b) for b in model.blocks), norm(model.patch_embed)])
+
+
+def layer_grad_norms(model: nn.Module) -> tuple[list[float], float]:
+    """(L2 norm of each block's parameter gradients, of the patch embedding's) from the current `.grad`s."""
+    *per_layer, embed = grad_norms(model).tolist()
+    return per_layer, embed

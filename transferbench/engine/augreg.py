@@ -9,8 +9,9 @@
   not multiplied by the learning rate, so AdamW (which decays by lr_t * weight_decay) needs weight_decay = wd / lr;
 - `scale_and_bias`, `scenic_adamw`: scenic's decay mask (`skip_scale_and_bias_regularization`), used by the
   segmentation protocol;
-- `kernels`: which parameters are decayed: big_vision's default mask `.*/kernel$`, the weights of dense and conv
-  layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits).
+- `kernel_names` / `kernels`: which parameters are decayed: big_vision's default mask `.*/kernel$`, the weights
+  of dense and conv layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits);
+- `decay_groups`: the two AdamW parameter groups (decayed, not) that every rule above feeds.
 """
 from __future__ import annotations
 
@@ -75,9 +76,34 @@ def mixup_batches(batches, p: float, num_classes: int, seed: int):
         yield mixup(x, target, p, rng)
 
 
+def kernel_names(model: nn.Module) -> list[str]:
+    """big_vision's `.*/kernel$` on torch modules: the weight of every dense (nn.Linear) and conv layer, and
+    nn.MultiheadAttention's q/k/v projection (`in_proj_weight`, or the separate `q/k/v_proj_weight`), which
+    flax's attention keeps as dense kernels."""
+    names = []
+    for prefix, m in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            names.append(f"{dot}weight")
+        elif isinstance(m, nn.MultiheadAttention):
+            names += [f"{dot}{k}" for k in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+                      if getattr(m, k, None) is not None]
+    return names
+
+
 def kernels(model: nn.Module) -> list[nn.Parameter]:
-    """big_vision's `.*/kernel$`: the weights of every dense (nn.Linear) and conv layer."""
-    return [m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    """The parameters `kernel_names` names."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return [params[n] for n in kernel_names(model)]
+
+
+def decay_groups(model: nn.Module, decayed, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: the trainable parameters named in `decayed` at `weight_decay`, the others at 0,
+    each in `named_parameters` order."""
+    decayed = set(decayed)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if n in decayed], "weight_decay": float(weight_decay)},
+            {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
 
 
 def scale_and_bias(model: nn.Module) -> list[str]:
@@ -93,10 +119,8 @@ def scenic_adamw(model: nn.Module, *, lr: float, weight_decay: float, skip_scale
     """optax.adamw as scenic configures it: decay lr_t * weight_decay * param (torch AdamW's semantics, which
     optax.adamw shares), not on `scale_and_bias(model)` with `skip_scale_and_bias`."""
     skip = set(scale_and_bias(model)) if skip_scale_and_bias else set()
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for n, p in named if n not in skip], "weight_decay": weight_decay},
-                              {"params": [p for n, p in named if n in skip], "weight_decay": 0.0}],
-                             lr=lr, betas=betas)
+    decayed = [n for n, _ in model.named_parameters() if n not in skip]
+    return torch.optim.AdamW(decay_groups(model, decayed, weight_decay), lr=lr, betas=betas)
 
 
 def decoupled_wd(wd: float, lr: float) -> float:
@@ -107,8 +131,4 @@ def decoupled_wd(wd: float, lr: float) -> float:
 def adamw(model: nn.Module, *, lr: float, wd: float, betas=(0.9, 0.999)) -> torch.optim.AdamW:
     """AdamW decaying the kernels only, by sched(t) * wd per step as big_vision does (engine.train.fit sets each
     step's lr = lr * sched(t))."""
-    decay = {id(p) for p in kernels(model)}
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for p in params if id(p) in decay], "weight_decay": decoupled_wd(wd, lr)},
-                              {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0}],
-                             lr=lr, betas=betas)
+    return torch.optim.AdamW(decay_groups(model, kernel_names(model), decoupled_wd(wd, lr)), lr=lr, betas=betas)

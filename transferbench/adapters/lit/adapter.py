@@ -27,8 +27,8 @@ from .towers import DECAY, IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, para
 from .zeroshot import PROMPTS, class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
 
 
-LIT_VERSION = "2"
-AUGMENT = ("none", "flip")  # bump when text-tower training changes (part of the tower cache key)
+LIT_VERSION = "2"  # bump when text-tower training changes (part of the tower cache key)
+AUGMENT = ("none", "flip")
 
 
 class LitDataset(DatasetEntry):
@@ -235,11 +235,11 @@ def view_batches(tokens: torch.Tensor, views: list[torch.Tensor], *, batch: int,
         yield t, f[torch.arange(len(t)), pick]
 
 
-def text_tower(features, captions, hp: dict, seed: int, pairs_key: str, ctx):
+def text_tower(features: list, captions, hp: dict, seed: int, pairs_key: str, ctx):
     """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
-    init and data order from `seed`) and stored. `features`: (N, D) image features, or a list of such arrays,
-    one per view of the same images (`view_batches`). Returns (model, info)."""
-    views = [torch.from_numpy(np.asarray(v)) for v in (features if isinstance(features, list) else [features])]
+    init and data order from `seed`) and stored. `features`: one (N, D) array of image features per view of
+    the same images (`view_batches`). Returns (model, info)."""
+    views = [torch.from_numpy(np.asarray(v)) for v in features]
     from filelock import FileLock
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file

@@ -140,20 +140,13 @@ DECAY = ("big_vision", "open_clip")
 
 
 def kernel_names(model: nn.Module) -> list[str]:
-    """big_vision's default decay mask `.*/kernel$` on the torch towers: the weight matrices of dense layers
-    (every nn.Linear, the attention's fused q/k/v projection `in_proj_weight`, the text tower's output
-    projection `text_projection`); not the token or position embeddings (flax `embedding`, `pos_embedding`),
-    norms, biases or the temperature."""
-    names = []
-    for prefix, m in model.named_modules():
-        dot = f"{prefix}." if prefix else ""
-        if isinstance(m, (nn.Linear, nn.Conv2d)):
-            names.append(f"{dot}weight")
-        elif isinstance(m, nn.MultiheadAttention):
-            names += [f"{dot}{k}" for k in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
-                      if getattr(m, k, None) is not None]
-    names += [n for n, p in model.named_parameters() if n.endswith("text_projection") and p.ndim == 2]
-    return names
+    """big_vision's default decay mask `.*/kernel$` on the towers: `engine.augreg.kernel_names` (every nn.Linear
+    weight, the attention's fused q/k/v `in_proj_weight`) and the text tower's output projection
+    `text_projection` (big_vision's text `head/kernel`); not the token or position embeddings (flax
+    `embedding`, `pos_embedding`), norms, biases or the temperature."""
+    from ...engine.augreg import kernel_names as dense_kernels
+    return dense_kernels(model) + [n for n, p in model.named_parameters()
+                                   if n.endswith("text_projection") and p.ndim == 2]
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, *, lr: float | None = None,
@@ -162,16 +155,12 @@ def parameter_groups(model: nn.Module, weight_decay: float, *, lr: float | None 
     (`kernel_names`), not multiplied by the learning rate, so torch's AdamW, which decays by lr_t *
     weight_decay, gets weight_decay = wd / lr (`engine.augreg.decoupled_wd`). 'open_clip': AdamW's own
     semantics (lr_t * wd) on every tensor of 2 or more dimensions but the temperature."""
-    from ...engine.augreg import decoupled_wd
+    from ...engine.augreg import decay_groups, decoupled_wd
     if decay == "big_vision":
         if lr is None:
             raise ValueError("big_vision's weight decay needs the base learning rate")
-        chosen, rate = set(kernel_names(model)), decoupled_wd(weight_decay, lr)
-    elif decay == "open_clip":
-        chosen = {n for n, p in model.named_parameters() if p.ndim >= 2 and "logit_" not in n}
-        rate = float(weight_decay)
-    else:
-        raise ValueError(f"decay {decay!r}: choose one of {', '.join(DECAY)}")
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for n, p in named if n in chosen], "weight_decay": rate},
-            {"params": [p for n, p in named if n not in chosen], "weight_decay": 0.0}]
+        return decay_groups(model, kernel_names(model), decoupled_wd(weight_decay, lr))
+    if decay == "open_clip":
+        chosen = [n for n, p in model.named_parameters() if p.ndim >= 2 and "logit_" not in n]
+        return decay_groups(model, chosen, weight_decay)
+    raise ValueError(f"decay {decay!r}: choose one of {', '.join(DECAY)}")

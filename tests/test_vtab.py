@@ -21,13 +21,18 @@ TINY = ["--set", "steps=3", "--set", "batch=8", "--set", "warmup_steps=1", "--se
 def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, tmp_path):
     from transferbench.records.aggregate import aggregate
 
+    from transferbench.records.store import read_samples
+
     args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--out",
-            str(tmp_path)]
+            str(tmp_path), "--log-samples"]
     assert main(args + TINY) == 0
     recs = load_records([tmp_path / "vtab"])
     assert len(recs) == 4 and {r["stage"] for r in recs} == {"select"} and all(r["status"] == "ok" for r in recs)
     for r in recs:  # each train800 run measured on val200 and on test
         assert (r["info"]["val_examples"], r["info"]["test_examples"]) == (200, 797)
+        for split, n in (("val", 200), ("test", 797)):  # --log-samples: what each accuracy averages, per example
+            hits = read_samples(r, split)
+            assert hits.shape == (n,) and 100 * hits.mean() == pytest.approx(r["metrics"][split]["accuracy"])
         assert r["hparams"]["loss"] == r["info"]["loss"] == "softmax" and r["info"]["head"] == "new"  # the profile's
     mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr])
                 for lr in (0.003, 0.3)}

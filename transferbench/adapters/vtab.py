@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..data import pixels
 from ..data.transforms import eval_transform
-from ..engine.train import BF16_SETTINGS, LOSSES, accuracy
+from ..engine.train import BF16_SETTINGS, LOSSES, hits
 from .base import plan_select_then_final
 from .classify import ClassificationAdapter, VtabDataset, config, finetune, open_split
 
@@ -50,10 +50,12 @@ class VtabAdapter(ClassificationAdapter):
         train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
         roles = ["test"] if final else ["val"] + (["test"] if reports_select_runs(hp) else [])
         model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx)
-        metrics, sizes = {}, {}
+        metrics, sizes, samples = {}, {}, {}
         transform = eval_transform(hp["resolution"], pixels=pixels.of(hp))
         for role in roles:
             data = open_split(ds, role, ctx.data_dir)
-            metrics[role] = {"accuracy": accuracy(model, data, transform, ctx.device, info["bf16"], workers=ctx.workers)}
+            right = hits(model, data, transform, ctx.device, info["bf16"], workers=ctx.workers)
+            metrics[role] = {"accuracy": 100.0 * float(right.mean())}
+            samples[role] = right
             sizes[f"{role}_examples"] = len(data)
-        return {**metrics, "info": {**info, "eval_examples": sum(sizes.values()), **sizes}}
+        return {**metrics, "samples": samples, "info": {**info, "eval_examples": sum(sizes.values()), **sizes}}

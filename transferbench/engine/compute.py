@@ -35,12 +35,14 @@ class CellContext:
     """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
     a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
     data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
-    batch) and progress bars."""
+    batch), progress bars and whether per-example results are kept (`log_samples`: an adapter that can returns
+    them under "samples", {split: bool array in the split's order}; the record's file beside it holds them)."""
     device: str | None
     show_progress: bool = True
     data_dir: str | None = None
     workers: int = 0
     micro_batch: int | None = None
+    log_samples: bool = False
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(iterable, total=total, desc=desc, leave=False, position=1, dynamic_ncols=True,
@@ -89,10 +91,12 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     if ctx.device is None:
         ctx = dataclasses.replace(ctx, device=default_device())
     started = time.time()
-    metrics, info, reason, tb = {}, {}, "", None
+    metrics, info, reason, tb, samples = {}, {}, "", None, {}
     try:
         result = dict(adapter.run(cell, ctx) or {})
         info = result.pop("info", {})
+        samples = result.pop("samples", {}) if ctx.log_samples else {}
+        result.pop("samples", None)
         metrics = _check_metrics(result, cell)
         status = "ok"
     except Diverged as e:
@@ -104,7 +108,8 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
     return {"status": status, "reason": reason, "metrics": metrics, "info": info,
-            "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb}
+            "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb,
+            **({"samples": samples} if status == "ok" and samples else {})}
 
 
 def lost_outcome(error: Exception, attempts: int) -> dict:

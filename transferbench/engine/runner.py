@@ -55,7 +55,8 @@ class RunSummary:
 
 def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, executor=None,
              show_progress: bool = True, device: str | None = None, data_dir: str | None = None, workers: int = 0,
-             micro_batch: int | None = None, retries: int = 1, check_data: bool = True) -> RunSummary:
+             micro_batch: int | None = None, retries: int = 1, check_data: bool = True,
+             log_samples: bool = False) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
     An adapter with a `check_data(task, ctx)` method checks its data first (a UserError stops the run
@@ -76,7 +77,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     store.remove_stale_temps()
     results = Results(store)
     executor = executor or InlineExecutor()
-    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch)
+    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples)
     if check_data and hasattr(adapter, "check_data"):
         adapter.check_data(task, ctx)
     if task.hparams.get("pixels") == "auto":
@@ -249,6 +250,8 @@ def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) 
               "environment": outcome["environment"], "argv": sys.argv[1:]}
     if outcome.get("traceback"):
         record["traceback"] = outcome["traceback"]
+    if outcome.get("samples"):  # written first: a record that names its samples always has them beside it
+        record["samples"] = store.write_samples(record, outcome["samples"])
     store.write(record)
     return status
 

@@ -267,12 +267,20 @@ def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int =
              pixels: str = DEFAULT_PIXELS) -> float:
     """Top-1 accuracy in percent. `transform=None`: the dataset's `array()` holds images at the model's input
     size, which are only normalised (`pixels`; batched, no per-image transform)."""
+    return 100.0 * float(hits(model, dataset, transform, device, bf16, batch=batch, workers=workers,
+                              pixels=pixels).mean())
+
+
+def hits(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0,
+         pixels: str = DEFAULT_PIXELS) -> np.ndarray:
+    """Per example of `dataset`, in its order: whether the top-1 prediction is right (what `accuracy` averages,
+    and what --log-samples keeps for per-example paired tests)."""
     if transform is None:
         batches = array_batches(dataset.array(), dataset.labels, batch=batch, pixels=pixels)
     else:
         batches = eval_batches(dataset, transform, batch=batch, workers=workers)
     pred, label = predict(model, batches, device, bf16)
-    return 100.0 * float((pred == label).mean())
+    return pred == label
 
 
 def _targets(y: torch.Tensor, classes: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ import numpy as np
 from ..hashing import canon
 
 from .stats import Estimate, mean_ci
+from .store import read_samples
 
 
 def _value(rec: dict, split: str):
@@ -55,6 +56,7 @@ class Entry:
     counts: dict = field(default_factory=dict)  # status -> number of cells
     note: str = ""
     pixels: str = ""  # the input normalisation its cells used (hyper-parameter `pixels`; '' in older records)
+    samples: dict = field(default_factory=dict)  # seed -> per-example test correctness, where records logged it
 
 
 def value_order(value) -> tuple:
@@ -114,14 +116,18 @@ def aggregate(records: list[dict]) -> list[Entry]:
                 settings = {canon({k: r["hparams"][k] for k in select}) for r in grp}
                 chosen = json.loads(settings.pop()) if len(settings) == 1 else None
                 note = "" if chosen is not None else f"no validation metric to select {', '.join(select)}"
-            per_seed = {}
+            per_seed, samples = {}, {}
             if chosen is not None:
                 finals = [r for r in grp if all(r["hparams"][k] == v for k, v in chosen.items())
                           and _value(r, "test") is not None]
                 for r in sorted(finals, key=lambda r: r.get("finished_at", "")):
                     per_seed[int(r["seed"])] = float(_value(r, "test"))  # the latest record of a seed wins
+                    if r.get("samples"):
+                        got = read_samples(r, "test")
+                        if got is not None:
+                            samples[int(r["seed"])] = got
             entries.append(Entry(task, first["protocol_version"], dataset, column, first.get("group"), first["order"],
                                  axis_values, backbone, first["metric"], first["mode"], chosen or {}, per_seed,
                                  mean_ci(list(per_seed.values())) if per_seed else None, counts, note,
-                                 str(first["hparams"].get("pixels", ""))))
+                                 str(first["hparams"].get("pixels", "")), samples))
     return entries

@@ -57,6 +57,21 @@ class RecordStore:
         self._finished.pop(p, None)
         return p
 
+    def write_samples(self, record: dict, samples: dict) -> dict:
+        """Per-example results of a cell ({split: array}) as `<key>.samples.npz` beside its record, compressed
+        and written atomically; returns what the record says of them (file, splits, lengths, sha256)."""
+        import hashlib
+
+        import numpy as np
+        p = self._path(record["task"], record["dataset"], record["key"]).with_suffix(".samples.npz")
+        arrays = {split: np.asarray(a) for split, a in samples.items()}
+        with atomic_path(p) as tmp, open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        return {"file": p.name, "splits": {k: int(a.size) for k, a in arrays.items()},
+                "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+
     def lock(self, cell) -> FileLock:
         """An OS lock per cell (released by the kernel if its holder is killed): two runs into one
         folder never compute or write the same cell at once."""
@@ -73,6 +88,27 @@ class RecordStore:
                 p.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def read_samples(record: dict, split: str = "test"):
+    """The per-example results of `split` that a record loaded by `load_records` logged, or None (none logged,
+    the file missing or not the one the record names: a damaged file is never trusted)."""
+    import hashlib
+
+    import numpy as np
+    meta = record.get("samples")
+    if not meta or "_file" not in record or split not in meta.get("splits", {}):
+        return None
+    p = Path(record["_file"]).with_name(meta["file"])
+    try:
+        data = p.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        return None
+    import io
+    with np.load(io.BytesIO(data)) as z:
+        return z[split] if split in z.files else None
 
 
 def _alive(pid: int) -> bool:
@@ -100,8 +136,9 @@ def load_records(dirs: Iterable) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise UserError(f"{p} is not a valid record ({e}); delete it and rerun to recompute that cell") from None
             if isinstance(rec, dict) and "key" in rec and "status" in rec:
+                rec["_file"] = str(p)  # where it was read (its samples lie beside it); never written back
                 out.append(rec)
     return out
 
 
-__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records"]
+__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records", "read_samples"]

@@ -168,6 +168,7 @@ class LitAdapter(Adapter):
         model = model.to(ctx.device).eval()
         started = time.time()
         with torch.inference_mode():
+            samples = {}  # per-example zero-shot hits (--log-samples); retrieval keeps none
             if ds["retrieval"]:
                 tok = tokenizer(hp["context_length"])
                 img = model.encode_image(torch.from_numpy(px[-heldout:]).to(ctx.device), normalize=True)
@@ -196,11 +197,13 @@ class LitAdapter(Adapter):
                 weights = zero_shot_classifier(model, tokenizer(hp["context_length"]), names, templates,
                                                device=ctx.device, progress=ctx.progress)
                 img = model.encode_image(torch.from_numpy(x).to(ctx.device), normalize=True).float().cpu()
-                acc = topk_accuracy(img @ weights, y)
+                logits = img @ weights
+                acc = topk_accuracy(logits, y)
                 test = {"accuracy": 100 * acc[1], **({"top5": 100 * acc[5]} if 5 in acc else {})}
+                samples = {"test": (logits.argmax(1) == torch.as_tensor(np.asarray(y))).numpy()}
                 extra = {"eval_examples": int(len(y)), "classes": len(names), "templates": len(templates),
                          "feature_cache_hit_eval": zs_hit}
-        return {"test": test,
+        return {"test": test, "samples": samples,
                 "info": {**train_info, **extra, "feature_cache_hit_pairs": pairs_hit,
                          "bf16": use_bf16, "bf16_choice": choice.info,
                          "pairs_train": int(len(captions) - heldout), "pairs_heldout": heldout,

@@ -14,7 +14,8 @@ from transferbench.engine.runner import run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.regress import compare
-from transferbench.reporting.tables import build_tables, default_reference, render, report_kinds, report_tables
+from transferbench.reporting.tables import (build_tables, render, report_kinds, report_tables, sanity_references,
+                                           stem_references)
 
 from toyplugin import toy_accuracy
 
@@ -79,7 +80,7 @@ def test_one_table_per_axis_setting_headline_first_with_means(toy_runs):
     md = render(tables)
     assert md.index("### toyshots — shots=5") < md.index("### toyshots — shots=1")
     assert md.count("Paired difference vs mu4") == 2
-    wide = json.loads(render(build_tables(aggregate(load_records([toy_runs])), split_axes=False), "json"))
+    wide = json.loads(render(build_tables(aggregate(load_records([toy_runs])), split_axes=False), "json"))["rows"]
     assert {r["column"] for r in wide if r["task"] == "toyshots"} == {
         "alpha (shots=1)", "alpha (shots=5)", "beta (shots=1)", "beta (shots=5)"}
 
@@ -99,7 +100,7 @@ def test_single_seed_shows_no_interval(tmp_path):
 
 
 def test_csv_and_json(toy_runs):
-    rows = json.loads(render([table(toy_runs)], "json"))
+    rows = json.loads(render([table(toy_runs)], "json"))["rows"]
     dpn_alpha = next(r for r in rows if r["backbone"] == "mu4_dpn" and r["column"] == "alpha")
     assert dpn_alpha["n"] == 3 and dpn_alpha["better"] and dpn_alpha["delta"] == pytest.approx(2.0)
     parsed = list(csv.DictReader(io.StringIO(render([table(toy_runs)], "csv"))))
@@ -118,15 +119,25 @@ def test_leaderboard(toy_runs, tmp_path):
     out = tmp_path / "results" / "LEADERBOARD.md"
     assert main(["leaderboard", str(toy_runs), "-o", str(out)]) == 0
     text = out.read_text()
-    assert "## toy" in text and "## toyshots" in text and "Protocol v1" in text and "git" in text
-    assert "![Δ vs mu4](LEADERBOARD_toy.png)" in text  # mu4 is the plain backbone the others modify
+    assert "## toy" in text and "## toyshots" in text and "Task `toy`, protocol v1" in text and "git" in text
+    assert "![Δ vs each row's reference](LEADERBOARD_toy.png)" in text  # mu4 is the plain backbone the others modify
     # an axis task: one table per setting, headline first, and the wide form folded away
     assert text.index("shots=5: accuracy") < text.index("shots=1: accuracy") < text.index("<details>")
-    assert "| alpha (shots=1)" in text.split("<details>")[1] and "![Δ vs mu4 at shots=5]" in text
+    assert "| alpha (shots=1)" in text.split("<details>")[1] and "![Δ vs each row's reference at shots=5]" in text
     png = out.parent / "LEADERBOARD_toy.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert default_reference(["mu4@x", "mu4_dpn@x", "mu4_dtn@x"]) == "mu4@x"
-    assert default_reference(["mu4", "s16", "mu4_dpn"]) is None
+    assert (out.parent / "LEADERBOARD_toy.svg").read_text().lstrip().startswith("<?xml")  # the vector twin
+
+
+def test_each_backbone_is_paired_with_the_plain_backbone_of_its_weights_source():
+    names = ["mu4", "mu4_dpn", "mu4_dtn", "mu4@embedded", "mu4_dpn@embedded", "mu4_dtn@embedded", "b16_dpn@a.npz",
+             "b16@b.npz", "b16_dpn_dtn_rep", "b16_rep", "s16_dpn"]
+    assert stem_references(names) == {"mu4_dpn": "mu4", "mu4_dtn": "mu4", "mu4_dpn@embedded": "mu4@embedded",
+                                      "mu4_dtn@embedded": "mu4@embedded", "b16_dpn_dtn_rep": "b16_rep"}
+    # a file of its own has no partner of the same source: the user names one, and then it is everyone's
+    assert stem_references(names, "b16@b.npz")["b16_dpn@a.npz"] == "b16@b.npz"
+    assert sanity_references(names) == {"mu4@embedded": "mu4", "mu4_dpn@embedded": "mu4_dpn",
+                                        "mu4_dtn@embedded": "mu4_dtn"}
 
 
 def test_a_plugin_brings_its_own_report(tmp_path):

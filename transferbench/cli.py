@@ -50,6 +50,10 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
                                       "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per cell (default 0: "
                                                           "load in the main process; results do not depend on it)")
+    p.add_argument("--log-samples", action="store_true",
+                   help="keep each cell's per-example test results (VTAB-1k, LiT zero-shot) in a compressed file "
+                        "beside its record; reports then compare single-seed cells per example (McNemar's test, "
+                        "a bootstrap over examples). It changes no metric and no cell key")
     p.add_argument("--micro-batch", type=int, help="largest chunk of a batch run at once (gradient accumulation; "
                                                    "default: the whole batch, halved automatically on out-of-memory)")
     g = p.add_argument_group(
@@ -153,21 +157,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
                          description="One table per task: rows are backbones, columns datasets and group means, "
-                                     "cells mean ± 95% CI over seeds; with --reference, paired differences and "
-                                     "significant improvements in bold.",
-                         epilog="examples:\n  transferbench report runs/vtab --reference b32\n"
-                                "  transferbench report runs/ --format csv -o table.csv")
+                                     "cells mean ± 95% CI over seeds. Each backbone is paired with the plain "
+                                     "backbone of the same weights source (mu4_dpn@embedded with mu4@embedded, "
+                                     "random-init mu4_dpn with mu4), or with --reference: paired differences, "
+                                     "significantly better cells in bold, worse in italic, and for the rest the "
+                                     "minimum detectable effect (MDE) of the seeds.",
+                         epilog="examples:\n  transferbench report runs/ --overview\n"
+                                "  transferbench report runs/vtab --reference b32\n"
+                                "  transferbench report runs/ --format csv -o table.csv\n"
+                                "  transferbench report runs/fewshot --format long -o seeds.csv   # a row per seed\n"
+                                "  transferbench report runs/vtab --format latex -o vtab.tex      # booktabs")
     rep.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
-    rep.add_argument("--reference", "-r", help="backbone for paired differences and bolding")
-    rep.add_argument("--format", "-f", default="md", choices=["md", "csv", "json"])
+    rep.add_argument("--reference", "-r", help="compare every backbone with this one (default: the plain backbone "
+                                               "of the same weights source)")
+    rep.add_argument("--format", "-f", default="md", choices=["md", "csv", "json", "long", "latex"],
+                     help="md: markdown tables; csv: a row per cell; long: csv with a row per seed and the selected "
+                          "learning rate (or other `select` value); json: a header (tasks, protocols, references, "
+                          "date, git sha, versions) and the rows; latex: booktabs tables")
+    rep.add_argument("--overview", action="store_true",
+                     help="print the overview instead: every task's headline per backbone against its reference, "
+                          "then wins / ties / losses (markdown)")
+    rep.add_argument("--holm", action="store_true",
+                     help="--overview: judge wins / losses with Holm–Bonferroni over each backbone's comparisons")
     rep.add_argument("--task", "-t", type=_csv, help="only these tasks")
     rep.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
 
-    lb = sub.add_parser("leaderboard", help="write the markdown leaderboard and Δ plots", formatter_class=fmt,
+    lb = sub.add_parser("leaderboard", help="write the markdown leaderboard and its figures", formatter_class=fmt,
+                        description="A table of contents, the overview (every task's headline per backbone against "
+                                    "its reference; wins / ties / losses), then the tasks in the DPN paper's order "
+                                    "with their tables, sanity tables (each checkpoint against random init of its "
+                                    "own architecture) and figures (PNG and SVG beside the markdown).",
                         epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md")
     lb.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     lb.add_argument("--output", "-o", type=Path, default=Path("results/LEADERBOARD.md"))
-    lb.add_argument("--reference", "-r", help="reference backbone (default: the plain one the others modify)")
+    lb.add_argument("--reference", "-r", help="compare every backbone with this one (default: the plain backbone of "
+                                              "the same weights source)")
+    lb.add_argument("--holm", action="store_true",
+                    help="judge the overview's wins / losses with Holm–Bonferroni over each backbone's comparisons")
 
     rg = sub.add_parser(
         "regress", help="compare two records folders; exit 1 on regression", formatter_class=fmt,
@@ -331,7 +357,8 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
     try:
         summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
                            workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
-                           executor=executor, retries=args.retries, check_data=False)
+                           executor=executor, retries=args.retries, check_data=False,
+                           log_samples=getattr(args, "log_samples", False))
     except UserError:
         _remove_empty(made)
         raise
@@ -362,19 +389,31 @@ def cmd_data(args) -> int:
 
 def cmd_report(args) -> int:
     from .records.store import load_records
-    from .reporting.tables import render, report_tables
+    from .reporting.tables import render, report_header, report_tables
 
     records = load_records(args.dirs)
     if args.task:
         records = [r for r in records if r["task"] in args.task]
     if not records:
         raise UserError(f"no records under {', '.join(map(str, args.dirs))} (run `transferbench run` first)")
+    if args.reference and args.reference not in {r["backbone"] for r in records}:
+        from .errors import close_matches
+        names = sorted({r["backbone"] for r in records})
+        raise UserError(f"--reference {args.reference!r} has no records{close_matches(args.reference, names)}; "
+                        f"backbones: {', '.join(names)}")
     failed = sum(r["status"] == "failed" for r in records)
     if failed:
         print(f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "
               "`transferbench run` retries them)", file=sys.stderr)
-    # md: one table per report-axis setting (few-shot shots), headline first; csv/json: the wide form
-    text = render(report_tables(records, reference=args.reference, split_axes=args.format == "md"), args.format)
+    if args.overview:
+        if args.format != "md":
+            raise UserError("--overview prints markdown; drop --format or drop --overview")
+        from .reporting.leaderboard import overview
+        text = "\n".join(overview(records, args.reference, correct=args.holm))
+    else:
+        # md, latex: one table per report-axis setting (few-shot shots), headline first; the rest: the wide form
+        tables = report_tables(records, reference=args.reference, split_axes=args.format in ("md", "latex"))
+        text = render(tables, args.format, header=report_header(records, tables))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
@@ -388,7 +427,8 @@ def cmd_leaderboard(args) -> int:
     from .engine.runner import environment
     from .reporting.leaderboard import write_leaderboard
 
-    out = write_leaderboard(args.dirs, args.output, reference=args.reference, git_sha=environment()["git_sha"])
+    out = write_leaderboard(args.dirs, args.output, reference=args.reference, git_sha=environment()["git_sha"],
+                            correct=args.holm)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

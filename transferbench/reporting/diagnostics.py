@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as _scipy
 
-from .figures import finish, pyplot
+from .figures import colour, finish, pyplot
 from ..records.stats import Estimate, pool
 from .tables import Cellv, Report, TaskTable, to_markdown
 
@@ -183,9 +183,7 @@ def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
 # --- figures ----------------------------------------------------------------------------------------------
 
 def _colours(backbones) -> dict:
-    plt = pyplot()
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {b: cycle[i % len(cycle)] for i, b in enumerate(sorted(backbones))}
+    return {b: colour(b) for b in sorted(backbones)}
 
 
 def plot_depth(t: dict, title: str, path: Path) -> Path | None:

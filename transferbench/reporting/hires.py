@@ -1,14 +1,13 @@
 """High-res fine-tune tables: per dataset the accuracy at the base resolution, at the high one and their paired
 gain (high − base over the seeds both have, mean ± 95% t-interval), then the means over datasets (bootstrap over
-seeds within each dataset); with a reference backbone, paired differences vs it per column.
+seeds within each dataset); paired differences vs each row's reference (tables.stem_references) per column.
 One table per (task, base → high resolution)."""
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ..errors import UserError, close_matches
-from ..records.stats import bootstrap_suite_mean, mean_ci, paired_difference, paired_suite_difference
-from .tables import Cellv, Report, TaskTable, _judge, seed_counts
+from ..records.stats import bootstrap_suite_mean, mean_ci
+from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references
 
 REPORT = "hires"
 PARTS = ("base", "high", "gain")
@@ -43,38 +42,30 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
     out = []
     for (task, base, high), t in sorted(collect(records).items()):
         backbones = sorted(t["rows"])
-        if reference is not None and reference not in backbones:
-            raise UserError(f"--reference {reference!r} has no results for task {task!r}"
-                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+        check_reference(reference, backbones, f"task {task!r}")
         datasets = sorted(t["order"], key=lambda d: (t["order"][d], d))
         columns = [f"{d} {p}" for d in datasets for p in PARTS]
         means = [f"mean {p}" for p in PARTS] if len(datasets) > 1 else []
         table = TaskTable(task, sorted(t["versions"]), "accuracy, %", "max", columns + means, means,
-                          reference=reference, setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
-                          pixels=dict(t["pixels"]))
-        ref = t["rows"].get(reference) if reference else None
-        for b in ([reference] if reference else []) + [x for x in backbones if x != reference]:
+                          setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
+                          pixels=dict(t["pixels"]),
+                          members={f"mean {p}": [f"{d} {p}" for d in datasets] for p in PARTS} if means else {},
+                          tally=[f"{d} {p}" for d in datasets for p in ("base", "high")])  # gain: not a measurement
+        for b in backbones:
             row, mine = {}, t["rows"][b]
             for d in datasets:
                 for p in PARTS:
                     vals = mine.get(d, {}).get(p)
-                    if not vals:
-                        continue
-                    delta = paired_difference(vals, ref[d][p]) if ref is not None and b != reference and \
-                        ref.get(d, {}).get(p) else None
-                    row[f"{d} {p}"] = Cellv(mean_ci(list(vals.values())), delta, *_judge(delta, "max"))
+                    if vals:
+                        row[f"{d} {p}"] = Cellv(mean_ci(list(vals.values())), seeds=dict(vals))
             for p, col in zip(PARTS, means):
                 if not all(mine.get(d, {}).get(p) for d in datasets):
                     continue  # a backbone missing a dataset has no comparable mean
-                per = {d: mine[d][p] for d in datasets}
-                delta = None
-                if ref is not None and b != reference and all(ref.get(d, {}).get(p) for d in datasets):
-                    delta = paired_suite_difference(per, {d: ref[d][p] for d in datasets})
-                row[col] = Cellv(bootstrap_suite_mean({d: list(v.values()) for d, v in per.items()}), delta,
-                                 *_judge(delta, "max"))
+                per = {f"{d} {p}": dict(mine[d][p]) for d in datasets}
+                row[col] = Cellv(bootstrap_suite_mean({d: list(v.values()) for d, v in per.items()}), seeds=per)
             table.rows[b] = row
             table.seeds[b] = seed_counts(v.estimate.n for v in row.values() if v.estimate)
-        out.append(table)
+        out.append(pair(table, stem_references(backbones, reference)))
     return out
 
 

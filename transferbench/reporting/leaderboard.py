@@ -1,61 +1,117 @@
-"""The markdown leaderboard (per task: table, paired differences, protocol version, date, git sha) and
-PNG plots of each backbone's difference from the reference with 95% error bars."""
+"""The markdown leaderboard: a table of contents, the overview (every task's headline per backbone against its
+reference, then wins / ties / losses), then the tasks in the paper's order (VTAB-1k, few-shot, LiT, ADE20K,
+ImageNet-C, high-res; diagnostics last), each with its tables (protocol version, date, git sha), the sanity
+table (each checkpoint against random init of its own architecture) and its figures (PNG and SVG)."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..records.aggregate import aggregate
 from ..records.store import load_records
-from .figures import plot_deltas
-from .tables import build_tables, default_reference, report_kinds, to_markdown
+from .figures import plot_absolute, plot_deltas, use_colours
+from .overview import overview_markdown, task_order
+from .tables import build_tables, report_kinds, sanity_table, stem_references, to_markdown
+
+TITLES = {"vtab": "VTAB-1k", "fewshot": "Few-shot linear probes", "lit": "LiT zero-shot", "ade20k": "ADE20K",
+          "imagenet_c": "ImageNet-C", "hires": "High-res fine-tuning", "diagnose": "Diagnostics"}
 
 
-def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None) -> Path:
-    records = load_records(dirs)
+def anchor(title: str) -> str:
+    """GitHub's heading anchor."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def task_tables(records: list[dict], reference: str | None = None) -> dict[str, tuple[list, object]]:
+    """task -> (its tables, its report kind or None), in the paper's order."""
     kinds = report_kinds()
     kind_of = {r["task"]: r.get("report") or "" for r in records}
     kind_of = {t: k if k in kinds else "" for t, k in kind_of.items()}
     entries = aggregate([r for r in records if not kind_of[r["task"]]])
+    out = {}
+    for task in task_order(kind_of):
+        recs = [r for r in records if r["task"] == task]
+        report = kinds.get(kind_of[task])
+        backbones = {r["backbone"] for r in recs}
+        ref = reference if reference in backbones else None
+        if report is not None:  # a report of the task's own (robustness, high-res, diagnostics, a plugin's)
+            tables = report.tables([r for r in recs if (r.get("report") or "") == kind_of[task]],
+                                   ref if report.uses_reference else None)
+        else:
+            tables = build_tables([e for e in entries if e.task == task], reference=ref)  # headline setting first
+        if tables:
+            out[task] = (tables, report)
+    return out
+
+
+def overview(records: list[dict], reference: str | None = None, correct: bool = False) -> list[str]:
+    """The overview's markdown lines (also `transferbench report --overview`)."""
+    per_task = task_tables(records, reference)
+    tables = [t for ts, report in per_task.values() if report is None or report.uses_reference for t in ts]
+    backbones = {task: {r["backbone"] for r in records if r["task"] == task} for task in per_task}
+    return overview_markdown(tables, lambda task: stem_references(
+        backbones.get(task, ()), reference if reference in backbones.get(task, ()) else None), correct)
+
+
+def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None,
+                      correct: bool = False) -> Path:
+    records = load_records(dirs)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    use_colours({r["backbone"] for r in records})  # one colour per backbone in every figure below
+    per_task = task_tables(records, reference)
+    titles = {task: TITLES.get(task, task) for task in per_task}
     lines = ["# transferbench leaderboard", "",
              f"Generated {now}" + (f" at git {git_sha[:12]}" if git_sha else "") +
-             f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", ""]
-    for task in sorted(kind_of):
+             f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", "",
+             "- [Overview](#overview)", *(f"- [{titles[t]}](#{anchor(titles[t])})" for t in per_task), "",
+             "## Overview", "",
+             "The stem question: each backbone against the plain backbone of the same weights source "
+             "(`mu4_dpn@embedded` against `mu4@embedded`, random-init `mu4_dpn` against random-init `mu4`"
+             + (f"; here every backbone against `{reference}`, as asked" if reference else "") +
+             "). Each task's section below also asks the sanity question: each checkpoint against random init of "
+             "its own architecture.", ""]
+    lines += overview(records, reference, correct)
+    for task, (tables, report) in per_task.items():
         recs = [r for r in records if r["task"] == task]
-        kind = kind_of[task]
-        report = kinds.get(kind)
-        if report is not None:  # a report of the task's own (robustness, high-res, diagnostics, a plugin's)
-            backbones = sorted({r["backbone"] for r in recs})
-            ref = reference if reference in backbones else default_reference(backbones)
-            tables = report.tables([r for r in recs if (r.get("report") or "") == kind],
-                                   ref if report.uses_reference else None)
-        else:
-            ents = [e for e in entries if e.task == task]
-            backbones = sorted({e.backbone for e in ents})
-            ref = reference if reference in backbones else default_reference(backbones)
-            tables = build_tables(ents, reference=ref)  # one per report-axis setting, headline first
-        if not tables:
-            continue
         t = tables[0]
         shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
         devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
-        lines += [f"## {t.task}", "",
-                  f"Protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
+        lines += [f"## {titles[task]}", "",
+                  f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
                   f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
                   f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", ""]
         if report is not None and report.section is not None:
             lines += report.section(recs, tables, task, out)
             continue
         lines += [to_markdown(x, title=False) for x in tables]
+        if report is None or report.uses_reference:
+            sanity = sanity_table(t)
+            if sanity is not None:
+                lines += [f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
+                          "", *_sanity_lines(sanity), ""]
         if len(tables) > 1 and report is None:  # the wide form: every dataset and setting in one table
-            (wide,) = build_tables(ents, reference=ref, split_axes=False)
+            ents = [e for e in aggregate([r for r in recs if not r.get("report")]) if e.task == task]
+            (wide,) = build_tables(ents, reference=reference if reference in {e.backbone for e in ents} else None,
+                                   split_axes=False)
             lines += ["<details><summary>Every setting in one table</summary>", "", to_markdown(wide, title=False),
                       "</details>", ""]
-        png = plot_deltas(t, out.parent / f"{out.stem}_{t.task}.png")
+            figure = plot_absolute(tables, out.parent / f"{out.stem}_{task}_curve.png")
+            if figure:
+                lines += [f"![{t.metric} per setting, every backbone]({figure.name})", ""]
+        png = plot_deltas(t, out.parent / f"{out.stem}_{task}.png")
         if png:
-            lines += [f"![Δ vs {t.reference}{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
+            lines += [f"![Δ vs each row's reference{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
     out.write_text("\n".join(lines))
     return out
+
+
+def _sanity_lines(s) -> list[str]:
+    """The sanity table: only the differences (the values are in the table above)."""
+    from .tables import delta_markdown
+    return delta_markdown(s)
+
+
+__all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]

@@ -8,21 +8,21 @@ seeds, paired differences vs a reference) and the error-vs-severity figure.
     relative mCE  = mean over the corruptions of relative CE_c
 
 E_base is AlexNet's published error on ImageNet; on any other dataset, where AlexNet's does not exist,
-the `--reference` backbone's mean error over its seeds (so the reference scores 100 and the others are
+the row's reference backbone's mean error over its seeds (so the reference scores 100 and the others are
 measured in its units). Pure functions over numbers; no torch.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, FAMILIES  # noqa: F401 (public names)
-from ..errors import UserError, close_matches
-from ..records.stats import mean_ci, paired_difference
+from ..records.stats import mean_ci
 from .figures import plot_deltas
-from .tables import Cellv, Report, TaskTable, _judge, default_reference, seed_counts, to_markdown
+from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references, to_markdown
 
 SHORT = dict(zip(CORRUPTIONS, ("gauss", "shot", "impulse", "defocus", "glass", "motion", "zoom", "snow", "frost",
                                "fog", "bright", "contrast", "elastic", "pixel", "jpeg")))
@@ -125,44 +125,53 @@ def baseline_for(kind: str, ref: dict | None) -> tuple[dict | None, float | None
 
 
 def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]:
-    """One table per (task, dataset): rows backbones (the reference first), columns clean error, the 15
-    corruptions, mCE and relative mCE; lower is better, bold = significantly lower than the reference."""
+    """Per (task, dataset): rows backbones, columns clean error, the 15 corruptions, mCE and relative mCE; lower is
+    better. Each row is paired with its reference (tables.stem_references). Where CE is normalised by a reference
+    backbone (every dataset but ImageNet), each reference gets a table of its own, in its own units (it scores
+    100), holding the rows compared with it; backbones with no reference share one table of mean errors."""
     out = []
     for (task, dataset), (by_backbone, meta) in sorted(_collect(records).items(), key=lambda kv: (kv[0][0], kv[1][1]["order"], kv[0][1])):
         backbones = sorted(by_backbone)
-        if reference is not None and reference not in backbones:
-            raise UserError(f"--reference {reference!r} has no results for task {task!r} dataset {dataset!r}"
-                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
-        ref_name, chosen = reference, ""
-        if ref_name is None and meta["baseline"] == "reference":
-            ref_name = default_reference(backbones)  # the plain backbone the others modify, if there is one
-            chosen = ", the plain backbone; choose another with --reference" if ref_name else ""
-        base, base_clean, words = baseline_for(meta["baseline"], by_backbone.get(ref_name) if ref_name else None)
-        if words is None:
-            words = f"CE normalised by {ref_name}'s mean errors (100 = {ref_name}{chosen})"
-        per = {b: _per_seed(d, base, base_clean) for b, d in by_backbone.items()}
-        present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
-        groups = [c for c in (MCE, REL_MCE) if c in present]
-        t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
-                      reference=ref_name, setting=f"{dataset}; {words}", pixels=dict(meta.get("pixels", {})))
-        for b in ([ref_name] if ref_name else []) + [x for x in backbones if x != ref_name]:
-            row = {}
-            for col in present:
-                vals = per[b].get(col)
-                if not vals or not all(np.isfinite(list(vals.values()))):
-                    continue
-                delta = paired_difference(vals, per[ref_name][col]) if ref_name and b != ref_name and \
-                    per[ref_name].get(col) else None
-                row[col] = Cellv(mean_ci(list(vals.values())), delta, *_judge(delta, t.mode))  # mode min: lower wins
-            t.rows[b] = row
-            t.seeds[b] = seed_counts(v.estimate.n for v in row.values())
-        missing = [b for b in backbones if MCE not in t.rows[b] and base]
-        if missing:
-            t.notes.append(f"no mCE for {', '.join(missing)}: not every one of the 15 corruptions has a result")
+        check_reference(reference, backbones, f"task {task!r} dataset {dataset!r}")
+        refs = stem_references(backbones, reference)
         if meta["baseline"] == "alexnet":
-            t.notes.append(f"AlexNet clean error {100 * ALEXNET_CLEAN_ERROR:.2f}% (relative mCE)")
-        out.append(t)
+            parts = [(None, backbones)]
+        else:
+            parts = [(r, [r] + [b for b in backbones if refs.get(b) == r]) for r in sorted(set(refs.values()))]
+            rest = [b for b in backbones if b not in refs and b not in refs.values()]
+            parts += [(None, rest)] if rest else []
+        for ref_name, members in parts:
+            chosen = "; choose another with --reference" if ref_name and reference is None else ""
+            base, base_clean, words = baseline_for(meta["baseline"], by_backbone.get(ref_name) if ref_name else None)
+            if words is None:
+                words = f"CE normalised by {ref_name}'s mean errors (100 = {ref_name}{chosen})"
+            out.append(_dataset_table(task, dataset, meta, {b: by_backbone[b] for b in members}, base, base_clean,
+                                      words, {b: r for b, r in refs.items() if b in members and r in members}))
     return out
+
+
+def _dataset_table(task, dataset, meta, by_backbone, base, base_clean, words, refs) -> TaskTable:
+    per = {b: _per_seed(d, base, base_clean) for b, d in by_backbone.items()}
+    present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
+    groups = [c for c in (MCE, REL_MCE) if c in present]
+    t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
+                  setting=f"{dataset}; {words}", pixels={b: v for b, v in meta.get("pixels", {}).items()
+                                                          if b in by_backbone},
+                  tally=[c for c in present if c not in groups])
+    for b in sorted(by_backbone):
+        row = {}
+        for col in present:
+            vals = per[b].get(col)
+            if vals and all(np.isfinite(list(vals.values()))):
+                row[col] = Cellv(mean_ci(list(vals.values())), seeds=dict(vals))
+        t.rows[b] = row
+        t.seeds[b] = seed_counts(v.estimate.n for v in row.values())
+    missing = [b for b in by_backbone if MCE not in t.rows[b] and base]
+    if missing:
+        t.notes.append(f"no mCE for {', '.join(missing)}: not every one of the 15 corruptions has a result")
+    if meta["baseline"] == "alexnet":
+        t.notes.append(f"AlexNet clean error {100 * ALEXNET_CLEAN_ERROR:.2f}% (relative mCE)")
+    return pair(t, refs)
 
 
 def severity_curves(records: list[dict], task: str, dataset: str) -> dict:
@@ -190,7 +199,7 @@ def severity_curves(records: list[dict], task: str, dataset: str) -> dict:
 
 def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
     """Top-1 error vs severity (0 = clean) per corruption family, one line per backbone, 95% error bars."""
-    from .figures import finish, pyplot
+    from .figures import colour, finish, pyplot
 
     plt = pyplot()
     curves = severity_curves(records, task, dataset)
@@ -203,7 +212,7 @@ def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
                 continue
             ys, errs = zip(*fams[fam])
             ax.errorbar(np.arange(6) + (i - (len(curves) - 1) / 2) * 0.06, ys, yerr=errs, marker="o", ms=3,
-                        capsize=2, label=b)
+                        capsize=2, color=colour(b), label=b)
         ax.set_title(f"{fam} ({', '.join(SHORT[c] for c in FAMILIES[fam])})", fontsize=8)
         ax.set_xticks(range(6))
         ax.set_xticklabels(["clean", "1", "2", "3", "4", "5"])
@@ -217,13 +226,17 @@ def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
 def leaderboard_section(records: list[dict], tables_: list, task: str, out) -> list[str]:
     """Per dataset: its table, the error-vs-severity figure and the Δ figure."""
     lines = []
-    for x in tables_:
-        dataset = x.setting.split(";")[0]
-        lines += [f"### {dataset}", "", to_markdown(x, title=False)]
-        png = plot_severity(records, task, dataset, out.parent / f"{out.stem}_{task}_{dataset}.png")
+    datasets = [x.setting.split(";")[0] for x in tables_]
+    for x, dataset in zip(tables_, datasets):
+        slug = dataset if datasets.count(dataset) == 1 else \
+            f"{dataset}_{re.sub(r'[^A-Za-z0-9]+', '_', x.reference or 'unpaired')}"  # a table per reference
+        lines += [f"### {dataset}" + (f" (against {x.reference})" if slug != dataset and x.reference else ""), "",
+                  to_markdown(x, title=False)]
+        png = plot_severity([r for r in records if r["backbone"] in x.rows], task, dataset,
+                            out.parent / f"{out.stem}_{task}_{slug}.png")
         if png:
             lines += [f"![error vs severity, {dataset}]({png.name})", ""]
-        png = plot_deltas(x, out.parent / f"{out.stem}_{task}_{dataset}_delta.png")
+        png = plot_deltas(x, out.parent / f"{out.stem}_{task}_{slug}_delta.png", own_axis=(REL_MCE,))
         if png:
             lines += [f"![Δ vs {x.reference}, {dataset}]({png.name})", ""]
     return lines

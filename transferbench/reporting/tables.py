@@ -1,11 +1,17 @@
 """Tables: one per task, a row per backbone, a column per dataset (+ group means), `mean ± ci`.
 
-With a reference backbone, a cell is bold when its paired per-seed difference from the reference is a
-significant improvement (95% interval excludes 0 on the better side) — the DPN paper's Table 3 rule —
-and a second table gives the differences themselves.
+Two comparisons, never mixed in one table:
+- the stem question (`stem_references`): each backbone beside the plain backbone of the same weights source
+  (`mu4_dpn@embedded` with `mu4@embedded`, random-init `mu4_dtn` with random-init `mu4`), or the `--reference`
+  a user names. A cell is **bold** when its paired per-seed difference from its reference is significantly
+  better (95% interval excludes 0 on the better side, the DPN paper's Table 3 rule) and *italic* when it is
+  significantly worse; a second table gives the differences, each with its minimum detectable effect.
+- the sanity question (`sanity_references`): each checkpoint against random init of its own architecture
+  (`mu4_dpn@embedded` with `mu4_dpn`): does the probe see pretraining at all?
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -23,14 +29,20 @@ from ..records.aggregate import Entry, aggregate, value_order
 from ..records.stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
 
 ALL = "mean"  # the column averaging every dataset of a task
+BETTER, WORSE = "bold", "italic"  # how a significantly better / worse cell is marked (markdown **x** / *x*)
+MARKS_TEXT = ("bold: significantly better than the row's reference (paired 95% interval excludes 0); "
+              "italic: significantly worse")
 
 
 @dataclass
 class Cellv:
     estimate: Estimate | None
-    delta: Estimate | None = None
+    delta: Estimate | None = None  # the paired difference from the row's reference
     better: bool = False  # significantly better than the reference
     worse: bool = False
+    seeds: dict | None = None  # what pairs: {seed: value}, or for a suite mean {dataset column: {seed: value}}
+    selected: dict | None = None  # the `select` setting (learning rate, ...) the final cells of this column used
+    samples: dict | None = None  # {seed: per-example correctness} where the records logged them (--log-samples)
 
 
 @dataclass
@@ -43,13 +55,27 @@ class TaskTable:
     group_columns: list[str]
     rows: dict[str, dict[str, Cellv]] = field(default_factory=dict)  # backbone -> column -> value
     seeds: dict[str, str] = field(default_factory=dict)  # backbone -> "3" or "2-3"
-    reference: str | None = None
+    refs: dict[str, str] = field(default_factory=dict)  # backbone -> the backbone it is compared with
     notes: list[str] = field(default_factory=list)
     setting: str = ""  # the report-axis setting of a table split by axis ('shots=25'), else ''
     decimals: int = 1  # digits after the point in the markdown cells
     footnote: str | None = None  # what the cells are, when not the default (means over seeds)
     row_label: str = "backbone"  # what a row is (the DTN diagnostics table: a norm of one backbone)
     pixels: dict = field(default_factory=dict)  # backbone -> the input normalisation of its cells
+    members: dict = field(default_factory=dict)  # group column -> the dataset columns it averages
+    tally: list | None = None  # the columns a wins / ties / losses count reads (None: every non-group column)
+    question: str = "stem"  # stem: vs the plain backbone; sanity: vs random init of the same architecture
+    axes: dict = field(default_factory=dict)  # the report-axis values of a table split by axis ({'shots': 25})
+
+    @property
+    def reference(self) -> str | None:
+        """The one reference every compared row shares, if there is one."""
+        names = set(self.refs.values())
+        return names.pop() if len(names) == 1 else None
+
+    @property
+    def references(self) -> list[str]:
+        return sorted(set(self.refs.values()))
 
 
 def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
@@ -57,6 +83,95 @@ def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
         return False, False
     better = (delta.mean > 0) == (mode == "max")
     return better, not better
+
+
+def _split(name: str) -> tuple[str, str]:
+    arch, _, weights = name.partition("@")
+    return arch, weights
+
+
+def plain_of(arch: str) -> str:
+    """The architecture without its stem and DTN, following the names' grammar `{size}{patch}[_{stem}][_dtn][_rep]`
+    (`b16_dpn_dtn_rep` -> `b16_rep`): what a modification changes. Plugin names lose everything after their
+    first underscore alike. Text only: reports never import torch."""
+    rep = arch.endswith("_rep")
+    return arch.split("_")[0] + ("_rep" if rep and "_" in arch else "")
+
+
+def stem_references(backbones, reference: str | None = None) -> dict[str, str]:
+    """The stem question's pairs: backbone -> its reference. With `reference` every other backbone is compared with
+    it; else each with the plain backbone of the same weights source (`mu4_dpn@embedded` -> `mu4@embedded`,
+    random-init `mu4_dtn` -> `mu4`), where the records hold one. A backbone with weights of its own
+    (`b16_dpn@a.npz`) has no such partner: name one with --reference."""
+    names = set(backbones)
+    if reference is not None:
+        return {b: reference for b in sorted(names) if b != reference}
+    out = {}
+    for b in sorted(names):
+        arch, weights = _split(b)
+        partner = plain_of(arch) + (f"@{weights}" if weights else "")
+        if partner != b and partner in names and weights in ("", "embedded"):
+            out[b] = partner
+    return out
+
+
+def sanity_references(backbones) -> dict[str, str]:
+    """The sanity question's pairs: each checkpoint -> random init of its own architecture, where the records hold
+    one (`mu4_dpn@embedded` -> `mu4_dpn`)."""
+    names = set(backbones)
+    return {b: _split(b)[0] for b in sorted(names) if "@" in b and _split(b)[0] in names}
+
+
+def check_reference(reference: str | None, backbones, where: str) -> None:
+    if reference is not None and reference not in backbones:
+        backbones = sorted(backbones)
+        raise UserError(f"--reference {reference!r} has no results for {where}{close_matches(reference, backbones)}; "
+                        f"backbones: {', '.join(backbones)}")
+
+
+def pair(t: TaskTable, refs: dict[str, str], question: str = "stem") -> TaskTable:
+    """Fill each row's paired differences from its reference `refs[row]` (a row of the same table), judge them,
+    and order the rows: each reference, then the rows compared with it, then the rest."""
+    t.refs = {b: r for b, r in refs.items() if b in t.rows and r in t.rows and r != b}
+    t.question = question
+    for b, r in t.refs.items():
+        for col, v in t.rows[b].items():
+            rv = t.rows[r].get(col)
+            v.delta = _paired(v, rv) if rv is not None else None
+            v.better, v.worse = _judge(v.delta, t.mode)
+    order = []
+    for r in t.references:
+        order += [r] + [b for b in t.rows if t.refs.get(b) == r and b not in t.refs.values()]
+    order += [b for b in t.rows if b not in order]
+    t.rows = {b: t.rows[b] for b in dict.fromkeys(order)}
+    return t
+
+
+def _paired(v: Cellv, ref: Cellv) -> Estimate | None:
+    """The paired difference of two cells: over seeds, or for suite means the bootstrap of per-dataset paired
+    differences; per example (McNemar, bootstrap over examples) where the seeds give no interval and both sides
+    logged their samples."""
+    from ..records.stats import paired_bootstrap
+    if not v.seeds or not ref.seeds:
+        return None
+    suite = isinstance(next(iter(v.seeds.values())), dict)
+    d = paired_suite_difference(v.seeds, ref.seeds) if suite else paired_difference(v.seeds, ref.seeds)
+    if (d is None or d.ci is None) and v.samples and ref.samples:
+        shared = sorted(set(v.samples) & set(ref.samples))
+        if len(shared) == 1 and len(v.samples[shared[0]]) == len(ref.samples[shared[0]]):
+            return paired_bootstrap(v.samples[shared[0]], ref.samples[shared[0]])
+    return d
+
+
+def sanity_table(t: TaskTable) -> TaskTable | None:
+    """The sanity question on the rows of `t`: each checkpoint against random init of its own architecture; None
+    where no checkpoint has its random init beside it."""
+    refs = sanity_references(t.rows)
+    if not refs:
+        return None
+    s = copy.deepcopy(t)
+    s.rows = {b: s.rows[b] for b in dict.fromkeys([x for b, r in refs.items() for x in (r, b)])}
+    return pair(s, refs, question="sanity")
 
 
 def axis_settings(entries: list[Entry]) -> list[dict]:
@@ -72,32 +187,26 @@ def build_tables(entries: list[Entry], reference: str | None = None, split_axes:
     """One table per task and protocol version (the newest first: cells of two protocols never share a table);
     with `split_axes` a task with report axes (few-shot shots) gets one table per axis setting, headline first,
     each with its group means. Without, one wide table with a column per dataset and setting (csv/json, the
-    leaderboard's details)."""
+    leaderboard's details). Rows are paired by `stem_references(backbones, reference)`."""
     by_task = defaultdict(list)
     for e in entries:
         by_task[e.task].append(e)
     for task, ents in by_task.items():
-        backbones = sorted({e.backbone for e in ents})
-        if reference is not None and reference not in backbones:
-            raise UserError(f"--reference {reference!r} has no results for task {task!r}"
-                            f"{close_matches(reference, backbones)}; backbones: {', '.join(backbones)}")
+        check_reference(reference, {e.backbone for e in ents}, f"task {task!r}")
     by_protocol = defaultdict(list)
     for e in entries:
         by_protocol[(e.task, e.protocol_version)].append(e)
     tables = []
     for (task, _), ents in sorted(by_protocol.items(), key=lambda kv: (list(by_task).index(kv[0][0]),
                                                                        _newest_first(kv[0][1]))):
-        if reference is not None and reference not in {e.backbone for e in ents}:
-            reference_here = None  # the reference ran under another protocol version only
-        else:
-            reference_here = reference
+        refs = stem_references({e.backbone for e in ents}, reference)
         if split_axes and any(e.axes for e in ents):
             for setting in axis_settings(ents):
                 same = [e for e in ents if e.axes == setting]
                 title = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(setting.items()))
-                tables.append(_table(task, same, reference_here, setting=title))
+                tables.append(pair(_table(task, same, setting=title, axes=setting), refs))
         else:
-            tables.append(_table(task, ents, reference_here))
+            tables.append(pair(_table(task, ents), refs))
     return tables
 
 
@@ -108,9 +217,9 @@ def _newest_first(version: str) -> tuple:
         return (1, 0.0, version)
 
 
-def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "") -> TaskTable:
-    """The table of `ents`: a column per dataset (per dataset and axis setting when settings are mixed),
-    then group means; rows are backbones, the reference first."""
+def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = None) -> TaskTable:
+    """The values of `ents`: a column per dataset (per dataset and axis setting when settings are mixed), then
+    group means; rows are backbones (paired afterwards by `pair`)."""
     backbones = sorted({e.backbone for e in ents})
     wide = not setting and any(e.axes for e in ents)
     column = (lambda e: e.column) if wide else (lambda e: e.dataset)
@@ -123,42 +232,40 @@ def _table(task: str, ents: list[Entry], reference: str | None, setting: str = "
     members = defaultdict(list)
     for _, col, _, g in order:
         members[g].append(col)
+    singles = {g: cols for g, cols in members.items() if g and len(cols) == 1}
     groups = [] if wide else [g for g in members if g and len(members[g]) > 1]
     if len(groups) == 1 and len(members[groups[0]]) == len(columns):
         groups = []  # one group holding everything: its mean is the overall mean
     group_columns = groups + ([ALL] if len(columns) > 1 and not wide else [])
     first = ents[0]
     t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
-                  columns + group_columns, group_columns, reference=reference, setting=setting)
+                  columns + group_columns, group_columns, setting=setting, axes=dict(axes or {}))
+    t.members = {g: [c for _, c, _, grp in order if g == ALL or grp == g] for g in group_columns}
+    t.members.update({g: cols for g, cols in singles.items() if not wide})  # a one-dataset group: that column
     cell_of = {(e.backbone, column(e)): e for e in ents}
     for e in ents:
         if e.pixels:
             t.pixels.setdefault(e.backbone, set()).add(e.pixels)
-    rows = ([reference] if reference else []) + [b for b in backbones if b != reference]
-    for b in rows:
+    for b in backbones:
         row = {}
         ns = set()
         for col in columns:
             e = cell_of.get((b, col))
             if e is None:
                 continue
-            ref = cell_of.get((reference, col)) if reference and b != reference else None
-            delta = paired_difference(e.per_seed, ref.per_seed) if ref else None
-            row[col] = Cellv(e.estimate, delta, *_judge(delta, first.mode))
+            row[col] = Cellv(e.estimate, seeds=dict(e.per_seed), selected=dict(e.selected),
+                             samples=dict(e.samples) if e.samples else None)
             if e.estimate:
                 ns.add(e.estimate.n)
             if e.note:
                 t.notes.append(f"{b} / {col}: {e.note}")
         for g in group_columns:
-            members_g = [c for _, c, _, grp in order if g == ALL or grp == g]
+            members_g = t.members[g]
             if not all(col in row and row[col].estimate for col in members_g):
                 continue  # a backbone missing a dataset has no comparable suite mean
             per = {c: cell_of[(b, c)].per_seed for c in members_g}
-            est = bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()})
-            delta = None
-            if reference and b != reference and all((reference, c) in cell_of for c in members_g):
-                delta = paired_suite_difference(per, {c: cell_of[(reference, c)].per_seed for c in members_g})
-            row[g] = Cellv(est, delta, *_judge(delta, first.mode))
+            row[g] = Cellv(bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()}),
+                           seeds={c: dict(v) for c, v in per.items()})
         t.rows[b] = row
         t.seeds[b] = seed_counts(ns)
     return t
@@ -177,6 +284,26 @@ def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
     return mean if e.ci is None else f"{mean} ± {e.ci:.{decimals}f}"
 
 
+def mark(text: str, v: Cellv | None, fmt: str = "md") -> str:
+    """`text` marked as significantly better (bold) or worse (italic) than the row's reference."""
+    if v is None or not (v.better or v.worse):
+        return text
+    if fmt == "latex":
+        return ("\\textbf{%s}" if v.better else "\\textit{%s}") % text
+    return f"**{text}**" if v.better else f"*{text}*"
+
+
+def mde_text(d: Estimate | None, decimals: int = 1) -> str:
+    """'n.s. (MDE ±x)' for a difference that is not significant: a tie is a tie only for effects above x."""
+    if d is None or d.ci is None:
+        return "n/a (one seed)"
+    return "n.s." + (f" (MDE ±{d.mde:.{decimals}f})" if d.mde is not None else "")
+
+
+def row_name(t: TaskTable, b: str) -> str:
+    return b + (" (ref)" if b in t.refs.values() else "")
+
+
 def to_markdown(t: TaskTable, title: bool = True) -> str:
     direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "descriptive")
     head = [t.row_label, *t.columns, "seeds"]
@@ -185,35 +312,48 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
         cells = []
         for col in t.columns:
             v = row.get(col)
-            text = _fmt(v.estimate, decimals=t.decimals) if v else "—"
-            cells.append(f"**{text}**" if v and v.better else text)
-        body.append([b + (" (ref)" if b == t.reference else ""), *cells, t.seeds[b]])
+            cells.append(mark(_fmt(v.estimate, decimals=t.decimals), v) if v else "—")
+        body.append([row_name(t, b), *cells, t.seeds[b]])
     at = f" — {t.setting}" if t.setting else ""
     out = [f"### {t.task}{at} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
         else [f"{t.setting + ': ' if t.setting else ''}{t.metric} ({direction})", ""]
     if t.pixels:
         out += [pixels_line(t.pixels, list(t.rows)), ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
-    if t.reference and len(t.rows) > 1:
-        body = []
-        for b, row in t.rows.items():
-            if b == t.reference:
-                continue
-            cells = []
-            for col in t.columns:
-                v = row.get(col)
-                text = _fmt(v.delta, signed=True, decimals=t.decimals) if v else "—"
-                cells.append(f"**{text}**" if v and (v.better or v.worse) else text)
-            body.append([b, *cells])
-        out += [f"Paired difference vs {t.reference} (same seeds); bold = 95% interval excludes 0.", "",
-                tabulate(body, ["backbone", *t.columns], tablefmt="github", disable_numparse=True), ""]
+    if t.refs:
+        out += delta_markdown(t)
     out.append(t.footnote if t.footnote else
                "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
-               " within each dataset); bold: significantly better than the reference." if t.reference else
+               f" within each dataset); {MARKS_TEXT}." if t.refs else
                "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
                " within each dataset).")
     out += [f"- note: {n}" for n in t.notes]
     return "\n".join(out) + "\n"
+
+
+def delta_markdown(t: TaskTable) -> list[str]:
+    """The paired differences of `t`'s compared rows, each 'n.s. (MDE ±x)' below it where not significant."""
+    several = len(t.references) > 1
+    body = []
+    for b, r in t.refs.items():
+        cells = []
+        for col in t.columns:
+            v = t.rows[b].get(col)
+            if v is None or v.delta is None:
+                cells.append("—")
+                continue
+            text = mark(_fmt(v.delta, signed=True, decimals=t.decimals), v)
+            if not (v.better or v.worse):
+                text += " " + mde_text(v.delta, t.decimals)
+            cells.append(text)
+        body.append([b, *([r] if several else []), *cells])
+    vs = "its reference" if several else t.reference
+    what = ("Pretraining vs random init of the same architecture" if t.question == "sanity"
+            else f"Paired difference vs {vs}")
+    return [f"{what} (same seeds); bold / italic: 95% interval excludes 0 on the better / worse side; n.s.: not "
+            "significant, with the smallest true difference its seeds would detect (MDE: 95% confidence, 80% power).",
+            "", tabulate(body, ["backbone", *(["vs"] if several else []), *t.columns], tablefmt="github",
+                         disable_numparse=True), ""]
 
 
 def pixels_line(pixels: dict, order: list) -> str:
@@ -231,40 +371,113 @@ def to_rows(t: TaskTable) -> list[dict]:
         for col, v in row.items():
             e, d = v.estimate, v.delta
             rows.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
-                         "setting": t.setting, "backbone": b, "column": col, "kind": "group" if col in t.group_columns else "dataset",
+                         "mode": t.mode, "setting": t.setting, "backbone": b, "column": col,
+                         "kind": "group" if col in t.group_columns else "dataset",
                          "mean": e.mean if e else None, "ci": e.ci if e else None, "n": e.n if e else 0,
-                         "reference": t.reference, "delta": d.mean if d else None, "delta_ci": d.ci if d else None,
-                         "better": v.better, "worse": v.worse})
+                         "reference": t.refs.get(b), "delta": d.mean if d else None, "delta_ci": d.ci if d else None,
+                         "delta_p": d.p if d else None, "delta_mde": d.mde if d else None,
+                         "delta_method": d.method if d else None, "better": v.better, "worse": v.worse,
+                         "selected": canon(v.selected) if v.selected else None})
     return rows
 
 
-def render(tables: list[TaskTable], fmt: str = "md") -> str:
+def seed_rows(t: TaskTable) -> list[dict]:
+    """The long form: one row per (backbone, dataset column, seed) with the value and the `select` setting (the
+    learning rate, ...) that the column's final cells used."""
+    out = []
+    for b, row in t.rows.items():
+        for col, v in row.items():
+            if col in t.group_columns or not v.seeds:
+                continue
+            for seed, value in sorted(v.seeds.items()):
+                out.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
+                            "setting": t.setting, "backbone": b, "column": col, "seed": seed, "value": value,
+                            **{f"selected_{k}": x for k, x in sorted((v.selected or {}).items())}})
+    return out
+
+
+def to_latex(t: TaskTable) -> str:
+    """A booktabs table of `t`: mean ± CI, bold / italic as in markdown, the differences under a midrule."""
+    def esc(x: str) -> str:
+        return x.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
+
+    def cell(text: str) -> str:
+        return text.replace("±", "$\\pm$").replace("—", "--")
+
+    cols = t.columns
+    direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "")
+    lines = [f"% {t.task}{' — ' + t.setting if t.setting else ''}: {t.metric} ({direction}), protocol "
+             f"v{', v'.join(t.protocol_versions)}; {MARKS_TEXT}",
+             "\\begin{tabular}{l" + "r" * len(cols) + "}", "\\toprule",
+             " & ".join([esc(t.row_label), *map(esc, cols)]) + " \\\\", "\\midrule"]
+    for b, row in t.rows.items():
+        cells = [mark(cell(_fmt(row[c].estimate, decimals=t.decimals)), row[c], "latex") if c in row else "--"
+                 for c in cols]
+        lines.append(" & ".join([esc(row_name(t, b)), *cells]) + " \\\\")
+    if t.refs:
+        lines.append("\\midrule")
+        for b, r in t.refs.items():
+            cells = []
+            for c in cols:
+                v = t.rows[b].get(c)
+                cells.append(mark(cell(_fmt(v.delta, signed=True, decimals=t.decimals)), v, "latex")
+                             if v is not None and v.delta is not None else "--")
+            lines.append(" & ".join([esc(f"{b} − {r}"), *cells]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    return "\n".join(lines)
+
+
+FORMATS = ("md", "csv", "json", "long", "latex")
+
+
+def render(tables: list[TaskTable], fmt: str = "md", header: dict | None = None) -> str:
+    """The tables as markdown, LaTeX (booktabs), csv (a row per cell), long (csv, a row per seed) or json (a
+    header with what made them, then the rows)."""
     if fmt == "md":
         return "\n".join(to_markdown(t) for t in tables)
-    rows = [r for t in tables for r in to_rows(t)]
+    if fmt == "latex":
+        return "\n".join(to_latex(t) for t in tables)
+    rows = [r for t in tables for r in (seed_rows(t) if fmt == "long" else to_rows(t))]
     if fmt == "json":
-        return json.dumps(rows, indent=1)
-    if fmt == "csv":
+        return json.dumps({"header": header or {}, "rows": rows}, indent=1)
+    if fmt in ("csv", "long"):
         buf = io.StringIO()
         if rows:
-            w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+            names = list(dict.fromkeys(k for r in rows for k in r))
+            w = csv.DictWriter(buf, fieldnames=names)
             w.writeheader()
             w.writerows(rows)
         return buf.getvalue()
-    raise UserError(f"unknown format {fmt!r}; choose md, csv or json")
+    raise UserError(f"unknown format {fmt!r}; choose {', '.join(FORMATS)}")
 
 
-def default_reference(backbones: list[str]) -> str | None:
-    """The one plain backbone (no stem, no DTN: 'mu4', 'b32@ckpt') that the others modify, if any."""
-    plain = [b for b in backbones if "_" not in b.partition("@")[0]]
-    return plain[0] if len(plain) == 1 else None
+def report_header(records: list[dict], tables: list[TaskTable]) -> dict:
+    """What made a report: its tasks and protocols, each compared row's reference, when, and the records' git
+    shas and package versions."""
+    from datetime import datetime, timezone
+    from .. import __version__
+    env = [r.get("environment") or {} for r in records]
+    versions = defaultdict(set)
+    for e in env:
+        for k in ("transferbench", "torch", "timm", "numpy", "python"):
+            if e.get(k):
+                versions[k].add(e[k])
+    return {"tasks": sorted({t.task for t in tables}),
+            "protocol_versions": {t.task: t.protocol_versions for t in tables},
+            "references": {t.task: dict(t.refs) for t in tables if t.refs},
+            "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "reported_with": __version__,
+            "git_sha": sorted({e.get("git_sha") or "unknown" for e in env}),
+            "versions": {k: sorted(v) for k, v in sorted(versions.items())},
+            "records": len(records)}
 
 
 @dataclass(frozen=True)
 class Report:
     """A report of its own for a task whose cells name it (`Cell.report`), registered under the entry-point group
     `transferbench.reports` (built-ins: corruption, hires, diagnostics) so that a plugin adapter can bring one.
-    `tables(records, reference)` builds its tables; `section(records, tables, task, out)`, if given, writes its
+    `tables(records, reference)` builds its tables, pairing rows by `pair(t, stem_references(t.rows, reference))`
+    (`reference`: the user's --reference or None); `section(records, tables, task, out)`, if given, writes its
     leaderboard section's markdown lines (figures beside `out`), else each table follows with the Δ figure of
     the first; `uses_reference`: whether the tables compare against a reference backbone."""
     tables: Callable[[list, str | None], list]

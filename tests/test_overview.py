@@ -77,6 +77,7 @@ def test_overview_cells_and_wins_ties_losses_by_hand():
     c = counts["mu4_dpn@embedded"]
     assert (len(c.wins), len(c.ties), len(c.losses)) == (2, 0, 2)  # a won, b lost, in each of two tasks
     assert any(x.startswith("vtab b -5.0 ±") for x in c.losses)
+    assert "- losses of mu4_dpn@embedded: vtab b -5.0 ±" in "\n".join(overview(recs))
     assert (len(counts["mu4_dpn"].wins), len(counts["mu4_dpn"].losses)) == (0, 0)
 
 

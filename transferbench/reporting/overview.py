@@ -211,18 +211,18 @@ def overview_markdown(tables: list[TaskTable], refs_of: Callable[[str], dict], c
                else "each comparison's 95% interval, not corrected for multiple comparisons")
         lines += [f"Wins / ties / losses against the reference over every (task, dataset, setting) — judged by {how}:",
                   ""]
-        rows = []
+        rows, named = [], []
+        untested = any(x.untested for x in counts.values())
         for b in backbones:
             if b not in counts:
                 continue
             c = counts[b]
-            rows.append([f"{b} vs {refs.get(b, '?')}", len(c.wins), len(c.ties), len(c.losses),
-                         "; ".join(c.losses) or "none"] + ([len(c.untested)] if any(x.untested for x in counts.values())
-                                                          else []))
-        head = ["backbone", "wins", "ties", "losses", "losses named"]
-        if any(x.untested for x in counts.values()):
-            head.append("untested (one seed)")
-        lines += [tabulate(rows, head, tablefmt="github", disable_numparse=True), ""]
+            rows.append([f"{b} vs {refs.get(b, '?')}", len(c.wins), len(c.ties), len(c.losses)]
+                        + ([len(c.untested)] if untested else []))
+            if c.losses:
+                named.append(f"- losses of {b}: " + "; ".join(c.losses))
+        head = ["backbone", "wins", "ties", "losses"] + (["untested (one seed)"] if untested else [])
+        lines += [tabulate(rows, head, tablefmt="github", disable_numparse=True), "", *named, ""]
     return lines
 
 

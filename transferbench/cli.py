@@ -389,18 +389,14 @@ def cmd_data(args) -> int:
 
 def cmd_report(args) -> int:
     from .records.store import load_records
-    from .reporting.tables import render, report_header, report_tables
+    from .reporting.tables import check_reference, render, report_header, report_tables
 
     records = load_records(args.dirs)
     if args.task:
         records = [r for r in records if r["task"] in args.task]
     if not records:
         raise UserError(f"no records under {', '.join(map(str, args.dirs))} (run `transferbench run` first)")
-    if args.reference and args.reference not in {r["backbone"] for r in records}:
-        from .errors import close_matches
-        names = sorted({r["backbone"] for r in records})
-        raise UserError(f"--reference {args.reference!r} has no records{close_matches(args.reference, names)}; "
-                        f"backbones: {', '.join(names)}")
+    check_reference(args.reference, {r["backbone"] for r in records}, "these records")
     failed = sum(r["status"] == "failed" for r in records)
     if failed:
         print(f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "

@@ -7,6 +7,8 @@ record behind.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -60,17 +62,18 @@ class RecordStore:
     def write_samples(self, record: dict, samples: dict) -> dict:
         """Per-example results of a cell ({split: array}) as `<key>.samples.npz` beside its record, compressed
         and written atomically; returns what the record says of them (file, splits, lengths, sha256)."""
-        import hashlib
-
         import numpy as np
         p = self._path(record["task"], record["dataset"], record["key"]).with_suffix(".samples.npz")
         arrays = {split: np.asarray(a) for split, a in samples.items()}
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        data = buf.getvalue()  # hashed as written: the file is never read back
         with atomic_path(p) as tmp, open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         return {"file": p.name, "splits": {k: int(a.size) for k, a in arrays.items()},
-                "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                "sha256": hashlib.sha256(data).hexdigest()}
 
     def lock(self, cell) -> FileLock:
         """An OS lock per cell (released by the kernel if its holder is killed): two runs into one
@@ -93,8 +96,6 @@ class RecordStore:
 def read_samples(record: dict, split: str = "test"):
     """The per-example results of `split` that a record loaded by `load_records` logged, or None (none logged,
     the file missing or not the one the record names: a damaged file is never trusted)."""
-    import hashlib
-
     import numpy as np
     meta = record.get("samples")
     if not meta or "_file" not in record or split not in meta.get("splits", {}):
@@ -106,7 +107,6 @@ def read_samples(record: dict, split: str = "test"):
         return None
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         return None
-    import io
     with np.load(io.BytesIO(data)) as z:
         return z[split] if split in z.files else None
 

@@ -12,7 +12,7 @@ from ..records.aggregate import aggregate
 from ..records.store import load_records
 from .figures import plot_absolute, plot_deltas, use_colours
 from .overview import overview_markdown, task_order
-from .tables import build_tables, report_kinds, sanity_table, stem_references, to_markdown
+from .tables import build_tables, delta_markdown, report_kinds, sanity_table, stem_references, to_markdown
 
 TITLES = {"vtab": "VTAB-1k", "fewshot": "Few-shot linear probes", "lit": "LiT zero-shot", "ade20k": "ADE20K",
           "imagenet_c": "ImageNet-C", "hires": "High-res fine-tuning", "diagnose": "Diagnostics"}
@@ -23,8 +23,9 @@ def anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
-def task_tables(records: list[dict], reference: str | None = None) -> dict[str, tuple[list, object]]:
-    """task -> (its tables, its report kind or None), in the paper's order."""
+def task_tables(records: list[dict], reference: str | None = None) -> dict[str, tuple[list, object, list]]:
+    """task -> (its tables, its report kind or None, its aggregated entries: [] for a report kind), in the
+    paper's order."""
     kinds = report_kinds()
     kind_of = {r["task"]: r.get("report") or "" for r in records}
     kind_of = {t: k if k in kinds else "" for t, k in kind_of.items()}
@@ -35,20 +36,25 @@ def task_tables(records: list[dict], reference: str | None = None) -> dict[str, 
         report = kinds.get(kind_of[task])
         backbones = {r["backbone"] for r in recs}
         ref = reference if reference in backbones else None
+        ents = []
         if report is not None:  # a report of the task's own (robustness, high-res, diagnostics, a plugin's)
             tables = report.tables([r for r in recs if (r.get("report") or "") == kind_of[task]],
                                    ref if report.uses_reference else None)
         else:
-            tables = build_tables([e for e in entries if e.task == task], reference=ref)  # headline setting first
+            ents = [e for e in entries if e.task == task]
+            tables = build_tables(ents, reference=ref)  # headline setting first
         if tables:
-            out[task] = (tables, report)
+            out[task] = (tables, report, ents)
     return out
 
 
-def overview(records: list[dict], reference: str | None = None, correct: bool = False) -> list[str]:
-    """The overview's markdown lines (also `transferbench report --overview`)."""
-    per_task = task_tables(records, reference)
-    tables = [t for ts, report in per_task.values() if report is None or report.uses_reference for t in ts]
+def overview(records: list[dict], reference: str | None = None, correct: bool = False,
+             per_task: dict | None = None) -> list[str]:
+    """The overview's markdown lines (also `transferbench report --overview`); `per_task`: the records'
+    `task_tables`, where the caller has them already."""
+    if per_task is None:
+        per_task = task_tables(records, reference)
+    tables = [t for ts, report, _ in per_task.values() if report is None or report.uses_reference for t in ts]
     backbones = {task: {r["backbone"] for r in records if r["task"] == task} for task in per_task}
     return overview_markdown(tables, lambda task: stem_references(
         backbones.get(task, ()), reference if reference in backbones.get(task, ()) else None), correct)
@@ -73,8 +79,8 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
              + (f"; here every backbone against `{reference}`, as asked" if reference else "") +
              "). Each task's section below also asks the sanity question: each checkpoint against random init of "
              "its own architecture.", ""]
-    lines += overview(records, reference, correct)
-    for task, (tables, report) in per_task.items():
+    lines += overview(records, reference, correct, per_task)
+    for task, (tables, report, ents) in per_task.items():
         recs = [r for r in records if r["task"] == task]
         t = tables[0]
         shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
@@ -91,9 +97,8 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
             sanity = sanity_table(t)
             if sanity is not None:
                 lines += [f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
-                          "", *_sanity_lines(sanity), ""]
+                          "", *delta_markdown(sanity), ""]
         if len(tables) > 1 and report is None:  # the wide form: every dataset and setting in one table
-            ents = [e for e in aggregate([r for r in recs if not r.get("report")]) if e.task == task]
             (wide,) = build_tables(ents, reference=reference if reference in {e.backbone for e in ents} else None,
                                    split_axes=False)
             lines += ["<details><summary>Every setting in one table</summary>", "", to_markdown(wide, title=False),
@@ -107,11 +112,6 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
     out.write_text("\n".join(lines))
     return out
 
-
-def _sanity_lines(s) -> list[str]:
-    """The sanity table: only the differences (the values are in the table above)."""
-    from .tables import delta_markdown
-    return delta_markdown(s)
 
 
 __all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]

@@ -13,7 +13,7 @@ from typing import Callable
 
 from tabulate import tabulate
 
-from ..records.stats import Estimate, bootstrap_suite_mean, holm
+from ..records.stats import bootstrap_suite_mean, holm
 from .tables import Cellv, TaskTable, _fmt, _judge, _paired, mark, mde_text
 
 PAPER_ORDER = ("vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires")  # then other tasks; diagnostics last
@@ -226,5 +226,5 @@ def overview_markdown(tables: list[TaskTable], refs_of: Callable[[str], dict], c
     return lines
 
 
-__all__ = ["HEADLINES", "PAPER_ORDER", "Headline", "Tally", "Estimate", "headline_cells", "overview_markdown",
+__all__ = ["HEADLINES", "PAPER_ORDER", "Headline", "Tally", "headline_cells", "overview_markdown",
            "tally", "task_order"]

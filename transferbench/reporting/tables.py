@@ -26,10 +26,10 @@ from ..errors import UserError, close_matches
 from ..hashing import canon
 from ..plugins import load_group
 from ..records.aggregate import Entry, aggregate, value_order
-from ..records.stats import Estimate, bootstrap_suite_mean, paired_difference, paired_suite_difference
+from ..records.stats import (Estimate, bootstrap_suite_mean, paired_bootstrap, paired_difference,
+                             paired_suite_difference)
 
 ALL = "mean"  # the column averaging every dataset of a task
-BETTER, WORSE = "bold", "italic"  # how a significantly better / worse cell is marked (markdown **x** / *x*)
 MARKS_TEXT = ("bold: significantly better than the row's reference (paired 95% interval excludes 0); "
               "italic: significantly worse")
 
@@ -151,7 +151,6 @@ def _paired(v: Cellv, ref: Cellv) -> Estimate | None:
     """The paired difference of two cells: over seeds, or for suite means the bootstrap of per-dataset paired
     differences; per example (McNemar, bootstrap over examples) where the seeds give no interval and both sides
     logged their samples."""
-    from ..records.stats import paired_bootstrap
     if not v.seeds or not ref.seeds:
         return None
     suite = isinstance(next(iter(v.seeds.values())), dict)

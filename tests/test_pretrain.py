@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ from transferbench.adapters import pretrain, resolve_backbone
 from transferbench import cell as cells
 from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
 from transferbench.errors import UserError
+from transferbench.hashing import file_sha256
+from transferbench.paths import write_digest
 from transferbench.records.store import load_records
 
 SHORT = ("steps=3", "batch=8", "warmup_steps=1")
@@ -40,11 +43,15 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
     assert again == ref and [r["run_id"] for r in mu8()] == [recs[0]["run_id"]]
     m = create_backbone("mu8", checkpoint=ref.checkpoint, num_classes=10)
     assert m.head.weight.abs().sum() == 0  # the 96-class upstream head is not carried over
-    with open(ref.checkpoint, "r+b") as f:  # a changed checkpoint is caught, not silently used
+    with open(ref.checkpoint, "r+b") as f:  # a changed checkpoint is caught, not silently used:
         f.seek(-3, 2)
         f.write(b"xyz")
-    with pytest.raises(UserError, match="missing or changed"):
-        resolve_backbone("mu8@embedded")
+    again = resolve_backbone("mu8@embedded")  # set aside with its record, and pretrained again
+    (rec,) = mu8()
+    assert rec["run_id"] != recs[0]["run_id"] and again.sha256 == rec["info"]["checkpoint_sha256"]
+    assert file_sha256(again.checkpoint) == again.sha256
+    aside = list((Path(ref.checkpoint).parent / ".quarantine").glob(Path(ref.checkpoint).name + ".*"))
+    assert len(aside) == 1 and file_sha256(aside[0]) != ref.sha256
 
 
 def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeypatch):
@@ -84,6 +91,7 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     (cell,) = [c for c in get_adapter("pretrain").plan(task, bare, Results(RecordStore(tmp_path / "r")))
                if c.stage == "final"]
     shipped = save_checkpoint(create_backbone("mu8_dpn"), tmp_path / f"mu8_dpn-upstream-{cell.key}.safetensors")
+    write_digest(shipped)  # a shipped checkpoint's size and sha256 ship beside it
     pretrained = lambda: [r for r in load_records([suite_home / "pretrain"]) if r["backbone"] == "mu8_dpn"]  # noqa: E731
     ref = resolve_backbone("mu8_dpn@embedded")
     assert ref.checkpoint == str(shipped) and pretrained() == []  # used as is: nothing pretrained

@@ -46,7 +46,7 @@ from ..engine.precision import for_forward
 from ..engine.train import BF16_SETTINGS, accuracy
 from ..errors import UserError
 from ..hashing import digest
-from ..paths import cache
+from ..paths import cache, sealed, verified
 from ..reporting.robustness import REPORT, mce, relative_mce  # noqa: F401 (mce, relative_mce: public names)
 from ..spec import SpecError
 from .base import Adapter
@@ -208,7 +208,7 @@ def classifier(cell, ctx):
     key = classifier_key(cell)
     path = folder / f"{key}.safetensors"
     with FileLock(str(folder / f"{key}.lock")):
-        if path.is_file():
+        if verified(path, "classifier cache entry"):
             from safetensors import safe_open
             model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=path)
             with safe_open(str(path), "pt") as f:  # the header only
@@ -218,7 +218,8 @@ def classifier(cell, ctx):
         model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx,
                                desc=f"{cell.dataset} fine-tune seed={cell.seed}")
         info = {**info, "classifier": "fine-tuned", "classifier_key": key}
-        save_checkpoint(model, path, info=info)
+        with sealed(path, suffix=".safetensors") as tmp:
+            save_checkpoint(model, tmp, info=info)
     return model.eval(), {**info, "classifier_cache_hit": False}
 
 

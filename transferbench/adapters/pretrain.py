@@ -33,7 +33,7 @@ from ..engine.runner import Results, run_task
 from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
 from ..errors import UserError
 from ..hashing import file_sha256
-from ..paths import atomic_path, cache
+from ..paths import atomic_path, cache, damage, quarantine
 from ..records.store import RecordStore
 from .base import Adapter, plan_select_then_final, prepare_task
 
@@ -179,17 +179,27 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
     (cell,) = [c for c in task.adapter.plan(task, ref, Results(store)) if c.stage == "final"]
     shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
     if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
+        why = damage(shipped)  # its size and checksum ship beside it (NAME.digest)
+        if why:
+            raise UserError(f"shipped checkpoint {shipped} is damaged ({why}): reinstall transferbench "
+                            "(pip install --force-reinstall transferbench, or `git checkout` it in a clone)")
         return shipped
-    if show_progress and not store.finished(cell):
-        print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
-              f"(the record under {out} is reused afterwards)", file=sys.stderr)
-    run_task(task, [ref], out, show_progress=show_progress)
-    rec = store.get(cell)
-    if rec is None or rec["status"] != "ok":
-        why = rec["reason"] if rec else "no record"
-        raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
-    path = Path(rec["info"]["checkpoint"])
-    if not path.is_file() or file_sha256(path) != rec["info"]["checkpoint_sha256"]:
-        raise UserError(f"checkpoint {path} of {name}@{source} is missing or changed; delete {store.path(cell)} "
-                        f"and rerun to pretrain again")
-    return path
+    for attempt in range(2):
+        store = RecordStore(out)  # read afresh: a record set aside below is not remembered
+        if show_progress and not store.finished(cell):
+            print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
+                  f"(the record under {out} is reused afterwards)", file=sys.stderr)
+        run_task(task, [ref], out, show_progress=show_progress)
+        rec = store.get(cell)
+        if rec is None or rec["status"] != "ok":
+            why = rec["reason"] if rec else "no record"
+            raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
+        path = Path(rec["info"]["checkpoint"])
+        if path.is_file() and file_sha256(path) == rec["info"]["checkpoint_sha256"]:
+            return path
+        # the record's checkpoint is gone or damaged: both are set aside and the pretraining runs again
+        state = "damaged" if path.is_file() else "missing"
+        quarantine(path, "its sha256 is not the one its pretraining record holds", "pretrained checkpoint")
+        quarantine(store.path(cell), f"its checkpoint {path.name} is {state}", "pretraining record")
+    raise UserError(f"checkpoint {path} of {name}@{source} did not match its record after pretraining again; "
+                    f"is something else writing to {cache('checkpoints')}?")

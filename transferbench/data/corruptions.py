@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
-from ..paths import atomic_path, cache
+from ..paths import cache, sealed, verified
 from .folder import DataMissingError
 from .imagenet_c import CORRUPTIONS, FAMILIES, SEVERITIES  # noqa: F401 (public names)
 
@@ -200,7 +200,9 @@ class ArraySet(torch.utils.data.Dataset):
 
 def cached(key: str, compute) -> tuple[ArraySet, bool]:
     """(the cached images and labels, hit). On a miss `compute()` -> (images, labels) is stored: written in a
-    folder aside and renamed, under a file lock, so concurrent runs generate an entry once."""
+    folder aside with its manifest (each array's size and checksum) and renamed, under a file lock, so
+    concurrent runs generate an entry once. An entry is verified before it is read: a damaged one is set aside
+    and generated again (paths.verified)."""
     from filelock import FileLock
     folder = cache_dir() / key
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -208,13 +210,13 @@ def cached(key: str, compute) -> tuple[ArraySet, bool]:
     def load():
         return ArraySet(np.load(folder / "images.npy", mmap_mode="r"), np.load(folder / "labels.npy"))
 
-    if (folder / "labels.npy").is_file():
+    if verified(folder, "corruption cache entry", directory=True):
         return load(), True
     with FileLock(str(folder.parent / f"{key}.lock")):
-        if (folder / "labels.npy").is_file():  # made by the run that held the lock
+        if verified(folder, "corruption cache entry", directory=True):  # made by the run that held the lock
             return load(), True
         images, labels = compute()
-        with atomic_path(folder, directory=True) as tmp:
+        with sealed(folder, directory=True) as tmp:
             np.save(tmp / "images.npy", np.ascontiguousarray(images, dtype=np.uint8))
             np.save(tmp / "labels.npy", np.asarray(labels, dtype=np.int64))
     return load(), False

@@ -34,7 +34,11 @@ class DataMissingError(UserError):
 
 
 class CorruptDataError(UserError):
-    """A file whose sha256 differs from the manifest."""
+    """A file whose sha256 differs from the manifest (`detail`: what is wrong, without the fix)."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail or message
 
 
 def write_folder_dataset(root, name: str, splits: dict[str, Iterable[tuple[np.ndarray, int]]], info: dict) -> Path:
@@ -77,22 +81,29 @@ def verify_files(folder: Path, name: str, rel_paths) -> None:
     """Each file (relative to the dataset folder) is in the manifest, exists and has its sha256."""
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {name!r}; re-export it")
+        raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {name!r}; re-export it",
+                               f"{MANIFEST} missing")
     expected = dict(reversed(line.split("  ", 1)) for line in manifest.read_text().splitlines() if line)
     for rel in dict.fromkeys(rel_paths):
         p = folder / rel
         if rel not in expected:
-            raise CorruptDataError(f"{p} is not in {manifest}; re-export dataset {name!r}")
+            raise CorruptDataError(f"{p} is not in {manifest}; re-export dataset {name!r}", f"{rel} not in {MANIFEST}")
         if not p.is_file():
-            raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {name!r}")
+            raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {name!r}", f"{rel} missing")
         if sha256_file(p) != expected[rel]:
             raise CorruptDataError(f"{p} does not match its sha256 in {manifest}: the file changed; "
-                                   f"re-export dataset {name!r}")
+                                   f"re-export dataset {name!r}", f"{rel}: sha256 differs from {MANIFEST}")
 
 
 def read_info(root, name: str) -> dict:
+    """A dataset's info.json; {} when there is none. One that does not parse is a CorruptDataError."""
     p = Path(root) / name / INFO
-    return json.loads(p.read_text()) if p.is_file() else {}
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except ValueError as e:
+        raise CorruptDataError(f"{p} is unreadable ({e}); re-export dataset {name!r}", f"{INFO} unreadable") from None
 
 
 class FolderDataset(torch.utils.data.Dataset):
@@ -107,13 +118,15 @@ class FolderDataset(torch.utils.data.Dataset):
             where = self.dir if not self.dir.is_dir() else lst
             raise DataMissingError(f"dataset {name!r} split {split!r} not found: looked for {where}"
                                    + (f"; prepare it with `{prepare_hint}`" if prepare_hint else ""))
+        if verify:  # the list and info first: a damaged one is not parsed
+            self.verify([lst.name, *([INFO] if (self.dir / INFO).is_file() else [])])
         rows = [line.rsplit(" ", 1) for line in lst.read_text().splitlines() if line.strip()]
         self.paths = [r[0] for r in rows]
         self.labels = np.array([int(r[1]) for r in rows], dtype=np.int64)
         self.info = read_info(root, name)
         self.num_classes = int(self.info.get("num_classes", self.labels.max() + 1 if len(self.labels) else 0))
         if verify:
-            self.verify([lst.name, *self.paths])
+            self.verify(self.paths)
 
     def verify(self, rel_paths) -> None:
         verify_files(self.dir, self.name, rel_paths)

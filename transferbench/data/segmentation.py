@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .folder import DataMissingError, read_info, verify_files
+from .folder import INFO, DataMissingError, read_info, verify_files
 from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
 
 IGNORE = 255
@@ -134,6 +134,8 @@ class SegFolderDataset(SegDataset):
         if not lst.is_file():
             raise DataMissingError(f"segmentation set {name!r} split {split!r} not found: looked for "
                                    f"{self.dir if not self.dir.is_dir() else lst}")
+        if verify:  # the list first: a damaged one is not parsed
+            verify_files(self.dir, name, [lst.name, INFO])
         rows = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
         if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in rows):
             raise DataMissingError(f"{lst} is not a segmentation list (lines 'images/... masks/...'); "
@@ -144,7 +146,7 @@ class SegFolderDataset(SegDataset):
         self.reduce_zero = bool(self.info.get("reduce_zero_label", False))
         self._cache: dict[int, tuple] = {}  # small sets are revisited every epoch: decode once
         if verify:
-            verify_files(self.dir, name, [lst.name, *self.paths, *self.mask_paths])
+            verify_files(self.dir, name, [*self.paths, *self.mask_paths])
 
     def __len__(self) -> int:
         return len(self.paths)

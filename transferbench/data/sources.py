@@ -63,7 +63,7 @@ def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None
     DataMissingError (a UserError) naming where it looked."""
     if entry.get("source") == "embedded":
         name = entry.get("set") or entry["name"]
-        return FolderDataset(embedded.ensure([name]), name, split)
+        return embedded.open_set(name, lambda root: FolderDataset(root, name, split))
     from .tfds_source import TfdsDataset
     return TfdsDataset(entry["tfds"], split, label_fn=label_fn, data_dir_=data_dir)
 

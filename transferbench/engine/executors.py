@@ -229,16 +229,21 @@ def local_checkpoint(cell, checkpoint_ref) -> Path:
     """`cell.checkpoint` where this node has that file (same sha256), else the driver's copy from the object
     store written into $TRANSFERBENCH_HOME/checkpoints/<sha256><suffix> (atomically: tasks on one node may
     race)."""
-    from ..paths import atomic_path, cache
+    from ..paths import atomic_path, cache, entry_lock, quarantine
     from ..hashing import file_sha256
 
     path = Path(cell.checkpoint)
     if path.is_file() and file_sha256(path) == cell.checkpoint_sha256:
         return path
-    cached = cache("checkpoints") / f"{cell.checkpoint_sha256}{path.suffix}"
-    if not cached.is_file() or file_sha256(cached) != cell.checkpoint_sha256:
-        with atomic_path(cached) as tmp:
-            tmp.write_bytes(_ray().get(checkpoint_ref[0]))
+    cached = cache("checkpoints") / f"{cell.checkpoint_sha256}{path.suffix}"  # named by its digest
+    if cached.is_file() and file_sha256(cached) == cell.checkpoint_sha256:
+        return cached
+    with entry_lock(cached):
+        if cached.is_file() and file_sha256(cached) != cell.checkpoint_sha256:
+            quarantine(cached, "its sha256 is not the one its name says", "checkpoint cache entry")
+        if not cached.is_file():
+            with atomic_path(cached) as tmp:
+                tmp.write_bytes(_ray().get(checkpoint_ref[0]))
     return cached
 
 

@@ -3,8 +3,9 @@
 The cache key hashes everything that determines the features: the backbone name and its weights'
 sha256, the representation (pre-logits, and which pooling), the transform (resolution, resize, pixel range), the dataset
 (name, source, tfds name or embedded set, data version) and the split. Change any one and the cache
-misses; nothing else is needed to trust a hit. Entries are `.npz` files (features float32, labels
-int64) under $TRANSFERBENCH_HOME/features, written atomically.
+misses. Entries are `.npz` files (features float32, labels int64) under $TRANSFERBENCH_HOME/features,
+written atomically with their size and checksum beside them (`KEY.npz.digest`), checked before a hit is
+read: a damaged entry is set aside and computed again (paths.verified).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..paths import atomic_path, cache
+from ..paths import cache, sealed, verified
 
 FEATURES_VERSION = "1"  # bump when extraction itself changes
 
@@ -94,12 +95,12 @@ def _forward(model, batches, device, bf16, progress, total, desc) -> tuple[np.nd
 def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
     """(features, labels, hit): from the cache, or computed by `compute()` and stored."""
     path = cache_dir() / f"{key}.npz"
-    if path.is_file():
+    if verified(path, "feature cache entry"):
         with np.load(path) as z:
             return z["features"], z["labels"], True
     feats, labels = compute()
     labels = _labels(labels)
-    with atomic_path(path, suffix=".npz") as tmp:  # savez appends .npz to a name without it
+    with sealed(path, suffix=".npz") as tmp:  # savez appends .npz to a name without it
         np.savez(tmp, features=feats.astype(np.float32), labels=labels)
     return feats.astype(np.float32), labels, False
 

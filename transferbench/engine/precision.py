@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from ..hashing import digest
-from ..paths import atomic_path, cache
+from ..paths import cache, quarantine, sealed, verified
 
 BF16_SETTINGS = ("auto", "on", "off", True, False)
 PROBE_VERSION = "2"  # bump when the probe's procedure changes: older decisions are not reused
@@ -132,18 +132,19 @@ def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float
 
 
 def _read(path: Path) -> dict | None:
-    """A cached decision, or None where there is none or it is damaged (then it is probed again)."""
-    try:
-        d = json.loads(path.read_text())
-        if all(isinstance(d.get(k), (int, float)) and d[k] > 0 for k in ("fp32_ms", "bf16_ms")):
-            return d
-    except (OSError, ValueError, AttributeError):
-        pass
+    """A cached decision, or None where there is none; a damaged one is set aside (paths.verified) and probed
+    again."""
+    if not verified(path, "bf16 probe cache entry"):
+        return None
+    d = json.loads(path.read_text())
+    if all(isinstance(d.get(k), (int, float)) and d[k] > 0 for k in ("fp32_ms", "bf16_ms")):
+        return d
+    quarantine(path, "no positive fp32_ms and bf16_ms", "bf16 probe cache entry")
     return None
 
 
 def _write(path: Path, entry: dict) -> None:
-    with atomic_path(path) as tmp:
+    with sealed(path) as tmp:
         tmp.write_text(json.dumps(entry, indent=1, sort_keys=True))
 
 

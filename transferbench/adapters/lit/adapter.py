@@ -20,7 +20,7 @@ from ...engine.features import cache_key, cached, extract, extract_pairs, precis
 from ...engine.train import BF16_SETTINGS, fit, tensor_batches
 from ...errors import UserError
 from ...hashing import digest
-from ...paths import atomic_path, cache
+from ...paths import cache, sealed, verified
 from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
 from .towers import DECAY, IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
@@ -259,7 +259,7 @@ def text_tower(features: list, captions, hp: dict, seed: int, pairs_key: str, ct
                         temperature_init=float(hp["temperature_init"]))
 
     with FileLock(str(folder / f"{key}.lock")):
-        if path.is_file():
+        if verified(path, "LiT text tower cache entry"):
             model = build()
             model.load_state_dict(load_file(str(path)))
             with safe_open(str(path), "pt") as f:
@@ -282,7 +282,7 @@ def text_tower(features: list, captions, hp: dict, seed: int, pairs_key: str, ct
                 "temperature": round(float(model.scale().detach()), 4),
                 **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {})}
         model = model.cpu()
-        with atomic_path(path) as tmp:
+        with sealed(path) as tmp:
             save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp),
                       metadata={"info": json.dumps(info)})
         return model, {**info, "tower_cache_hit": False}

@@ -124,7 +124,7 @@ def open_split(ds: dict, split: str, data_dir=None):
 
     if ds["source"] == "embedded":
         name = ds.get("set") or ds["name"]
-        return SegFolderDataset(embedded.ensure([name]), name, split)
+        return embedded.open_set(name, lambda root: SegFolderDataset(root, name, split))
     if ds["source"] == "tfds":
         return TfdsSegmentation(ds["tfds"], split, data_dir=data_dir, num_classes=ds["classes"],
                                 reduce_zero=ds["reduce_zero_label"])

@@ -36,10 +36,12 @@ generator family (digits, photos, sprites, clevr, upstream, scenes, captions) an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from filelock import FileLock
 
-from ..folder import read_info, verify_files
+from ...paths import quarantine
+from ..folder import CorruptDataError, read_info, verify_files
 from ..image_text import ShardPairs
 from .captions import gen_captions, scene_caption, sprite_caption
 from .clevr import CLEVR_COLOURS, gen_clevr, render_scene, sample_scene
@@ -56,33 +58,56 @@ _GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "
                "dsprites_ori": gen_dsprites, "clevr_count": gen_clevr, "clevr_dist": gen_clevr,
                "upstream": gen_upstream, "scenes": gen_scenes,
                "captions": gen_captions}
+T = TypeVar("T")
 
 
 def ensure(names=None, seed: int = 0) -> Path:
-    """Generate the named sets (default: all) unless present at the current version; return the root."""
+    """Generate the named sets (default: all) unless present at the current version; return the root. A set
+    whose info.json does not parse is set aside (paths.quarantine) and generated again."""
     root = embedded_root()
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / ".generate.lock")):
         for name in names or (*DOWNSTREAM, *SEGMENTATION, *IMAGE_TEXT, "upstream"):
             if name not in VERSIONS:
                 raise KeyError(name)
-            info = read_info(root, name)
+            try:
+                info = read_info(root, name)
+            except CorruptDataError as e:
+                quarantine(root / name, e.detail, "embedded dataset")
+                info = {}
             if info.get("generator_version") != VERSIONS[name] or info.get("seed") != seed:
                 _GENERATORS[name](root, seed)
     return root
 
 
+def open_set(name: str, opener: Callable[[Path], T]) -> T:
+    """`opener(root)` on embedded set `name` (generated on first use; openers verify the files they read
+    against the set's manifest). A damaged set is set aside (paths.quarantine) and generated again, once."""
+    root = ensure([name])
+    try:
+        return opener(root)
+    except CorruptDataError:
+        with FileLock(str(root / ".generate.lock")):
+            try:
+                return opener(root)  # another process generated it again meanwhile
+            except CorruptDataError as e:
+                quarantine(root / name, e.detail, "embedded dataset")
+    return opener(ensure([name]))
+
+
 def embedded_pairs(name: str = "captions") -> ShardPairs:
     """The embedded image-text set (generated on first use), its shards verified against the manifest."""
-    folder = ensure([name]) / name
-    shards = sorted(folder.glob("pairs-*.tar"))
-    verify_files(folder, name, [s.name for s in shards])
-    return ShardPairs(shards)
+    def opener(root: Path) -> ShardPairs:
+        folder = root / name
+        shards = sorted(folder.glob("pairs-*.tar"))
+        verify_files(folder, name, [s.name for s in shards])
+        return ShardPairs(shards)
+    return open_set(name, opener)
 
 
 __all__ = ["CLEVR_COLOURS", "DOWNSTREAM", "IMAGE_TEXT", "N_GLYPHS", "N_PHOTOS", "N_POSITIONS", "N_TEXTURES",
            "N_UPSTREAM", "N_UPSTREAM_CLASSES", "N_UPSTREAM_TEST", "PHOTOS", "POSITION_GRID", "SCENE_CLASSES",
-           "SEGMENTATION", "UPSTREAM_PHOTOS", "VERSIONS", "embedded_pairs", "embedded_root", "ensure", "load_photo",
+           "SEGMENTATION", "UPSTREAM_PHOTOS", "VERSIONS", "embedded_pairs", "embedded_root", "ensure", "open_set", "load_photo",
            "photo_patch", "position_centre", "render_glyph", "render_scene", "render_segmentation_scene",
            "render_sprite", "render_texture", "sample_scene", "scene_caption", "sprite_caption", "texture_classes",
            "version"]

@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--overview: judge wins / losses with Holm–Bonferroni over each backbone's comparisons")
     rep.add_argument("--task", "-t", type=_csv, help="only these tasks")
     rep.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
+    rep.add_argument("--strict", action="store_true",
+                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
 
     lb = sub.add_parser("leaderboard", help="write the markdown leaderboard and its figures", formatter_class=fmt,
                         description="A table of contents, the overview (every task's headline per backbone against "
@@ -194,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                                               "the same weights source)")
     lb.add_argument("--holm", action="store_true",
                     help="judge the overview's wins / losses with Holm–Bonferroni over each backbone's comparisons")
+    lb.add_argument("--strict", action="store_true",
+                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
 
     rg = sub.add_parser(
         "regress", help="compare two records folders; exit 1 on regression", formatter_class=fmt,
@@ -206,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
     rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
+    rg.add_argument("--strict", action="store_true",
+                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
 
     nt = sub.add_parser(
         "nightly", help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
@@ -335,6 +341,10 @@ def _prepare(task, names: list[str], out: Path, args) -> tuple[list, list[Path]]
     from .adapters import resolve_backbone
     from .engine.runner import CellContext
 
+    from .paths import check_home, clean_home
+
+    check_home()  # before anything is generated or cached there
+    clean_home()
     made = _records_folder(out)
     try:
         if hasattr(task.adapter, "check_data"):
@@ -391,7 +401,7 @@ def cmd_report(args) -> int:
     from .records.store import load_records
     from .reporting.tables import check_reference, render, report_header, report_tables
 
-    records = load_records(args.dirs)
+    records = load_records(args.dirs, strict=args.strict)
     if args.task:
         records = [r for r in records if r["task"] in args.task]
     if not records:
@@ -424,7 +434,7 @@ def cmd_leaderboard(args) -> int:
     from .reporting.leaderboard import write_leaderboard
 
     out = write_leaderboard(args.dirs, args.output, reference=args.reference, git_sha=environment()["git_sha"],
-                            correct=args.holm)
+                            correct=args.holm, strict=args.strict)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -433,7 +443,8 @@ def cmd_regress(args) -> int:
     from .records.store import load_records
     from .reporting.regress import verdict
 
-    text, code = verdict(load_records([args.baseline]), load_records([args.current]), args.threshold,
+    text, code = verdict(load_records([args.baseline], strict=args.strict),
+                         load_records([args.current], strict=args.strict), args.threshold,
                          fail_on_missing=args.fail_on_missing)
     print(text)
     if args.output:

@@ -38,6 +38,11 @@ class Adapter:
     def plan(self, task: Task, backbone, results) -> Iterable:
         raise NotImplementedError
 
+    def extras(self, task: Task) -> set[str]:
+        """The package extras (`pip install 'transferbench[EXTRA]'`) that running `task` needs beyond the base
+        install; the nightly workflow installs those of its baseline's tasks."""
+        return set()
+
     def run(self, cell, ctx) -> dict:
         raise NotImplementedError
 

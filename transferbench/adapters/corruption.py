@@ -245,6 +245,11 @@ class CorruptionAdapter(Adapter):
         except UserError as e:
             raise SpecError(f"{source}: hparams.corruptions: {e}") from None
 
+    def extras(self, task) -> set[str]:
+        """Generating corruptions needs imagecorruptions-imaug (the `corruptions` extra)."""
+        kinds = {CorruptionDataset.model_validate(d.model_dump()).corrupted for d in task.datasets}
+        return {"corruptions"} if "generate" in kinds else set()
+
     def check_data(self, task, ctx) -> None:
         """Before any cell: every dataset's clean splits open, released corrupted data is present (its first
         and last corruption at severities 1 and 5), and generation has its package."""

@@ -104,12 +104,45 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     except UserError as e:
         return {"stop": str(e)}
     except Exception as e:  # noqa: BLE001 - one broken cell must not stop the plan
+        fault = environment_fault(e, ctx)
+        if fault:  # the machine's, not the cell's: every later cell would meet it too
+            return {"stop": fault}
         status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
     return {"status": status, "reason": reason, "metrics": metrics, "info": info,
             "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb,
             **({"samples": samples} if status == "ok" and samples else {})}
+
+
+KILLED_WORKER = ("DataLoader worker", "killed by signal", "exited unexpectedly")
+RESUME = "then rerun the same command: finished cells are kept and the unfinished ones are computed again"
+
+
+def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
+    """The one-line message for a failure of the machine rather than of the cell (a full or read-only disk, a
+    data folder that vanished mid-run, a DataLoader worker killed by the system), or None. Such a failure
+    stops the run: every later cell would meet it too."""
+    from ..paths import home, write_error
+
+    if isinstance(e, OSError):
+        err = write_error(e, e.filename or "?")
+        if err is not None:
+            return str(err)
+        if isinstance(e, FileNotFoundError) and e.filename:
+            missing = Path(str(e.filename))
+            for root, name, fix in (
+                    (ctx.data_dir, "--data-dir", "restore the data there (or give --data-dir where it is now)"),
+                    (str(home()), "$TRANSFERBENCH_HOME", "keep the folder in place while cells run (embedded data is "
+                                                         "generated again on the rerun)")):
+                if root and Path(root).expanduser().resolve() in (missing.resolve(), *missing.resolve().parents):
+                    return f"{name} {root}: {missing} vanished while a cell was reading it; {fix}, {RESUME}"
+    text = str(e)
+    if isinstance(e, RuntimeError) and KILLED_WORKER[0] in text and any(k in text for k in KILLED_WORKER[1:]):
+        return (f"{text.splitlines()[0].strip()} (the system killed a data-loading process; the usual cause is the "
+                f"out-of-memory killer): rerun with fewer --workers (--workers 0 loads in the cell's own process) or "
+                f"with more memory; {RESUME.removeprefix('then ')}")
+    return None
 
 
 def lost_outcome(error: Exception, attempts: int) -> dict:

@@ -3,13 +3,16 @@
 Layout: `OUT/<task>/<dataset>/<key>.json`. A record holds the cell's identity and report fields, the
 metrics per split (`{"val": {"accuracy": 71.2}, "test": {...}}`), status (ok | diverged | failed),
 reason, seconds and environment. Readers ignore temp files, so a killed writer never leaves a torn
-record behind.
+record behind. A record torn some other way (a bad copy, a damaged disk) is never trusted: a run sets it
+aside into `.quarantine/` beside it and computes its cell again; the readers of reports skip it with one
+warning line (or stop on it, `strict`).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Iterable
@@ -17,7 +20,9 @@ from typing import Iterable
 from filelock import FileLock, Timeout
 
 from ..errors import UserError
-from ..paths import TMP_MARK, atomic_path
+from ..paths import atomic_path, quarantine, remove_stale_temps
+
+log = logging.getLogger("transferbench")
 
 FINISHED = ("ok", "diverged")  # a rerun skips these; failed cells are tried again
 
@@ -39,8 +44,11 @@ class RecordStore:
         if p in self._finished:
             return self._finished[p]
         try:
-            rec = json.loads(p.read_text())
+            rec = parse_record(p.read_bytes())
         except FileNotFoundError:
+            return None
+        except ValueError as e:  # torn: as if it were missing, set aside where a user can still look at it
+            quarantine(p, f"not a valid record: {e}", "record")
             return None
         if rec.get("status") in FINISHED:
             self._finished[p] = rec
@@ -52,12 +60,19 @@ class RecordStore:
 
     def write(self, record: dict) -> Path:
         p = self._path(record["task"], record["dataset"], record["key"])
-        with atomic_path(p) as tmp, open(tmp, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
+        data = json.dumps(record, indent=1, sort_keys=True, default=str).encode()
+        self._write_bytes(p, data, "record")
         self._finished.pop(p, None)
         return p
+
+    @staticmethod
+    def _write_bytes(p: Path, data: bytes, what: str) -> None:
+        """`data` as file `p`, atomically and synced; a refused write (full disk, read-only) is one UserError
+        naming the file and the bytes needed, with no temporary left behind."""
+        with atomic_path(p, needed=len(data), what=what) as tmp, open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
     def write_samples(self, record: dict, samples: dict) -> dict:
         """Per-example results of a cell ({split: array}) as `<key>.samples.npz` beside its record, compressed
@@ -68,10 +83,7 @@ class RecordStore:
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         data = buf.getvalue()  # hashed as written: the file is never read back
-        with atomic_path(p) as tmp, open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        self._write_bytes(p, data, "per-example results")
         return {"file": p.name, "splits": {k: int(a.size) for k, a in arrays.items()},
                 "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -84,13 +96,7 @@ class RecordStore:
 
     def remove_stale_temps(self) -> int:
         """Temp files whose writer is gone (killed mid-write). Returns how many were removed."""
-        removed = 0
-        for p in self.root.rglob(f".*.json{TMP_MARK}*"):
-            pid = p.name.rsplit(TMP_MARK, 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
-                p.unlink(missing_ok=True)
-                removed += 1
-        return removed
+        return remove_stale_temps(self.root)
 
 
 def read_samples(record: dict, split: str = "test"):
@@ -103,42 +109,61 @@ def read_samples(record: dict, split: str = "test"):
     p = Path(record["_file"]).with_name(meta["file"])
     try:
         data = p.read_bytes()
-    except OSError:
+    except OSError as e:
+        log.warning("transferbench: warning: per-example results %s unreadable (%s); the cell is compared by its "
+                    "seeds only", p, e.strerror or e)
         return None
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        log.warning("transferbench: warning: per-example results %s do not match the sha256 in their record; "
+                    "the cell is compared by its seeds only (rerun it with --force --log-samples to write them "
+                    "again)", p)
         return None
     with np.load(io.BytesIO(data)) as z:
         return z[split] if split in z.files else None
 
 
-def _alive(pid: int) -> bool:
+def parse_record(data: bytes) -> dict:
+    """A record file's content as a dict, or ValueError saying why it is not a record (torn, not JSON, not a
+    record's fields)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        rec = json.loads(data)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg}: line {e.lineno} column {e.colno} of {len(data):,} bytes") from None
+    if not isinstance(rec, dict) or not {"key", "status", "task", "dataset"} <= set(rec):
+        raise ValueError("JSON without a record's key, status, task and dataset")
+    return rec
 
 
-def load_records(dirs: Iterable) -> list[dict]:
-    """Every record under the given folders (recursively), in a stable order."""
+def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
+    """Every record under the given folders (recursively), in a stable order. A file that is not a valid
+    record is skipped with one warning line (`transferbench run` into its folder sets it aside and computes
+    its cell again), or with `strict` stops with a one-line UserError. Set-aside and temporary files (under
+    dot-named folders, or dot-named) are not read."""
     out = []
     for d in dirs:
         d = Path(d)
         if not d.is_dir():
             raise UserError(f"records folder {d} does not exist (give the --out folder of a `transferbench run`)")
         for p in sorted(d.rglob("*.json")):
-            if p.name.startswith("."):
+            if any(part.startswith(".") for part in p.relative_to(d).parts):
                 continue
             try:
-                rec = json.loads(p.read_text())
-            except json.JSONDecodeError as e:
-                raise UserError(f"{p} is not a valid record ({e}); delete it and rerun to recompute that cell") from None
-            if isinstance(rec, dict) and "key" in rec and "status" in rec:
-                rec["_file"] = str(p)  # where it was read (its samples lie beside it); never written back
-                out.append(rec)
+                rec = parse_record(p.read_bytes())
+            except ValueError as e:
+                if strict:
+                    raise UserError(f"{p} is not a valid record ({e}); rerun the `transferbench run` that wrote it "
+                                    "(it sets the file aside and computes that cell again), or drop --strict to "
+                                    "skip it") from None
+                log.warning("transferbench: warning: skipping %s: not a valid record (%s); a rerun of the "
+                            "`transferbench run` that wrote it sets it aside and computes that cell again", p, e)
+                continue
+            except OSError as e:
+                raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None
+            rec["_file"] = str(p)  # where it was read (its samples lie beside it); never written back
+            out.append(rec)
     return out
 
 
-__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records", "read_samples"]
+__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records", "parse_record", "read_samples"]

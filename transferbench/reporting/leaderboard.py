@@ -61,8 +61,8 @@ def overview(records: list[dict], reference: str | None = None, correct: bool = 
 
 
 def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None,
-                      correct: bool = False) -> Path:
-    records = load_records(dirs)
+                      correct: bool = False, strict: bool = False) -> Path:
+    records = load_records(dirs, strict=strict)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -8,7 +8,7 @@ per call is compared. The end-to-end rows run
 `transferbench run vtab|seg|lit|imagenet_c|hires|diagnose --suite embedded`, each in a fresh $TRANSFERBENCH_HOME
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
-through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the bf16 and data-path rows about 1, the executor rows about 15 (the embedded
+through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache rows under 1, the bf16 and data-path rows about 1, the executor rows about 15 (the embedded
 VTAB suite with --jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import (backbone_overhead, corruption_speed, diagnostics_speed, dtn_layer, executors, fewshot_solver, gemm_peak,
+from . import (backbone_overhead, cache_verify, corruption_speed, diagnostics_speed, dtn_layer, executors, fewshot_solver, gemm_peak,
                lit_speed, precision_choice, seg_eval)
 
 HERE = Path(__file__).parent
@@ -98,6 +98,7 @@ def main() -> None:
                                lit_speed.classifier_speed(1000, args.seconds)))
     section("Robustness: the corruption generator's cache and process pool",
             corruption_speed.markdown(corruption_speed.run(600, 32, 16, 2, args.seconds)))
+    section("Caches: verifying an entry vs reading it", cache_verify.markdown(cache_verify.run(200, args.seconds)))
     section("Diagnostics: all measures vs a plain forward pass at the b16 shape",
             diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)))
     if not args.skip_e2e:

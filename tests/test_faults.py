@@ -490,3 +490,23 @@ def test_soak_sigkill_at_five_random_moments(home, tmp_path):
     assert metrics(out) == metrics(tmp_path / "uninterrupted")
     assert not [q for q in [*out.rglob("*"), *home.rglob("*")] if ".tmp" in q.name]
     assert all(verified(e) for e in (home / "features").glob("*.npz"))
+
+
+# --- a --jobs worker that generated corruptions exits -----------------------------------------------------------
+
+def _generate_in_a_worker():
+    from transferbench.data import corruptions
+    assert list(corruptions.pool(2).map(abs, [-1, -2, -3])) == [1, 2, 3]
+
+
+def test_a_cell_process_that_used_the_generator_pool_exits():
+    """`run imagenet_c --jobs 2` finished every cell, then hung: each cell process, ending, joined the generator
+    pool's processes, which nothing had shut down (atexit does not run in multiprocessing children)."""
+    import multiprocessing
+    p = multiprocessing.get_context("spawn").Process(target=_generate_in_a_worker)
+    p.start()
+    p.join(timeout=120)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+    assert not hung and p.exitcode == 0

@@ -141,6 +141,10 @@ def pool(processes: int):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["transferbench.data._corruption_worker"])
         _POOL[processes] = ProcessPoolExecutor(processes, mp_context=ctx)
+        # a multiprocessing worker (a --jobs cell process) ends through os._exit, where atexit never runs, after
+        # joining its child processes: the pool must be shut down first, or that join waits on it for ever; and
+        # before its queues close (their finalizers have priority 10), or its workers never hear of it
+        multiprocessing.util.Finalize(None, _shutdown, exitpriority=100)
     return _POOL[processes]
 
 
@@ -148,6 +152,7 @@ def pool(processes: int):
 def _shutdown() -> None:
     for p in _POOL.values():
         p.shutdown(cancel_futures=True)
+    _POOL.clear()
 
 
 def generate(clean: np.ndarray, corruption: str, severity: int, seeds, size: int, *, processes: int = 1,

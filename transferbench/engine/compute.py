@@ -123,10 +123,13 @@ def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
     """The one-line message for a failure of the machine rather than of the cell (a full or read-only disk, a
     data folder that vanished mid-run, a DataLoader worker killed by the system), or None. Such a failure
     stops the run: every later cell would meet it too."""
-    from ..paths import home, write_error
+    import errno
+
+    from ..paths import DISK_FULL, home, write_error
 
     if isinstance(e, OSError):
-        err = write_error(e, e.filename or "?")
+        # a full or read-only disk; a permission error may come from a read, and stays the cell's
+        err = write_error(e, e.filename or "?") if e.errno in DISK_FULL | {errno.EROFS} else None
         if err is not None:
             return str(err)
         if isinstance(e, FileNotFoundError) and e.filename:

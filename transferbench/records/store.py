@@ -47,6 +47,8 @@ class RecordStore:
             rec = parse_record(p.read_bytes())
         except FileNotFoundError:
             return None
+        except OSError as e:
+            raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None
         except ValueError as e:  # torn: as if it were missing, set aside where a user can still look at it
             quarantine(p, f"not a valid record: {e}", "record")
             return None

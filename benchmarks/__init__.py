@@ -3,7 +3,7 @@
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils import benchmark
@@ -17,8 +17,9 @@ def median_seconds(stmt: str, globals: dict, seconds: float) -> float:
     return timer.blocked_autorange(min_run_time=seconds).median
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], seconds: float, block: float = 0.25,
-                        min_rounds: int = 3) -> dict[str, float]:
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], seconds: float, block: float = 0.25, min_rounds: int = 3
+) -> dict[str, float]:
     """Median seconds per call of each function, timed in rotating rounds (at least `min_rounds`, and at
     least `seconds` per function): each round runs every function for about `block` seconds, the next
     round starts with the next function. Slow drift of the machine (other tenants, clocks, caches) then
@@ -32,7 +33,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], seconds: float, bl
     names, samples = list(fns), {name: [] for name in fns}
     start, rnd = time.perf_counter(), 0
     while rnd < min_rounds or time.perf_counter() - start < seconds * len(fns):
-        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+        for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
             t0 = time.perf_counter()
             for _ in range(calls[name]):
                 fns[name]()

@@ -8,9 +8,11 @@ per call is compared. The end-to-end rows run
 `transferbench run vtab|seg|lit|imagenet_c|hires|diagnose --suite embedded`, each in a fresh $TRANSFERBENCH_HOME
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
-through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache rows under 1, the bf16 and data-path rows about 1, the executor rows about 15 (the embedded
-VTAB suite with --jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
+through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache rows under 1, the bf16 and
+data-path rows about 1, the executor rows about 15 (the embedded VTAB suite with --jobs 1, --jobs 2 and Ray), the
+rest about 3. CI does not run this.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,24 +28,50 @@ from pathlib import Path
 
 import torch
 
-from . import (backbone_overhead, cache_verify, corruption_speed, diagnostics_speed, dtn_layer, executors, fewshot_solver, gemm_peak,
-               lit_speed, precision_choice, seg_eval)
+from . import (
+    backbone_overhead,
+    cache_verify,
+    corruption_speed,
+    diagnostics_speed,
+    dtn_layer,
+    executors,
+    fewshot_solver,
+    gemm_peak,
+    lit_speed,
+    precision_choice,
+    seg_eval,
+)
 
 HERE = Path(__file__).parent
 
 
 def machine() -> str:
     from transferbench.engine.runner import environment
+
     env = environment()
-    return (f"{env.get('device', platform.processor())}; python {platform.python_version()}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
+    return (
+        f"{env.get('device', platform.processor())}; python {platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
 
 def end_to_end(task: str = "vtab") -> str:
     with tempfile.TemporaryDirectory() as home:
         out = Path(home) / "runs"
-        cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "transferbench.cli", "run", task, "--suite", "embedded",
-               "--out", str(out), "--no-progress"]
+        cmd = [
+            "/usr/bin/time",
+            "-v",
+            sys.executable,
+            "-m",
+            "transferbench.cli",
+            "run",
+            task,
+            "--suite",
+            "embedded",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
         started = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
         wall = time.time() - started
@@ -52,8 +80,10 @@ def end_to_end(task: str = "vtab") -> str:
         subprocess.run(cmd[2:], capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
         rerun = time.time() - again
     status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-    return (f"| `transferbench run {task} --suite embedded` (fresh home: data generation included) | "
-            f"{wall / 60:.1f} min | {int(rss.group(1)) / 1e6 if rss else float('nan'):.2f} GB | {rerun:.1f} s | {status} |")
+    return (
+        f"| `transferbench run {task} --suite embedded` (fresh home: data generation included) | "
+        f"{wall / 60:.1f} min | {int(rss.group(1)) / 1e6 if rss else float('nan'):.2f} GB | {rerun:.1f} s | {status} |"
+    )
 
 
 E2E_HEAD = "| command | wall | peak RSS | rerun (all cells skipped) | status |\n|---|---|---|---|---|\n"
@@ -77,37 +107,66 @@ def main() -> None:
     # the DTN layer first: its temporaries are sensitive to what the allocator has been through, and the
     # backbone rows churn through gigabytes
     section("DTN layer vs the official algorithm", dtn_layer.markdown(dtn_layer.run(seconds=args.seconds)))
-    rows = [backbone_overhead.run(size, batch, False, backward, args.seconds)
-            for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8)) for backward in (False, True)]
+    rows = [
+        backbone_overhead.run(size, batch, False, backward, args.seconds)
+        for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8))
+        for backward in (False, True)
+    ]
     # a training-size batch, where DTN's cache-sized slices matter; timm and DPN are left out for time
     rows.append(backbone_overhead.run("s16", 32, False, True, args.seconds, models=("ours", "dtn")))
     if gemm_peak.cpu_bf16_units():
-        rows += [backbone_overhead.run(size, batch, True, backward, args.seconds)
-                 for size, batch in (("s16", 8), ("b32", 8)) for backward in (False, True)]
-    section("Backbone throughput vs timm, DPN and DTN overhead", backbone_overhead.markdown(rows)
-            + ("" if gemm_peak.cpu_bf16_units() else
-               "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."))
-    section("bf16 auto vs off vs on on an embedded cell, and the batched data path",
-            precision_choice.markdown(precision_choice.run()))
+        rows += [
+            backbone_overhead.run(size, batch, True, backward, args.seconds)
+            for size, batch in (("s16", 8), ("b32", 8))
+            for backward in (False, True)
+        ]
+    section(
+        "Backbone throughput vs timm, DPN and DTN overhead",
+        backbone_overhead.markdown(rows)
+        + (
+            ""
+            if gemm_peak.cpu_bf16_units()
+            else "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower "
+            "than fp32)."
+        ),
+    )
+    section(
+        "bf16 auto vs off vs on on an embedded cell, and the batched data path",
+        precision_choice.markdown(precision_choice.run()),
+    )
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))
-    section("Segmentation: sliding-window evaluation and metric accumulation",
-            seg_eval.markdown(seg_eval.window_overhead("ti16", 4, args.seconds), seg_eval.metric_speed(2000)))
-    section("LiT: cached image features and zero-shot classifier construction",
-            lit_speed.markdown(lit_speed.train_steps("b32", 224, 32, seconds=args.seconds),
-                               lit_speed.classifier_speed(1000, args.seconds)))
-    section("Robustness: the corruption generator's cache and process pool",
-            corruption_speed.markdown(corruption_speed.run(600, 32, 16, 2, args.seconds)))
+    section(
+        "Segmentation: sliding-window evaluation and metric accumulation",
+        seg_eval.markdown(seg_eval.window_overhead("ti16", 4, args.seconds), seg_eval.metric_speed(2000)),
+    )
+    section(
+        "LiT: cached image features and zero-shot classifier construction",
+        lit_speed.markdown(
+            lit_speed.train_steps("b32", 224, 32, seconds=args.seconds), lit_speed.classifier_speed(1000, args.seconds)
+        ),
+    )
+    section(
+        "Robustness: the corruption generator's cache and process pool",
+        corruption_speed.markdown(corruption_speed.run(600, 32, 16, 2, args.seconds)),
+    )
     section("Caches: verifying an entry vs reading it", cache_verify.markdown(cache_verify.run(200, args.seconds)))
-    section("Diagnostics: all measures vs a plain forward pass at the b16 shape",
-            diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)))
+    section(
+        "Diagnostics: all measures vs a plain forward pass at the b16 shape",
+        diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)),
+    )
     if not args.skip_e2e:
         section("Executors: the embedded VTAB suite in parallel and on Ray", executors.markdown(executors.run()))
-        section("Embedded suites end to end",
-                E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg", "lit", "imagenet_c", "hires", "diagnose")))
-    head = (f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
-            f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
-            "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a warm-up).\n\n")
+        section(
+            "Embedded suites end to end",
+            E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg", "lit", "imagenet_c", "hires", "diagnose")),
+        )
+    head = (
+        f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
+        "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a "
+        "warm-up).\n\n"
+    )
     args.output.write_text(head + "\n".join(sections))
     print(f"wrote {args.output}")
 

@@ -13,6 +13,7 @@ disk is slower and the ratio smaller):
   verification; target <= 0.5x (a bare copy of the array is about as fast as the verification itself);
 - a later verification of the same entry in the same process (a stat of each file): microseconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ from benchmarks import interleaved_medians
 
 def run(mb: float = 200, seconds: float = 2.0) -> list[dict]:
     from transferbench import paths
+
     rows = []
     with tempfile.TemporaryDirectory() as d:
         os.environ["TRANSFERBENCH_HOME"] = d
@@ -46,13 +48,21 @@ def run(mb: float = 200, seconds: float = 2.0) -> list[dict]:
             assert paths.damage(path, directory=directory) is None
 
         from transferbench.hashing import sha256_file
+
         t = interleaved_medians({"read": load, "verify": verify, "sha256": lambda: sha256_file(entry)}, seconds)
-        rows.append({"entry": f"features .npz, {entry.stat().st_size / 1e6:.0f} MB", "read_ms": 1e3 * t["read"],
-                     "verify_ms": 1e3 * t["verify"], "sha256_ms": 1e3 * t["sha256"]})
+        rows.append(
+            {
+                "entry": f"features .npz, {entry.stat().st_size / 1e6:.0f} MB",
+                "read_ms": 1e3 * t["read"],
+                "verify_ms": 1e3 * t["verify"],
+                "sha256_ms": 1e3 * t["sha256"],
+            }
+        )
 
         folder = Path(d) / "corruptions" / "k"
-        images = np.random.default_rng(1).integers(0, 256, (max(1, int(mb * 1e6 / (224 * 224 * 3))), 224, 224, 3),
-                                                    dtype=np.uint8)
+        images = np.random.default_rng(1).integers(
+            0, 256, (max(1, int(mb * 1e6 / (224 * 224 * 3))), 224, 224, 3), dtype=np.uint8
+        )
         with paths.sealed(folder, directory=True) as tmp:
             np.save(tmp / "images.npy", images)
             np.save(tmp / "labels.npy", np.arange(len(images)))
@@ -60,30 +70,41 @@ def run(mb: float = 200, seconds: float = 2.0) -> list[dict]:
 
         def read_images():  # what a robustness cell does before its model: each batch as [-1, 1] float tensors
             import torch
+
             mm = np.load(folder / "images.npy", mmap_mode="r")
             for i in range(0, len(mm), 256):
-                torch.from_numpy(np.array(mm[i:i + 256])).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+                torch.from_numpy(np.array(mm[i : i + 256])).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
         t = interleaved_medians({"read": read_images, "verify": lambda: verify(folder, True)}, seconds)
-        rows.append({"entry": f"corruption images .npy (mmap) to float batches, "
-                              f"{(folder / 'images.npy').stat().st_size / 1e6:.0f} MB",
-                     "read_ms": 1e3 * t["read"], "verify_ms": 1e3 * t["verify"]})
+        rows.append(
+            {
+                "entry": f"corruption images .npy (mmap) to float batches, "
+                f"{(folder / 'images.npy').stat().st_size / 1e6:.0f} MB",
+                "read_ms": 1e3 * t["read"],
+                "verify_ms": 1e3 * t["verify"],
+            }
+        )
         paths.damage(entry)
         t = interleaved_medians({"again": lambda: paths.damage(entry)}, seconds / 4)
-        rows.append({"entry": "the features entry again, same process", "read_ms": float("nan"),
-                     "verify_ms": 1e3 * t["again"]})
+        rows.append(
+            {"entry": "the features entry again, same process", "read_ms": float("nan"), "verify_ms": 1e3 * t["again"]}
+        )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| entry | read | verify (size + checksum) | verify / read | target | sha256, 1 thread (context) |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| entry | read | verify (size + checksum) | verify / read | target | sha256, 1 thread (context) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         sha = f"{r['sha256_ms']:.1f} ms" if "sha256_ms" in r else "-"
         if r["read_ms"] == r["read_ms"]:
             ratio = r["verify_ms"] / r["read_ms"]
-            out.append(f"| {r['entry']} | {r['read_ms']:.1f} ms | {r['verify_ms']:.1f} ms | {ratio:.2f}x | "
-                       f"<= 0.5x {'ok' if ratio <= 0.5 else 'MISSED'} | {sha} |")
+            out.append(
+                f"| {r['entry']} | {r['read_ms']:.1f} ms | {r['verify_ms']:.1f} ms | {ratio:.2f}x | "
+                f"<= 0.5x {'ok' if ratio <= 0.5 else 'MISSED'} | {sha} |"
+            )
         else:
             out.append(f"| {r['entry']} | - | {1e3 * r['verify_ms']:.0f} µs | - | - | - |")
     return "\n".join(out)

@@ -10,6 +10,7 @@
   single-process generator (same output, tested in tests/test_corruption.py). Printed: images per second
   and the ratio (2 cores: at most 2x).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,18 +26,23 @@ def _images(n: int, render: int) -> np.ndarray:
     from transferbench.data import embedded
     from transferbench.data.corruptions import render as rendered
     from transferbench.data.folder import FolderDataset
+
     data = FolderDataset(embedded.ensure(["photos"]), "photos", "test")
     return np.stack([rendered(data.image(i % len(data)), render, 1.0) for i in range(n)])
 
 
 def _all(images, size, processes):
     from transferbench.data.corruptions import CORRUPTIONS, generate, image_seed
-    return [generate(images, c, 3, [image_seed(0, i, c, 3) for i in range(len(images))], size, processes=processes)
-            for c in CORRUPTIONS]
+
+    return [
+        generate(images, c, 3, [image_seed(0, i, c, 3) for i in range(len(images))], size, processes=processes)
+        for c in CORRUPTIONS
+    ]
 
 
 def run(images: int = 600, render: int = 32, size: int = 16, processes: int = 2, seconds: float = 2.0) -> dict:
     from transferbench.data import corruptions as C
+
     clean = _images(images, render)
     n = images * len(C.CORRUPTIONS)
     with tempfile.TemporaryDirectory() as home:
@@ -52,28 +58,50 @@ def run(images: int = 600, render: int = 32, size: int = 16, processes: int = 2,
                 return [np.array(C.cached(k, None)[0].array()) for k in keys]
 
             same = all(np.array_equal(a, b) for a, b in zip(from_cache(), made))
-            t = interleaved_medians({"cache": from_cache, "pool": lambda: _all(clean, size, processes),
-                                     "single": lambda: _all(clean, size, 1)}, seconds, block=0.0, min_rounds=3)
+            t = interleaved_medians(
+                {
+                    "cache": from_cache,
+                    "pool": lambda: _all(clean, size, processes),
+                    "single": lambda: _all(clean, size, 1),
+                },
+                seconds,
+                block=0.0,
+                min_rounds=3,
+            )
         finally:
             if old is None:
                 os.environ.pop("TRANSFERBENCH_HOME", None)
             else:
                 os.environ["TRANSFERBENCH_HOME"] = old
-    return {"images": images, "render": render, "size": size, "processes": processes, "n": n, "same": same,
-            "per_second": {k: n / v for k, v in t.items()}}
+    return {
+        "images": images,
+        "render": render,
+        "size": size,
+        "processes": processes,
+        "n": n,
+        "same": same,
+        "per_second": {k: n / v for k, v in t.items()},
+    }
 
 
 def markdown(r: dict) -> str:
     ps = r["per_second"]
-    return "\n".join([
-        f"The 15 corruptions at severity 3 of {r['images']} embedded photographs rendered at {r['render']} px, resized "
-        f"to {r['size']} ({r['n']:,} corrupted images per call).", "",
-        "| what | images / s | ratio |", "|---|---|---|",
-        f"| rerun: read from the generator cache | {ps['cache']:,.0f} | **{ps['cache'] / ps['pool']:.0f}x** vs "
-        f"generating again{' (same arrays)' if r['same'] else ' (ARRAYS DIFFER)'} |",
-        f"| generate, process pool of {r['processes']} | {ps['pool']:,.0f} | **{ps['pool'] / ps['single']:.2f}x** vs "
-        "one process |",
-        f"| generate, one process | {ps['single']:,.0f} | 1.00x |"])
+    return "\n".join(
+        [
+            f"The 15 corruptions at severity 3 of {r['images']} embedded photographs rendered at {r['render']} "
+            f"px, resized "
+            f"to {r['size']} ({r['n']:,} corrupted images per call).",
+            "",
+            "| what | images / s | ratio |",
+            "|---|---|---|",
+            f"| rerun: read from the generator cache | {ps['cache']:,.0f} | **{ps['cache'] / ps['pool']:.0f}x** vs "
+            f"generating again{' (same arrays)' if r['same'] else ' (ARRAYS DIFFER)'} |",
+            f"| generate, process pool of {r['processes']} | {ps['pool']:,.0f} | "
+            f"**{ps['pool'] / ps['single']:.2f}x** vs "
+            "one process |",
+            f"| generate, one process | {ps['single']:,.0f} | 1.00x |",
+        ]
+    )
 
 
 if __name__ == "__main__":

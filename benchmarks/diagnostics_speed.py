@@ -9,6 +9,7 @@ layer the patch cosine similarity, token norms, attention row std and per-head a
 for `rounds` rounds over all the images; the medians are compared. Printed: images per second of each and the
 ratio (the issue's bound: at most 1.5x).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,18 +50,27 @@ def run(images: int = 1000, batch: int = 50, rounds: int = 2, size: str = "b16",
             fn()
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"size": size, "images": images, "batch": batch, "rounds": rounds, "bf16": bf16,
-            "seconds": med, "ratio": med["diagnostics"] / med["plain"]}
+    return {
+        "size": size,
+        "images": images,
+        "batch": batch,
+        "rounds": rounds,
+        "bf16": bf16,
+        "seconds": med,
+        "ratio": med["diagnostics"] / med["plain"],
+    }
 
 
 def markdown(r: dict) -> str:
     ips = {k: r["images"] / v for k, v in r["seconds"].items()}
-    return ("| shape | images | plain forward | diagnostics (all measures) | diagnostics / plain (bound 1.5x) |\n"
-            "|---|---|---|---|---|\n"
-            f"| {r['size']} at 224 px{' bf16' if r['bf16'] else ''}, batch {r['batch']} | {r['images']:,} | "
-            f"{ips['plain']:.1f} img/s ({r['seconds']['plain']:.1f} s) | {ips['diagnostics']:.1f} img/s "
-            f"({r['seconds']['diagnostics']:.1f} s) | **{r['ratio']:.2f}x** |\n\n"
-            f"Median of {r['rounds']} alternating passes over the same images, in one process.")
+    return (
+        "| shape | images | plain forward | diagnostics (all measures) | diagnostics / plain (bound 1.5x) |\n"
+        "|---|---|---|---|---|\n"
+        f"| {r['size']} at 224 px{' bf16' if r['bf16'] else ''}, batch {r['batch']} | {r['images']:,} | "
+        f"{ips['plain']:.1f} img/s ({r['seconds']['plain']:.1f} s) | {ips['diagnostics']:.1f} img/s "
+        f"({r['seconds']['diagnostics']:.1f} s) | **{r['ratio']:.2f}x** |\n\n"
+        f"Median of {r['rounds']} alternating passes over the same images, in one process."
+    )
 
 
 def main() -> None:

@@ -12,6 +12,7 @@
 The embedded data is generated before the first run, so no run pays for it. Each run is a
 `transferbench run` subprocess timed from start to exit. About 15 minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,12 +27,24 @@ from pathlib import Path
 
 def _records(out: Path) -> dict:
     from transferbench.records.store import load_records
+
     return {r["key"]: r for r in load_records([out])}
 
 
 def _run(task: str, suite: str, out: Path, home: str, extra: list[str]) -> tuple[float, int]:
-    cmd = [sys.executable, "-m", "transferbench.cli", "run", task, "--suite", suite, "--out", str(out), "--no-progress",
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transferbench.cli",
+        "run",
+        task,
+        "--suite",
+        suite,
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TRANSFERBENCH_HOME": home})
     wall = time.time() - started
@@ -47,20 +60,26 @@ def _same(a: dict, b: dict) -> str:
     worst: dict[str, float] = {}
     differ = 0
     for k in a:
-        d = {s: max(abs(a[k]["metrics"][s][m] - b[k]["metrics"][s][m]) for m in a[k]["metrics"][s])
-             for s in a[k]["metrics"]}
+        d = {
+            s: max(abs(a[k]["metrics"][s][m] - b[k]["metrics"][s][m]) for m in a[k]["metrics"][s])
+            for s in a[k]["metrics"]
+        }
         differ += any(v > 0 for v in d.values())
         for s, v in d.items():
             worst[s] = max(worst.get(s, 0.0), v)
     if not differ:
         return "identical"
-    return (f"{len(a) - differ}/{len(a)} cells identical; largest difference "
-            + ", ".join(f"{s} {v:.2f}" for s, v in sorted(worst.items())) + " points")
+    return (
+        f"{len(a) - differ}/{len(a)} cells identical; largest difference "
+        + ", ".join(f"{s} {v:.2f}" for s, v in sorted(worst.items()))
+        + " points"
+    )
 
 
 def run(task: str = "vtab", suite: str = "embedded", jobs: int = 2, ray: bool = True) -> dict:
     from transferbench.data import embedded
     from transferbench.engine.executors import usable_cores
+
     with tempfile.TemporaryDirectory() as home:
         old = os.environ.get("TRANSFERBENCH_HOME")
         os.environ["TRANSFERBENCH_HOME"] = home
@@ -71,8 +90,16 @@ def run(task: str = "vtab", suite: str = "embedded", jobs: int = 2, ray: bool = 
         root = Path(home)
         one, cells = _run(task, suite, root / "jobs1", home, [])
         many, _ = _run(task, suite, root / "jobsN", home, ["--jobs", str(jobs)])
-        res = {"task": task, "suite": suite, "jobs": jobs, "cores": usable_cores(), "cells": cells,
-               "jobs1": one, "jobsN": many, "same": _same(_records(root / "jobs1"), _records(root / "jobsN"))}
+        res = {
+            "task": task,
+            "suite": suite,
+            "jobs": jobs,
+            "cores": usable_cores(),
+            "cells": cells,
+            "jobs1": one,
+            "jobsN": many,
+            "same": _same(_records(root / "jobs1"), _records(root / "jobsN")),
+        }
         if ray and importlib.util.find_spec("ray") is not None:
             # a local Ray instance on this machine's cores, one CPU per cell (on 2 cores: 2 at once, as --jobs 2)
             wall, _ = _run(task, suite, root / "ray", home, ["--executor", "ray", "--cpus-per-cell", "1"])
@@ -81,21 +108,30 @@ def run(task: str = "vtab", suite: str = "embedded", jobs: int = 2, ray: bool = 
 
 
 def markdown(r: dict) -> str:
-    rows = [f"The embedded `{r['task']}` suite ({r['cells']} cells), one machine with {r['cores']} cores, data "
-            "generated beforehand; each run a `transferbench run` subprocess from start to exit.", "",
-            "| executor | wall | per cell | vs `--jobs 1` | records |", "|---|---|---|---|---|",
-            f"| `--executor local --jobs 1` (in process, {r['cores']} threads) | {r['jobs1'] / 60:.2f} min | "
-            f"{r['jobs1'] / r['cells']:.2f} s | 1.00x | reference |",
-            f"| `--executor local --jobs {r['jobs']}` ({max(1, r['cores'] // r['jobs'])} thread each) | "
-            f"{r['jobsN'] / 60:.2f} min | {r['jobsN'] / r['cells']:.2f} s | **{r['jobs1'] / r['jobsN']:.2f}x** faster | "
-            f"{r['same']} |"]
+    rows = [
+        f"The embedded `{r['task']}` suite ({r['cells']} cells), one machine with {r['cores']} cores, data "
+        "generated beforehand; each run a `transferbench run` subprocess from start to exit.",
+        "",
+        "| executor | wall | per cell | vs `--jobs 1` | records |",
+        "|---|---|---|---|---|",
+        f"| `--executor local --jobs 1` (in process, {r['cores']} threads) | {r['jobs1'] / 60:.2f} min | "
+        f"{r['jobs1'] / r['cells']:.2f} s | 1.00x | reference |",
+        f"| `--executor local --jobs {r['jobs']}` ({max(1, r['cores'] // r['jobs'])} thread each) | "
+        f"{r['jobsN'] / 60:.2f} min | {r['jobsN'] / r['cells']:.2f} s | **{r['jobs1'] / r['jobsN']:.2f}x** faster | "
+        f"{r['same']} |",
+    ]
     if "ray" in r:
         over = (r["ray"] - r["jobsN"]) / r["cells"]
-        rows.append(f"| `--executor ray` (local instance, 1 CPU per cell) | {r['ray'] / 60:.2f} min | "
-                    f"{r['ray'] / r['cells']:.2f} s | {r['jobs1'] / r['ray']:.2f}x | {r['ray_same']} vs `--jobs "
-                    f"{r['jobs']}` |")
-        rows += ["", f"Ray's overhead against `--jobs {r['jobs']}` (same cells at once): **{over:+.2f} s per cell** "
-                     f"({r['ray'] - r['jobsN']:+.1f} s over the run, Ray's start included)."]
+        rows.append(
+            f"| `--executor ray` (local instance, 1 CPU per cell) | {r['ray'] / 60:.2f} min | "
+            f"{r['ray'] / r['cells']:.2f} s | {r['jobs1'] / r['ray']:.2f}x | {r['ray_same']} vs `--jobs "
+            f"{r['jobs']}` |"
+        )
+        rows += [
+            "",
+            f"Ray's overhead against `--jobs {r['jobs']}` (same cells at once): **{over:+.2f} s per cell** "
+            f"({r['ray'] - r['jobsN']:+.1f} s over the run, Ray's start included).",
+        ]
     else:
         rows += ["", "Ray is not installed (`pip install -e '.[scale]'`): no Ray row."]
     return "\n".join(rows)

@@ -21,6 +21,7 @@ float32 default would differ from any float64 solver in the last bits. Rows:
 Features are synthetic but shaped like pre-logits: class means on a random low-rank subspace plus
 anisotropic noise and an offset.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from benchmarks import interleaved_medians
-from transferbench.adapters.fewshot import (BIAS, _standardise, fewshot_indices, ridge_probe,
-                                            ridge_sweep_accuracy)
+from transferbench.adapters.fewshot import BIAS, _standardise, fewshot_indices, ridge_probe, ridge_sweep_accuracy
 
-L2_SWEEP = [2.0 ** k for k in range(0, 20, 2)]
-PROTOCOL_L2 = 2.0 ** 10
+L2_SWEEP = [2.0**k for k in range(0, 20, 2)]
+PROTOCOL_L2 = 2.0**10
 
 
 def big_vision_cache(x, y, num_classes: int) -> dict:
@@ -76,6 +76,7 @@ def make_features(n_classes: int, dim: int, seed: int, separation: float):
         r = np.random.default_rng([seed, sample_seed])
         y = np.repeat(np.arange(n_classes), per_class)
         return (means[y] + r.normal(size=(len(y), dim)) * scales + 5.0).astype(np.float32), y
+
     return sample
 
 
@@ -106,19 +107,37 @@ def run(seconds: float = 2.0, test: int = 10_000, seed: int = 0, separation: flo
     def ours_sweep():
         return ridge_sweep_accuracy(tx, ty, test_x, test_y, classes, L2_SWEEP)
 
-    fns = {"ours_fixed": ours_fixed, "theirs_fixed": theirs_fixed, "ours_sweep": ours_sweep,
-           "theirs_sweep": theirs_sweep, "ours_fit": lambda: ridge_probe(tx, ty, classes, PROTOCOL_L2),
-           "floor": lambda: (lambda d: d.T @ d)(_standardise(tx)[0]),  # the design and its Gram matrix
-           "gram": lambda: design.T @ design, "logreg": logistic}
+    fns = {
+        "ours_fixed": ours_fixed,
+        "theirs_fixed": theirs_fixed,
+        "ours_sweep": ours_sweep,
+        "theirs_sweep": theirs_sweep,
+        "ours_fit": lambda: ridge_probe(tx, ty, classes, PROTOCOL_L2),
+        "floor": lambda: (lambda d: d.T @ d)(_standardise(tx)[0]),  # the design and its Gram matrix
+        "gram": lambda: design.T @ design,
+        "logreg": logistic,
+    }
     t = interleaved_medians(fns, seconds)
     (acc_lr, iters), sweep_ours, sweep_theirs = logistic(), ours_sweep(), theirs_sweep()
-    return {"ours_fixed_s": t["ours_fixed"], "theirs_fixed_s": t["theirs_fixed"], "fixed_acc": 100 * ours_fixed(),
-            "fixed_diff": abs(ours_fixed() - theirs_fixed()), "ours_sweep_s": t["ours_sweep"],
-            "theirs_sweep_s": t["theirs_sweep"], "sweep_best": 100 * max(sweep_ours),
-            "sweep_diff": max(abs(a - b) for a, b in zip(sweep_ours, sweep_theirs)), "ours_fit_s": t["ours_fit"],
-            "floor_s": t["floor"], "gram_s": t["gram"], "logreg_s": t["logreg"], "logreg_acc": 100 * acc_lr,
-            "logreg_iters": iters, "test": len(test_y), "seconds": seconds,
-            "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}"}
+    return {
+        "ours_fixed_s": t["ours_fixed"],
+        "theirs_fixed_s": t["theirs_fixed"],
+        "fixed_acc": 100 * ours_fixed(),
+        "fixed_diff": abs(ours_fixed() - theirs_fixed()),
+        "ours_sweep_s": t["ours_sweep"],
+        "theirs_sweep_s": t["theirs_sweep"],
+        "sweep_best": 100 * max(sweep_ours),
+        "sweep_diff": max(abs(a - b) for a, b in zip(sweep_ours, sweep_theirs)),
+        "ours_fit_s": t["ours_fit"],
+        "floor_s": t["floor"],
+        "gram_s": t["gram"],
+        "logreg_s": t["logreg"],
+        "logreg_acc": 100 * acc_lr,
+        "logreg_iters": iters,
+        "test": len(test_y),
+        "seconds": seconds,
+        "versions": f"numpy {np.__version__}, scikit-learn {sklearn.__version__}",
+    }
 
 
 def markdown(r: dict) -> str:
@@ -128,10 +147,12 @@ def markdown(r: dict) -> str:
 
     def same(diff):
         return f"identical (max diff {diff:.0e})" if diff <= 1e-6 else f"DIFFERENT (max diff {diff:.1e})"
+
     ms = lambda s: f"{1e3 * s:.1f} ms"  # noqa: E731
     return (
         f"25 shots x 100 classes x 768-d synthetic features, {r['test']} test examples; medians over rotating rounds "
-        f"(at least {r['seconds']:g} s each; {r['versions']}). Reference: big_vision's fewshot_lsr (eigendecomposition cache + per-l2 "
+        f"(at least {r['seconds']:g} s each; {r['versions']}). Reference: big_vision's fewshot_lsr "
+        f"(eigendecomposition cache + per-l2 "
         f"solve) transcribed to numpy float64 in this file.\n\n"
         f"| work | ours | big_vision's algorithm | speed-up (target) | accuracy |\n|---|---|---|---|---|\n"
         f"| fixed l2 = 2^10 (the protocol): fit + predict | {ms(r['ours_fixed_s'])} | {ms(r['theirs_fixed_s'])} | "
@@ -147,7 +168,8 @@ def markdown(r: dict) -> str:
         f"{verdict(r['ours_fit_s'] / r['floor_s'], 1.5, higher=False)} |\n\n"
         f"Context: scikit-learn LogisticRegression (lbfgs, standardised; {r['logreg_iters']} iterations) takes "
         f"{ms(r['logreg_s'])} for {r['logreg_acc']:.2f}% ({r['logreg_s'] / r['ours_fixed_s']:.1f}x our fixed-l2 "
-        f"time); it is not the algorithm users compare the protocol against.")
+        f"time); it is not the algorithm users compare the protocol against."
+    )
 
 
 def main() -> None:
@@ -155,8 +177,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="minimum measuring time per contender (default 2)")
     ap.add_argument("--test", type=int, default=10_000, help="test examples (default 10,000)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--separation", type=float, default=0.1, help="scale of the class means (default 0.1: neither "
-                                                                   "solver near 0 or 100%%)")
+    ap.add_argument(
+        "--separation",
+        type=float,
+        default=0.1,
+        help="scale of the class means (default 0.1: neither solver near 0 or 100%%)",
+    )
     args = ap.parse_args()
     print(markdown(run(args.seconds, args.test, args.seed, args.separation)))
 

@@ -12,6 +12,7 @@
   SimpleTokenizer, on the same text tower (the embedded suite's: 2 layers x 64 wide, context
   16); target: ratio >= 1.0x with weights equal to 1e-5.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,14 @@ from benchmarks import interleaved_medians
 EMBEDDED_TEXT = {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}
 
 
-def train_steps(image: str = "b32", res: int = 224, batch: int = 32, text: dict | None = None, seconds: float = 2.0,
-                device: str = "cpu") -> dict:
+def train_steps(
+    image: str = "b32",
+    res: int = 224,
+    batch: int = 32,
+    text: dict | None = None,
+    seconds: float = 2.0,
+    device: str = "cpu",
+) -> dict:
     from transferbench.adapters.lit import LitModel, LockedImageTower, contrastive_loss, parameter_groups, tokenizer
     from transferbench.backbones import create_backbone
     from transferbench.engine.train import fit
@@ -44,13 +51,33 @@ def train_steps(image: str = "b32", res: int = 224, batch: int = 32, text: dict 
         sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
         def step(model=model, opt=opt, loss=loss, embed=embed, source=source):
-            fit(model, iter([(tokens, source)]), opt, steps=1, base_lr=1e-4, warmup=0, clip=1.0, device=device,
-                bf16=False, loss_fn=lambda t, x: loss(t, embed(x)), splittable=False)
+            fit(
+                model,
+                iter([(tokens, source)]),
+                opt,
+                steps=1,
+                base_lr=1e-4,
+                warmup=0,
+                clip=1.0,
+                device=device,
+                bf16=False,
+                loss_fn=lambda t, x: loss(t, embed(x)),
+                splittable=False,
+            )
             sync()
+
         runs[name] = step
     t = interleaved_medians(runs, seconds)
-    return {"image": image, "res": res, "batch": batch, "text": text, "device": device,
-            "cached_s": t["cached"], "recompute_s": t["recompute"], "ratio": t["recompute"] / t["cached"]}
+    return {
+        "image": image,
+        "res": res,
+        "batch": batch,
+        "text": text,
+        "device": device,
+        "cached_s": t["cached"],
+        "recompute_s": t["recompute"],
+        "ratio": t["recompute"] / t["cached"],
+    }
 
 
 def classifier_speed(classes: int = 1000, seconds: float = 2.0, device: str = "cpu") -> dict:
@@ -75,21 +102,34 @@ def classifier_speed(classes: int = 1000, seconds: float = 2.0, device: str = "c
 
     t = interleaved_medians({"ours": ours, "open_clip": theirs}, seconds, min_rounds=2)
     diff = float((out["ours"].cpu() - out["open_clip"].cpu()).abs().max())
-    return {"classes": classes, "templates": len(templates), "device": device, "ours_s": t["ours"],
-            "open_clip_s": t["open_clip"], "ratio": t["open_clip"] / t["ours"], "max_abs_diff": diff}
+    return {
+        "classes": classes,
+        "templates": len(templates),
+        "device": device,
+        "ours_s": t["ours"],
+        "open_clip_s": t["open_clip"],
+        "ratio": t["open_clip"] / t["ours"],
+        "max_abs_diff": diff,
+    }
 
 
 def markdown(s: dict, c: dict) -> str:
     text = s["text"]
-    return "\n".join([
-        "| measure | ours | peer | ratio (target) |", "|---|---|---|---|",
-        f"| text-tower training step, batch {s['batch']}, locked {s['image']} at {s['res']} px, text tower "
-        f"{text['layers']} x {text['width']} (context {text['context_length']}), {s['device']} | "
-        f"{1 / s['cached_s']:.2f} steps/s (cached image features) | {1 / s['recompute_s']:.2f} steps/s (image tower "
-        f"every step) | {s['ratio']:.1f}x faster |",
-        f"| zero-shot classifier, {c['classes']} classes x {c['templates']} templates, embedded text tower "
-        f"(2 x 64), {c['device']}; max |Δ weight| {c['max_abs_diff']:.1e} | {c['ours_s']:.2f} s | "
-        f"{c['open_clip_s']:.2f} s (open_clip build_zero_shot_classifier) | {c['ratio']:.2f}x (>= 1.0x, Δ <= 1e-5) |"])
+    return "\n".join(
+        [
+            "| measure | ours | peer | ratio (target) |",
+            "|---|---|---|---|",
+            f"| text-tower training step, batch {s['batch']}, locked {s['image']} at {s['res']} px, text tower "
+            f"{text['layers']} x {text['width']} (context {text['context_length']}), {s['device']} | "
+            f"{1 / s['cached_s']:.2f} steps/s (cached image features) | {1 / s['recompute_s']:.2f} steps/s "
+            f"(image tower "
+            f"every step) | {s['ratio']:.1f}x faster |",
+            f"| zero-shot classifier, {c['classes']} classes x {c['templates']} templates, embedded text tower "
+            f"(2 x 64), {c['device']}; max |Δ weight| {c['max_abs_diff']:.1e} | {c['ours_s']:.2f} s | "
+            f"{c['open_clip_s']:.2f} s (open_clip build_zero_shot_classifier) | {c['ratio']:.2f}x (>= 1.0x, Δ "
+            f"<= 1e-5) |",
+        ]
+    )
 
 
 def main() -> None:
@@ -103,8 +143,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(markdown(train_steps(args.image, args.res, args.batch, seconds=args.seconds, device=args.device),
-                   classifier_speed(args.classes, args.seconds, args.device)))
+    print(
+        markdown(
+            train_steps(args.image, args.res, args.batch, seconds=args.seconds, device=args.device),
+            classifier_speed(args.classes, args.seconds, args.device),
+        )
+    )
 
 
 if __name__ == "__main__":

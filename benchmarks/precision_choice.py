@@ -10,6 +10,7 @@ cell's 50 training batches alone through the per-example torchvision pipeline an
 (same tensors), so the data path's share of a cell shows before and after. The CPU's bf16 flags are named.
 About 1 minute on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ from transferbench.engine.precision import cpu_bf16_units
 def _cell(backbone: str, dataset: str, bf16: str):
     from transferbench.adapters import prepare_task, resolve_backbone
     from transferbench.cell import make_cell
+
     task = prepare_task("vtab", suite="embedded", datasets=[dataset], sets=[f"bf16={bf16}", "lr=0.01"])
     ds = task.datasets[0]
     return task.adapter, make_cell(task, ds, resolve_backbone(backbone), task.grid()[0], 0, "select")
@@ -43,10 +45,11 @@ def cpu_flags() -> str:
 
 def data_path(dataset: str, rounds: int = 3) -> dict:
     """Median seconds to draw one cell's 50 training batches, per-example vs batched."""
-    from transferbench.adapters.vtab import config, open_split
     from transferbench.adapters import prepare_task
+    from transferbench.adapters.vtab import config, open_split
     from transferbench.data.transforms import train_transform
     from transferbench.engine.train import train_batches
+
     task = prepare_task("vtab", suite="embedded", datasets=[dataset])
     ds, hp = task.datasets[0], task.hparams
     data = open_split(config(ds.name, ds.model_dump()), "train")
@@ -68,6 +71,7 @@ def data_path(dataset: str, rounds: int = 3) -> dict:
 
 def run(dataset: str = "mini_digits", backbones=("mu4@embedded", "mu4_dtn@embedded"), rounds: int = 3) -> dict:
     from transferbench.engine.runner import CellContext
+
     ctx = CellContext(device="cpu", show_progress=False)
     rows = []
     for backbone in backbones:
@@ -75,7 +79,7 @@ def run(dataset: str = "mini_digits", backbones=("mu4@embedded", "mu4_dtn@embedd
         times = {v: [] for v in cells}
         chose = {}
         for r in range(rounds + 1):  # round 0 warms up (and fills auto's probe cache)
-            order = list(cells)[r % 3:] + list(cells)[:r % 3]
+            order = list(cells)[r % 3 :] + list(cells)[: r % 3]
             for v in order:
                 adapter, cell = cells[v]
                 t = time.perf_counter()
@@ -83,30 +87,52 @@ def run(dataset: str = "mini_digits", backbones=("mu4@embedded", "mu4_dtn@embedd
                 if r:
                     times[v].append(time.perf_counter() - t)
                 chose[v] = out["info"]
-        rows.append({"backbone": backbone, **{v: statistics.median(t) for v, t in times.items()},
-                     "auto_info": chose["auto"].get("bf16_choice", {}), "auto_bf16": chose["auto"]["bf16"]})
-    return {"rows": rows, "data": data_path(dataset, rounds), "flags": cpu_flags(), "bf16_units": cpu_bf16_units(),
-            "dataset": dataset}
+        rows.append(
+            {
+                "backbone": backbone,
+                **{v: statistics.median(t) for v, t in times.items()},
+                "auto_info": chose["auto"].get("bf16_choice", {}),
+                "auto_bf16": chose["auto"]["bf16"],
+            }
+        )
+    return {
+        "rows": rows,
+        "data": data_path(dataset, rounds),
+        "flags": cpu_flags(),
+        "bf16_units": cpu_bf16_units(),
+        "dataset": dataset,
+    }
 
 
 def markdown(res: dict) -> str:
     table = []
     for r in res["rows"]:
         info = r["auto_info"]
-        why = (f"probe: fp32 {info['fp32_ms']:.1f} ms, bf16 {info['bf16_ms']:.1f} ms a step" if "fp32_ms" in info
-               else info.get("decided_by", ""))
-        table.append([f"`{r['backbone']}`", f"{r['off']:.2f} s", f"{r['on']:.2f} s ({r['on'] / r['off']:.2f}x)",
-                      f"{r['auto']:.2f} s ({r['auto'] / r['off']:.2f}x)",
-                      f"{'bf16' if r['auto_bf16'] else 'fp32'} ({why})"])
+        why = (
+            f"probe: fp32 {info['fp32_ms']:.1f} ms, bf16 {info['bf16_ms']:.1f} ms a step"
+            if "fp32_ms" in info
+            else info.get("decided_by", "")
+        )
+        table.append(
+            [
+                f"`{r['backbone']}`",
+                f"{r['off']:.2f} s",
+                f"{r['on']:.2f} s ({r['on'] / r['off']:.2f}x)",
+                f"{r['auto']:.2f} s ({r['auto'] / r['off']:.2f}x)",
+                f"{'bf16' if r['auto_bf16'] else 'fp32'} ({why})",
+            ]
+        )
     d = res["data"]
     cell = res["rows"][0]["auto"]
-    return (f"CPU flags: {res['flags']} (bf16 units: {'yes' if res['bf16_units'] else 'no'}). One embedded VTAB cell "
-            f"(`{res['dataset']}`, lr 0.01, seed 0, select stage), median seconds per cell; the ratio is against `off`.\n\n"
-            + tabulate(table, ["backbone", "bf16=off", "bf16=on", "bf16=auto", "auto chose"], tablefmt="github")
-            + f"\n\nData path of that cell (50 batches of 32): per-example torchvision pipeline {d['per_example']:.3f} s, "
-              f"batched {d['batched']:.3f} s (**{d['per_example'] / d['batched']:.1f}x**); "
-              f"{100 * d['per_example'] / (cell - d['batched'] + d['per_example']):.0f}% of a cell before, "
-              f"{100 * d['batched'] / cell:.0f}% after.")
+    return (
+        f"CPU flags: {res['flags']} (bf16 units: {'yes' if res['bf16_units'] else 'no'}). One embedded VTAB cell "
+        f"(`{res['dataset']}`, lr 0.01, seed 0, select stage), median seconds per cell; the ratio is against `off`.\n\n"
+        + tabulate(table, ["backbone", "bf16=off", "bf16=on", "bf16=auto", "auto chose"], tablefmt="github")
+        + f"\n\nData path of that cell (50 batches of 32): per-example torchvision pipeline {d['per_example']:.3f} s, "
+        f"batched {d['batched']:.3f} s (**{d['per_example'] / d['batched']:.1f}x**); "
+        f"{100 * d['per_example'] / (cell - d['batched'] + d['per_example']):.0f}% of a cell before, "
+        f"{100 * d['batched'] / cell:.0f}% after."
+    )
 
 
 def main():
@@ -119,6 +145,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import os
+
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("TRANSFERBENCH_HOME", args.home or tmp)
         print(markdown(run(args.dataset, tuple(args.backbones.split(",")), args.rounds)))

@@ -8,6 +8,7 @@ on test. Both backbones are probed with both poolings (cls token and mean of pat
 credited with its better one per set, so the gain is not an artefact of pooling. Pretraining runs on
 demand (and is timed) when a checkpoint is missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 from tabulate import tabulate
 
+from transferbench.adapters import prepare_task, resolve_backbone
 from transferbench.backbones import create_backbone
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.transforms import eval_transform
-from transferbench.adapters import prepare_task, resolve_backbone
 
 RES = prepare_task("pretrain", suite="embedded").hparams["resolution"]  # the checkpoints' resolution
 
@@ -35,7 +36,7 @@ def features(model, ds, pool: str, batch: int = 500) -> np.ndarray:
     for s in range(0, len(ds), batch):
         x = torch.stack([tf(ds.image(i)) for i in range(s, min(s + batch, len(ds)))])
         tok = model.forward_features(x)
-        out.append((tok[:, 0] if pool == "tok" else tok[:, model.num_prefix_tokens:].mean(1)).numpy())
+        out.append((tok[:, 0] if pool == "tok" else tok[:, model.num_prefix_tokens :].mean(1)).numpy())
     return np.concatenate(out)
 
 

@@ -13,6 +13,7 @@
   row is skipped with a note without the `mmseg` extra. The maps are made in chunks of 100, outside the
   timed calls; the two contenders alternate which goes first per chunk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ from benchmarks import interleaved_medians
 ADE_SHAPES = ((375, 500), (512, 683), (480, 640), (683, 512))
 
 
-def window_overhead(backbone: str = "ti16", images: int = 4, seconds: float = 2.0, device: str = "cpu",
-                    bf16: bool = False) -> dict:
+def window_overhead(
+    backbone: str = "ti16", images: int = 4, seconds: float = 2.0, device: str = "cpu", bf16: bool = False
+) -> dict:
     from transferbench.adapters.seg import LinearSegmenter, predict, window_starts
     from transferbench.backbones import create_backbone
     from transferbench.data.segmentation import eval_image
@@ -35,13 +37,15 @@ def window_overhead(backbone: str = "ti16", images: int = 4, seconds: float = 2.
     torch.manual_seed(0)
     model = LinearSegmenter(create_backbone(backbone, img_size=512), 150).to(device).eval()
     rng = np.random.default_rng(0)
-    imgs = [torch.from_numpy(rng.integers(0, 256, (3, *ADE_SHAPES[i % len(ADE_SHAPES)]), dtype=np.uint8))
-            for i in range(images)]
+    imgs = [
+        torch.from_numpy(rng.integers(0, 256, (3, *ADE_SHAPES[i % len(ADE_SHAPES)]), dtype=np.uint8))
+        for i in range(images)
+    ]
     crops = []
     for img in imgs:  # the very windows predict() will cut, batched the same way
         x = eval_image(img, 512)
         ys, xs = window_starts(x.shape[1], 512, 341), window_starts(x.shape[2], 512, 341)
-        crops.append(torch.stack([x[:, y:y + 512, x0:x0 + 512] for y in ys for x0 in xs]).to(device))
+        crops.append(torch.stack([x[:, y : y + 512, x0 : x0 + 512] for y in ys for x0 in xs]).to(device))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     @torch.inference_mode()
@@ -57,12 +61,20 @@ def window_overhead(backbone: str = "ti16", images: int = 4, seconds: float = 2.
         sync()
 
     t = interleaved_medians({"forwards": forwards, "sliding": sliding}, seconds)
-    return {"backbone": backbone, "device": device, "images": images, "windows": sum(len(c) for c in crops),
-            "forwards_s": t["forwards"], "sliding_s": t["sliding"], "ratio": t["sliding"] / t["forwards"]}
+    return {
+        "backbone": backbone,
+        "device": device,
+        "images": images,
+        "windows": sum(len(c) for c in crops),
+        "forwards_s": t["forwards"],
+        "sliding_s": t["sliding"],
+        "ratio": t["sliding"] / t["forwards"],
+    }
 
 
 def metric_speed(maps: int = 2000, chunk: int = 100, seed: int = 0) -> dict:
     from transferbench.adapters.seg import SegMetric
+
     try:
         from mmseg.evaluation.metrics import IoUMetric
     except ImportError:
@@ -75,8 +87,11 @@ def metric_speed(maps: int = 2000, chunk: int = 100, seed: int = 0) -> dict:
         n = min(chunk, maps - start)
         label = torch.from_numpy(rng.integers(0, 150, (n, 512, 512), dtype=np.uint8))
         label[torch.from_numpy(rng.random((n, 512, 512)) < 0.1)] = 255
-        pred = torch.where(torch.from_numpy(rng.random((n, 512, 512)) < 0.5), label.long() % 150,
-                           torch.from_numpy(rng.integers(0, 150, (n, 512, 512))))
+        pred = torch.where(
+            torch.from_numpy(rng.random((n, 512, 512)) < 0.5),
+            label.long() % 150,
+            torch.from_numpy(rng.integers(0, 150, (n, 512, 512))),
+        )
         samples = [{"pred_sem_seg": {"data": pred[i][None]}, "gt_sem_seg": {"data": label[i][None]}} for i in range(n)]
 
         def run_ours():
@@ -85,6 +100,7 @@ def metric_speed(maps: int = 2000, chunk: int = 100, seed: int = 0) -> dict:
 
         def run_theirs():
             theirs.process({}, samples)
+
         order = (run_ours, run_theirs) if (start // chunk) % 2 == 0 else (run_theirs, run_ours)
         for fn in order:
             t0 = time.perf_counter()
@@ -100,21 +116,32 @@ def metric_speed(maps: int = 2000, chunk: int = 100, seed: int = 0) -> dict:
     t0 = time.perf_counter()
     ref = theirs.compute_metrics(theirs.results)
     t_theirs += time.perf_counter() - t0
-    return {"maps": maps, "ours_s": t_ours, "mmseg_s": t_theirs, "ratio": t_ours / t_theirs,
-            "miou_ours": 100 * mine["miou"], "miou_mmseg": float(ref["mIoU"])}
+    return {
+        "maps": maps,
+        "ours_s": t_ours,
+        "mmseg_s": t_theirs,
+        "ratio": t_ours / t_theirs,
+        "miou_ours": 100 * mine["miou"],
+        "miou_mmseg": float(ref["mIoU"]),
+    }
 
 
 def markdown(w: dict, m: dict) -> str:
-    rows = ["| measure | ours | peer | ratio (target) |", "|---|---|---|---|",
-            f"| sliding-window eval, {w['images']} ADE-shaped images ({w['windows']} windows of 512, stride 341), "
-            f"{w['backbone']} + linear decoder (150 classes), {w['device']} | {w['sliding_s']:.3f} s | "
-            f"{w['forwards_s']:.3f} s (the window forwards alone) | {w['ratio']:.2f}x (<= 1.15x) |"]
+    rows = [
+        "| measure | ours | peer | ratio (target) |",
+        "|---|---|---|---|",
+        f"| sliding-window eval, {w['images']} ADE-shaped images ({w['windows']} windows of 512, stride 341), "
+        f"{w['backbone']} + linear decoder (150 classes), {w['device']} | {w['sliding_s']:.3f} s | "
+        f"{w['forwards_s']:.3f} s (the window forwards alone) | {w['ratio']:.2f}x (<= 1.15x) |",
+    ]
     if "skipped" in m:
         rows.append(f"| metric accumulation, {m['maps']} maps of 512 x 512 | — | — | skipped: {m['skipped']} |")
     else:
-        rows.append(f"| metric accumulation, {m['maps']} random 512 x 512 maps, 150 classes (mIoU {m['miou_ours']:.2f} "
-                    f"vs mmseg's {m['miou_mmseg']:.2f}) | {m['ours_s']:.2f} s | {m['mmseg_s']:.2f} s (mmseg IoUMetric) | "
-                    f"{m['ratio']:.2f}x (<= 1.0x) |")
+        rows.append(
+            f"| metric accumulation, {m['maps']} random 512 x 512 maps, 150 classes (mIoU {m['miou_ours']:.2f} "
+            f"vs mmseg's {m['miou_mmseg']:.2f}) | {m['ours_s']:.2f} s | {m['mmseg_s']:.2f} s (mmseg IoUMetric) | "
+            f"{m['ratio']:.2f}x (<= 1.0x) |"
+        )
     return "\n".join(rows)
 
 

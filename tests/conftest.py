@@ -34,6 +34,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGINS, os.environ.get("
 def suite_home(tmp_path_factory):
     """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 25 s)."""
     from transferbench.data import embedded
+
     home = tmp_path_factory.mktemp("tbhome")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRANSFERBENCH_HOME", str(home))

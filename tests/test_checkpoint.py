@@ -1,5 +1,6 @@
 """Weights: our safetensors round trip, timm and big_vision converters giving the source model's logits,
 and the errors a user sees for a wrong or unsafe file."""
+
 import json
 import math
 import os
@@ -9,14 +10,14 @@ import numpy as np
 import pytest
 import timm
 import torch
+from conftest import randomize_
 from safetensors.torch import save_file
 
-from conftest import randomize_
 from transferbench import create_backbone
-from transferbench.backbones import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-
+from transferbench.backbones import CheckpointError, read_checkpoint, save_checkpoint
 
 # --- timm ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", ["pth", "safetensors"])
 @pytest.mark.parametrize("pool,timm_kw", [("tok", {}), ("gap", dict(global_pool="avg", fc_norm=False))])
@@ -45,8 +46,8 @@ def test_timm_checkpoint_into_the_wrong_size_lists_shapes(tmp_path):
 
 # --- big_vision --------------------------------------------------------------------------------------
 
-def bv_params(*, width=32, depth=2, heads=2, mlp=48, patch=4, grid=4, classes=5, cls=True, naflex=False, seed=0,
-              rep=0):
+
+def bv_params(*, width=32, depth=2, heads=2, mlp=48, patch=4, grid=4, classes=5, cls=True, naflex=False, seed=0, rep=0):
     """Random arrays with the shapes of a big_vision ViT (flax layouts)."""
     rng = np.random.default_rng(seed)
     r = lambda *s, scale=0.3: (rng.standard_normal(s) * scale).astype(np.float32)  # noqa: E731
@@ -101,7 +102,9 @@ def bv_forward(p, img_nhwc, patch, naflex=False):
         b = f"Transformer/encoderblock_{i}/"
         a = b + "MultiHeadDotProductAttention_0/"
         y = ln(x, p[b + "LayerNorm_0/scale"], p[b + "LayerNorm_0/bias"])
-        q, k, v = (np.einsum("nld,dhk->nlhk", y, p[a + f"{m}/kernel"]) + p[a + f"{m}/bias"] for m in ("query", "key", "value"))
+        q, k, v = (
+            np.einsum("nld,dhk->nlhk", y, p[a + f"{m}/kernel"]) + p[a + f"{m}/bias"] for m in ("query", "key", "value")
+        )
         logits = np.einsum("nqhk,nlhk->nhql", q, k) / math.sqrt(q.shape[-1])
         w = np.exp(logits - logits.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
@@ -109,7 +112,7 @@ def bv_forward(p, img_nhwc, patch, naflex=False):
         x = x + np.einsum("nqhk,hkd->nqd", y, p[a + "out/kernel"]) + p[a + "out/bias"]
         y = ln(x, p[b + "LayerNorm_1/scale"], p[b + "LayerNorm_1/bias"])
         y = y @ p[b + "MlpBlock_0/Dense_0/kernel"] + p[b + "MlpBlock_0/Dense_0/bias"]
-        y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))  # flax nn.gelu
+        y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y**3)))  # flax nn.gelu
         x = x + y @ p[b + "MlpBlock_0/Dense_1/kernel"] + p[b + "MlpBlock_0/Dense_1/bias"]
     x = ln(x, p["Transformer/encoder_norm/scale"], p["Transformer/encoder_norm/bias"])
     x = x[:, 0] if "cls" in p else x.mean(axis=1)
@@ -128,8 +131,11 @@ def old_names(p):
     MlpBlock_3, and a posemb that holds the cls slot."""
     out = {}
     for k, v in p.items():
-        out[k.replace("MlpBlock_0", "MlpBlock_3").replace("LayerNorm_1", "LayerNorm_2")
-             .replace("MultiHeadDotProductAttention_0", "MultiHeadDotProductAttention_1")] = v
+        out[
+            k.replace("MlpBlock_0", "MlpBlock_3")
+            .replace("LayerNorm_1", "LayerNorm_2")
+            .replace("MultiHeadDotProductAttention_0", "MultiHeadDotProductAttention_1")
+        ] = v
     pe = out.pop("pos_embedding")
     out["Transformer/posembed_input/pos_embedding"] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     return out
@@ -142,19 +148,24 @@ def scanned(p, depth=2):
     return out
 
 
-@pytest.mark.parametrize("variant", ["vit_tok", "vit_gap", "old_names", "scanned", "params_prefix", "naflex_dpn",
-                                     "rep_size"])
+@pytest.mark.parametrize(
+    "variant", ["vit_tok", "vit_gap", "old_names", "scanned", "params_prefix", "naflex_dpn", "rep_size"]
+)
 def test_big_vision_npz_gives_the_same_logits(tmp_path, variant):
     naflex = variant == "naflex_dpn"
     p = bv_params(cls=variant not in ("vit_gap", "naflex_dpn"), naflex=naflex, rep=24 if variant == "rep_size" else 0)
-    stored = {"old_names": old_names, "scanned": scanned,
-              "params_prefix": lambda q: {f"params/{k}": v for k, v in q.items()}}.get(variant, lambda q: q)(p)
+    stored = {
+        "old_names": old_names,
+        "scanned": scanned,
+        "params_prefix": lambda q: {f"params/{k}": v for k, v in q.items()},
+    }.get(variant, lambda q: q)(p)
     np.savez(tmp_path / "bv.npz", **stored)
     img = np.random.default_rng(1).uniform(-1, 1, (2, 16, 16, 3))
     expected = bv_forward(p, img, 4, naflex=naflex)
     name = "mu4_dpn" if naflex else "mu4"
-    ours = create_backbone(name, num_classes=5, checkpoint=tmp_path / "bv.npz",
-                           embed_dim=32, depth=2, num_heads=2, mlp_dim=48, img_size=16).eval()
+    ours = create_backbone(
+        name, num_classes=5, checkpoint=tmp_path / "bv.npz", embed_dim=32, depth=2, num_heads=2, mlp_dim=48, img_size=16
+    ).eval()
     assert ours.config["act"] == "gelu_tanh" and ours.pool == ("gap" if variant in ("vit_gap", "naflex_dpn") else "tok")
     assert ours.config["rep_size"] == (24 if variant == "rep_size" else 0)
     with torch.no_grad():
@@ -169,11 +180,29 @@ def test_big_vision_npz_agrees_with_timms_own_npz_loader(tmp_path, layout):
     np.savez(tmp_path / "bv.npz", **(old_names(p) if tok else p))
     # timm reads cls models in the original repo's layout and big_vision's layout for models without cls
     ref = timm.models.vision_transformer.VisionTransformer(
-        img_size=16, patch_size=4, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2, num_classes=5,
-        act_layer="gelu_tanh", class_token=tok, global_pool="token" if tok else "avg", fc_norm=False)
+        img_size=16,
+        patch_size=4,
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        mlp_ratio=2,
+        num_classes=5,
+        act_layer="gelu_tanh",
+        class_token=tok,
+        global_pool="token" if tok else "avg",
+        fc_norm=False,
+    )
     timm.models.vision_transformer._load_weights(ref, str(tmp_path / "bv.npz"))
-    ours = create_backbone("mu4", num_classes=5, checkpoint=tmp_path / "bv.npz", embed_dim=48, depth=2,
-                           num_heads=3, mlp_dim=96, img_size=16)
+    ours = create_backbone(
+        "mu4",
+        num_classes=5,
+        checkpoint=tmp_path / "bv.npz",
+        embed_dim=48,
+        depth=2,
+        num_heads=3,
+        mlp_dim=96,
+        img_size=16,
+    )
     img = torch.rand(2, 3, 16, 16) * 2 - 1
     with torch.no_grad():
         torch.testing.assert_close(ours(img), ref.eval()(img), atol=1e-5, rtol=0)
@@ -191,11 +220,20 @@ def test_big_vision_unknown_arrays_are_listed(tmp_path):
     p["MAPHead_0/probe"] = np.zeros((1, 1, 32), np.float32)
     np.savez(tmp_path / "bv.npz", **p)
     with pytest.raises(CheckpointError, match=r"unexpected \[MAPHead_0/probe\]"):
-        create_backbone("mu4", num_classes=5, checkpoint=tmp_path / "bv.npz", embed_dim=32, depth=2, num_heads=2,
-                        mlp_dim=48, img_size=16)
+        create_backbone(
+            "mu4",
+            num_classes=5,
+            checkpoint=tmp_path / "bv.npz",
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            mlp_dim=48,
+            img_size=16,
+        )
 
 
 # --- our format ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["mu4", "mu4_dpn", "mu4_dtn", "mu8_rms", "mu8_onlylearn"])
 def test_round_trip_is_exact_with_metadata(tmp_path, name):

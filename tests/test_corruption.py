@@ -1,7 +1,7 @@
 """ImageNet-C robustness: the corruption functions, mCE against published figures, the reference-normalised CE
 and relative mCE by hand, the released-data readers on fixtures, the generator's determinism and cache, the
 classifier stage and an end-to-end run."""
-import json
+
 from pathlib import Path
 
 import numpy as np
@@ -17,22 +17,28 @@ pytest.importorskip("imagecorruptions")
 
 def photos(size=64):
     import skimage.data
-    return [np.asarray(Image.fromarray(getattr(skimage.data, n)()).convert("RGB").resize((size, size), Image.BILINEAR))
-            for n in ("astronaut", "coffee", "chelsea")]
+
+    return [
+        np.asarray(Image.fromarray(getattr(skimage.data, n)()).convert("RGB").resize((size, size), Image.BILINEAR))
+        for n in ("astronaut", "coffee", "chelsea")
+    ]
 
 
 # --- the 15 corruptions ---------------------------------------------------------------------------------
+
 
 def test_the_fifteen_names_in_four_families_as_the_paper_groups_them():
     assert len(CORRUPTIONS) == 15 and sum(len(v) for v in FAMILIES.values()) == 15
     assert FAMILIES["weather"] == ("snow", "frost", "fog", "brightness")  # brightness is weather in the paper
     from imagecorruptions import get_corruption_names
+
     assert tuple(get_corruption_names("common")) == CORRUPTIONS
 
 
 @pytest.mark.parametrize("name", CORRUPTIONS)
 def test_each_corruption_changes_the_image_and_more_so_with_severity(name):
     from transferbench.data.corruptions import corrupt
+
     ims = photos()
     dist = [np.mean([np.abs(corrupt(im, name, s, 7).astype(float) - im).mean() for im in ims]) for s in range(1, 6)]
     assert min(dist) > 1.0, dist  # every severity changes the image (mean absolute difference in 0..255)
@@ -44,6 +50,7 @@ def test_each_corruption_changes_the_image_and_more_so_with_severity(name):
 
 def test_corruption_is_deterministic_in_its_seed():
     from transferbench.data.corruptions import corrupt, image_seed
+
     im = photos()[0]
     for name in ("gaussian_noise", "glass_blur", "impulse_noise", "frost", "elastic_transform"):
         a, b, c = corrupt(im, name, 3, 11), corrupt(im, name, 3, 11), corrupt(im, name, 3, 12)
@@ -58,6 +65,7 @@ def test_corrupt_gives_the_packages_own_output_for_its_seed():
     from imagecorruptions import corrupt as package
 
     from transferbench.data.corruptions import corrupt
+
     im = photos()[1]
     for name in ("frost", "snow", "glass_blur", "impulse_noise", "motion_blur"):
         np.random.seed(21)
@@ -69,6 +77,7 @@ def test_corrupt_gives_the_packages_own_output_for_its_seed():
 
 def test_generation_in_a_process_pool_equals_one_process():
     from transferbench.data.corruptions import CHUNK, generate, image_seed
+
     ims = np.stack([photos(32)[i % 3] for i in range(CHUNK + 5)])  # two chunks
     seeds = [image_seed(1, i, "shot_noise", 2) for i in range(len(ims))]
     one = generate(ims, "shot_noise", 2, seeds, 16, processes=1)
@@ -78,6 +87,7 @@ def test_generation_in_a_process_pool_equals_one_process():
 
 def test_images_below_32_pixels_are_refused_with_the_fix():
     from transferbench.data.corruptions import generate
+
     with pytest.raises(ValueError, match="render=64"):
         generate(np.zeros((2, 16, 16, 3), np.uint8), "fog", 1, [0, 1], 16)
 
@@ -87,12 +97,14 @@ def test_the_original_package_is_refused_with_its_fork_named(monkeypatch):
 
     from transferbench.data import corruptions
     from transferbench.errors import UserError
+
     real = metadata.version
 
     def version(dist):
         if dist == "imagecorruptions-imaug":
             raise metadata.PackageNotFoundError(dist)
         return "1.1.2" if dist == "imagecorruptions" else real(dist)
+
     corruptions.generator_identity.cache_clear()
     monkeypatch.setattr(metadata, "version", version)
     try:
@@ -104,8 +116,10 @@ def test_the_original_package_is_refused_with_its_fork_named(monkeypatch):
 
 # --- mCE -------------------------------------------------------------------------------------------------
 
+
 def test_alexnets_own_errors_give_ce_100_everywhere():
     from transferbench.adapters.corruption import ALEXNET_ERRORS, mce
+
     out = mce(ALEXNET_ERRORS, ALEXNET_ERRORS)
     assert all(v == pytest.approx(100.0) for v in out["ce"].values()) and out["mce"] == pytest.approx(100.0)
     per_severity = {c: [v] * 5 for c, v in ALEXNET_ERRORS.items()}  # sums over severities, same ratio
@@ -114,6 +128,7 @@ def test_alexnets_own_errors_give_ce_100_everywhere():
 
 def test_resnet50s_published_ces_average_to_its_published_mce():
     from transferbench.adapters.corruption import ALEXNET_ERRORS, mce
+
     # Hendrycks & Dietterich (ICLR 2019), Table 1, ResNet-50: CE per corruption (rounded), mCE 76.7
     published = dict(zip(CORRUPTIONS, (80, 82, 83, 75, 89, 78, 80, 78, 75, 66, 57, 71, 85, 77, 77)))
     errors = {c: published[c] / 100 * ALEXNET_ERRORS[c] for c in CORRUPTIONS}  # the errors those CEs imply
@@ -121,9 +136,17 @@ def test_resnet50s_published_ces_average_to_its_published_mce():
     assert all(out["ce"][c] == pytest.approx(published[c]) for c in CORRUPTIONS)
     assert abs(out["mce"] - 76.7) <= 0.5  # CEs rounded to integers: their mean is within 0.5 of the exact mCE
     # torchvision's ResNet-50 on ImageNet-C (mean top-1 accuracy over severities) and its CEs, two decimals
-    measured = {"brightness": (68.02, 56.64), "contrast": (39.06, 71.43), "defocus_blur": (38.75, 74.71),
-                "elastic_transform": (45.25, 84.75), "fog": (45.83, 66.11), "frost": (38.14, 74.84),
-                "gaussian_noise": (29.29, 79.77), "glass_blur": (26.79, 88.61), "impulse_noise": (23.81, 82.58)}
+    measured = {
+        "brightness": (68.02, 56.64),
+        "contrast": (39.06, 71.43),
+        "defocus_blur": (38.75, 74.71),
+        "elastic_transform": (45.25, 84.75),
+        "fog": (45.83, 66.11),
+        "frost": (38.14, 74.84),
+        "gaussian_noise": (29.29, 79.77),
+        "glass_blur": (26.79, 88.61),
+        "impulse_noise": (23.81, 82.58),
+    }
     ce = mce({c: (100 - acc) / 100 for c, (acc, _) in measured.items()}, ALEXNET_ERRORS)["ce"]
     for c, (_, expected) in measured.items():
         assert ce[c] == pytest.approx(expected, abs=0.015), c  # both sides rounded to 0.01
@@ -131,6 +154,7 @@ def test_resnet50s_published_ces_average_to_its_published_mce():
 
 def test_relative_mce_by_hand():
     from transferbench.adapters.corruption import relative_mce
+
     base = {"fog": [0.5, 0.6], "snow": [0.7, 0.9]}
     out = relative_mce({"fog": [0.3, 0.5], "snow": [0.4, 0.4]}, 0.2, base, 0.3)
     # fog: 100 * ((0.3 - 0.2) + (0.5 - 0.2)) / ((0.5 - 0.3) + (0.6 - 0.3)) = 100 * 0.4 / 0.5 = 80
@@ -146,21 +170,43 @@ def _records(values: dict, dataset="mini_x", baseline="reference"):
     recs = []
     for b, seeds in values.items():
         for seed, (clean, per) in seeds.items():
-            common = {"task": "imagenet_c", "dataset": dataset, "backbone": b, "seed": seed, "status": "ok",
-                      "protocol_version": "1", "report": "corruption", "order": 0, "finished_at": "2026",
-                      "dataset_config": {"baseline": baseline}, "metric": "error", "mode": "min"}
+            common = {
+                "task": "imagenet_c",
+                "dataset": dataset,
+                "backbone": b,
+                "seed": seed,
+                "status": "ok",
+                "protocol_version": "1",
+                "report": "corruption",
+                "order": 0,
+                "finished_at": "2026",
+                "dataset_config": {"baseline": baseline},
+                "metric": "error",
+                "mode": "min",
+            }
             recs.append({**common, "stage": "classifier", "hparams": {}, "metrics": {"test": {"error": clean}}})
             for c, errs in per.items():
-                recs.append({**common, "stage": "corruption", "hparams": {"corruption": c},
-                             "metrics": {"test": {"error": float(np.mean(errs)),
-                                                  **{f"error_{s + 1}": e for s, e in enumerate(errs)}}}})
+                recs.append(
+                    {
+                        **common,
+                        "stage": "corruption",
+                        "hparams": {"corruption": c},
+                        "metrics": {
+                            "test": {"error": float(np.mean(errs)), **{f"error_{s + 1}": e for s, e in enumerate(errs)}}
+                        },
+                    }
+                )
     return recs
 
 
 def test_reference_normalised_ce_and_the_table_by_hand():
     from transferbench.reporting.robustness import tables
+
     ref = {0: (10.0, {c: [20.0] * 5 for c in CORRUPTIONS}), 1: (12.0, {c: [30.0] * 5 for c in CORRUPTIONS})}
-    new = {0: (10.0, {c: [15.0] * 5 for c in CORRUPTIONS}), 1: (12.0, {c: [24.0, 26.0, 25.0, 25.0, 25.0] for c in CORRUPTIONS})}
+    new = {
+        0: (10.0, {c: [15.0] * 5 for c in CORRUPTIONS}),
+        1: (12.0, {c: [24.0, 26.0, 25.0, 25.0, 25.0] for c in CORRUPTIONS}),
+    }
     (t,) = tables(_records({"base": ref, "new": new}), reference="base")
     # the reference's mean error per corruption over its seeds: (20 + 30) / 2 = 25
     # new, seed 0: CE = 100 * 15 / 25 = 60; seed 1: 100 * 25 / 25 = 100 -> mean 80; the reference: 80 and 120
@@ -173,15 +219,19 @@ def test_reference_normalised_ce_and_the_table_by_hand():
     assert t.rows["new"]["rel. mCE"].estimate.mean == pytest.approx(100 * (5 / 14 + 13 / 14) / 2)
     assert "normalised by base" in t.setting and t.mode == "min"
     from transferbench.reporting.tables import to_markdown
+
     md = to_markdown(t)
     assert "lower is better" in md and "**80.0" in md  # the lower CE is the bold one
 
 
 def test_a_worse_backbone_is_not_bold_and_alexnet_datasets_use_alexnet():
     from transferbench.reporting.robustness import ALEXNET_ERRORS, tables
+
     worse = {s: (10.0, {c: [100 * ALEXNET_ERRORS[c]] * 5 for c in CORRUPTIONS}) for s in (0, 1)}
-    better = {0: (9.0, {c: [50 * ALEXNET_ERRORS[c]] * 5 for c in CORRUPTIONS}),
-              1: (9.5, {c: [52 * ALEXNET_ERRORS[c]] * 5 for c in CORRUPTIONS})}
+    better = {
+        0: (9.0, {c: [50 * ALEXNET_ERRORS[c]] * 5 for c in CORRUPTIONS}),
+        1: (9.5, {c: [52 * ALEXNET_ERRORS[c]] * 5 for c in CORRUPTIONS}),
+    }
     (t,) = tables(_records({"a": better, "b": worse}, dataset="imagenet2012", baseline="alexnet"), reference="a")
     assert t.rows["b"]["mCE"].estimate.mean == pytest.approx(100.0)  # AlexNet's errors: CE 100
     assert t.rows["a"]["mCE"].estimate.mean == pytest.approx(51.0)
@@ -191,9 +241,11 @@ def test_a_worse_backbone_is_not_bold_and_alexnet_datasets_use_alexnet():
 
 # --- released data readers --------------------------------------------------------------------------------
 
+
 def test_imagenet_c_folder_reader_labels_by_sorted_wnid(tmp_path):
     from transferbench.data.corruptions import ImageNetCFolder
     from transferbench.data.folder import DataMissingError
+
     wnids = ["n01443537", "n01440764", "n01484850"]  # unsorted on purpose: n01440764 is class 0
     for k, w in enumerate(wnids):
         d = tmp_path / "fog" / "3" / w
@@ -215,6 +267,7 @@ def test_imagenet_c_folder_reader_labels_by_sorted_wnid(tmp_path):
 def test_cifar10_c_npy_reader_takes_its_severitys_block(tmp_path):
     from transferbench.data.corruptions import NpyCorrupted
     from transferbench.data.folder import DataMissingError
+
     n = 4
     images = np.stack([np.full((32, 32, 3), s * 10 + i, np.uint8) for s in range(5) for i in range(n)])
     np.save(tmp_path / "fog.npy", images)
@@ -228,8 +281,13 @@ def test_cifar10_c_npy_reader_takes_its_severitys_block(tmp_path):
 def test_tfds_imagenet2012_corrupted_through_data_source():
     tfds = pytest.importorskip("tensorflow_datasets")
     from transferbench.adapters.corruption import open_released
-    ds = {"corrupted": "tfds", "tfds_corrupted": "imagenet2012_corrupted/{corruption}_{severity}:3.*.*",
-          "tfds_corrupted_split": "validation", "classes": 1000}
+
+    ds = {
+        "corrupted": "tfds",
+        "tfds_corrupted": "imagenet2012_corrupted/{corruption}_{severity}:3.*.*",
+        "tfds_corrupted_split": "validation",
+        "classes": 1000,
+    }
     with tfds.testing.mock_data(num_examples=6):
         data = open_released(ds, "zoom_blur", 4)
         assert data.name == "imagenet2012_corrupted/zoom_blur_4:3.*.*" and len(data) == 6
@@ -239,16 +297,24 @@ def test_tfds_imagenet2012_corrupted_through_data_source():
 
 # --- the adapter -----------------------------------------------------------------------------------------
 
+
 def _task(tmp_path, datasets=("mini_digits",), sets=(), limit=None):
     import dataclasses
 
     from transferbench.adapters import prepare_task
     from transferbench.spec import DatasetSpec
-    task = prepare_task("imagenet_c", suite="embedded", datasets=list(datasets), seeds=[0],
-                        sets=["steps=5", "corruptions=gaussian_noise,contrast", *sets])
+
+    task = prepare_task(
+        "imagenet_c",
+        suite="embedded",
+        datasets=list(datasets),
+        seeds=[0],
+        sets=["steps=5", "corruptions=gaussian_noise,contrast", *sets],
+    )
     if limit:  # a short test split (a dataset field, part of the cells' identity)
-        task = dataclasses.replace(task, datasets=tuple(DatasetSpec(**{**d.model_dump(), "limit": limit})
-                                                        for d in task.datasets))
+        task = dataclasses.replace(
+            task, datasets=tuple(DatasetSpec(**{**d.model_dump(), "limit": limit}) for d in task.datasets)
+        )
     return task
 
 
@@ -278,8 +344,11 @@ def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     for r in cor:
         m = r["metrics"]["test"]
         assert m["error"] == pytest.approx(np.mean([m[f"error_{s}"] for s in range(1, 6)]))
-        assert all(0 <= m[f"error_{s}"] <= 100 and (m[f"error_{s}"] * 40 / 100) == pytest.approx(
-            round(m[f"error_{s}"] * 40 / 100)) for s in range(1, 6))  # a count of 40 images
+        assert all(
+            0 <= m[f"error_{s}"] <= 100
+            and (m[f"error_{s}"] * 40 / 100) == pytest.approx(round(m[f"error_{s}"] * 40 / 100))
+            for s in range(1, 6)
+        )  # a count of 40 images
     (t,) = report_tables(recs, reference="mu4")
     assert t.columns == ["clean err", "gauss", "contrast"] and "normalised by mu4" in t.setting
     assert t.rows["mu4"]["gauss"].estimate.mean == pytest.approx(100.0)
@@ -309,6 +378,7 @@ def test_missing_released_data_is_one_line_naming_the_layout(tmp_path):
     from transferbench.adapters import prepare_task
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
+
     spec = tmp_path / "folder_c.yaml"  # clean images embedded, corrupted ones expected as released
     spec.write_text("""task: folder_c
 adapter: corruption
@@ -336,13 +406,19 @@ def test_the_committed_embedded_results_rise_with_severity():
     """Over the committed embedded suite, each backbone's mean error (over datasets, corruptions and seeds)
     rises from clean through severity 1 to 5."""
     from transferbench.records.store import load_records
-    recs = [r for r in load_records([Path(__file__).parents[1] / "results" / "runs"]) if r["task"] == "imagenet_c"
-            and r["status"] == "ok"]
+
+    recs = [
+        r
+        for r in load_records([Path(__file__).parents[1] / "results" / "runs"])
+        if r["task"] == "imagenet_c" and r["status"] == "ok"
+    ]
     assert recs, "results/runs/imagenet_c holds the embedded suite's records"
     for b in sorted({r["backbone"] for r in recs}):
         mine = [r for r in recs if r["backbone"] == b]
         clean = np.mean([r["metrics"]["test"]["error"] for r in mine if r["stage"] == "classifier"])
-        sev = [np.mean([r["metrics"]["test"][f"error_{s}"] for r in mine if r["stage"] == "corruption"])
-               for s in range(1, 6)]
+        sev = [
+            np.mean([r["metrics"]["test"][f"error_{s}"] for r in mine if r["stage"] == "corruption"])
+            for s in range(1, 6)
+        ]
         assert len([r for r in mine if r["stage"] == "corruption"]) == 3 * 3 * 15, b
         assert clean < sev[0] and all(np.diff(sev) > 0), (b, clean, sev)

@@ -5,15 +5,24 @@ from PIL import Image
 
 from transferbench.data import embedded
 from transferbench.data.folder import CorruptDataError, DataMissingError, FolderDataset, write_folder_dataset
-from transferbench.data.labels import (CLEVR_DIST_THRESHOLDS, binned, clevr_count_label, clevr_dist_label,
-                                       threshold_class)
+from transferbench.data.labels import (
+    CLEVR_DIST_THRESHOLDS,
+    binned,
+    clevr_count_label,
+    clevr_dist_label,
+    threshold_class,
+)
 from transferbench.data.transforms import eval_transform, train_transform
 
 
 def tiny(root):
     img = lambda v: np.full((4, 4), v, np.uint8)  # noqa: E731
-    return write_folder_dataset(root, "tiny", {"train800": [(img(0), 0), (img(255), 1)], "val200": [(img(9), 1)],
-                                               "test": [(img(99), 0)]}, {"num_classes": 2})
+    return write_folder_dataset(
+        root,
+        "tiny",
+        {"train800": [(img(0), 0), (img(255), 1)], "val200": [(img(9), 1)], "test": [(img(99), 0)]},
+        {"num_classes": 2},
+    )
 
 
 def test_folder_round_trip_and_lists(tmp_path):
@@ -60,9 +69,20 @@ def test_label_rules_at_the_boundaries():
     assert [binned(v, 32) for v in (0, 1, 2, 3, 30, 31)] == [0, 0, 1, 1, 15, 15]
     assert [binned(v, 40) for v in (0, 2, 3, 5, 37, 39)] == [0, 0, 1, 2, 14, 15]
     # CLEVR distance: the largest i with threshold[i] < d
-    assert [clevr_dist_label([d, 50.0]) for d in (7.2, 8.0, 8.0001, 9.5, 9.75, 10.0, 10.01, 99.0)] == \
-        [0, 0, 1, 3, 4, 4, 5, 5]
-    assert threshold_class(20.0, (-100.0, 8.0, 20.0, 999.0)) == 1 and threshold_class(20.5, (-100.0, 8.0, 20.0, 999.0)) == 2
+    assert [clevr_dist_label([d, 50.0]) for d in (7.2, 8.0, 8.0001, 9.5, 9.75, 10.0, 10.01, 99.0)] == [
+        0,
+        0,
+        1,
+        3,
+        4,
+        4,
+        5,
+        5,
+    ]
+    assert (
+        threshold_class(20.0, (-100.0, 8.0, 20.0, 999.0)) == 1
+        and threshold_class(20.5, (-100.0, 8.0, 20.0, 999.0)) == 2
+    )
     assert clevr_count_label(3) == 0 and clevr_count_label(10) == 7
 
 
@@ -99,8 +119,15 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
     root = embedded.embedded_root()
     tf = eval_transform(32)
     for name in embedded.DOWNSTREAM:
-        sizes = {s: len(FolderDataset(root, name, s, verify=False)) for s in ("train800", "val200", "train800val200", "test")}
-        assert sizes == {"train800": 800, "val200": 200, "train800val200": 1000, "test": 797 if name == "digits" else 1000}
+        sizes = {
+            s: len(FolderDataset(root, name, s, verify=False)) for s in ("train800", "val200", "train800val200", "test")
+        }
+        assert sizes == {
+            "train800": 800,
+            "val200": 200,
+            "train800val200": 1000,
+            "test": 797 if name == "digits" else 1000,
+        }
         ds = FolderDataset(root, name, "test", tf)
         assert ds.info["version"] == embedded.version(name)
         assert 0 <= ds.labels.min() and ds.labels.max() < ds.num_classes
@@ -126,8 +153,9 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
     for k, source in enumerate(embedded.UPSTREAM_PHOTOS):
         patches = images[labels == first_photo + k]
         grey = np.abs(patches - patches[..., :1]).max() == 0
-        assert grey == (source[1] in ("clock", "gravel", "moon", "page", "text", "cell", "topobathy.npz",
-                                      "microaneurysms")), source
+        assert grey == (
+            source[1] in ("clock", "gravel", "moon", "page", "text", "cell", "topobathy.npz", "microaneurysms")
+        ), source
     # positions: over a class's images the ink's centroid lies in the class's cell of the 4 x 4 grid
     first_position = first_photo + embedded.N_PHOTOS
     for k in (0, 5, 10, 15):
@@ -166,9 +194,11 @@ def test_transforms_map_pixels_to_signed_unit_range():
 
 def test_tfds_reader_on_mock_data_without_tensorflow(tmp_path):
     import importlib.util
+
     import tensorflow_datasets as tfds
 
     from transferbench.data.tfds_source import TfdsDataset
+
     assert importlib.util.find_spec("tensorflow") is None
     with tfds.testing.mock_data(num_examples=50000):
         ds = TfdsDataset("cifar100", "train[:800]+train[45000:45200]", eval_transform(32))

@@ -1,12 +1,13 @@
 """Intermediates and attention maps of the backbone, the diagnostics measures against hand computations, and the
 diagnose adapter's cells, tables and figures."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import randomize_
+
 from transferbench.backbones import create_backbone
 from transferbench.backbones import measures as M
 from transferbench.backbones.vit import attention_maps
@@ -15,7 +16,7 @@ from transferbench.records.stats import pool
 
 def manual_blocks(m, x):
     """Block by block, written out: embed, (cls after the DTN blocks), each block's output."""
-    t = m.patch_embed(x) + m.pos_embed[:, m.num_prefix_tokens:]
+    t = m.patch_embed(x) + m.pos_embed[:, m.num_prefix_tokens :]
     outs = []
     for i, blk in enumerate(m.blocks):
         if i == m.dtn_layers:
@@ -46,7 +47,7 @@ def test_intermediates_equal_a_manual_block_by_block_forward(name):
         torch.testing.assert_close(a, b)
         torch.testing.assert_close(a, m.norm(r)[:, 1:].reshape(2, 4, 4, 128).permute(0, 3, 1, 2))
     early = m.forward_intermediates(x, indices=[1], stop_early=True, intermediates_only=True, output_fmt="NLC")
-    torch.testing.assert_close(early[0], ref[1][:, 1 if m.dtn_layers <= 1 else 0:])
+    torch.testing.assert_close(early[0], ref[1][:, 1 if m.dtn_layers <= 1 else 0 :])
     with pytest.raises(AssertionError):
         m.forward_intermediates(x, indices=[6])
 
@@ -147,6 +148,7 @@ def test_pooled_summaries_equal_the_statistics_of_all_samples():
 
 def test_layer_gradient_norms_are_seen_before_clipping():
     from transferbench.engine.train import cross_entropy, fit
+
     m = create_backbone("mu4", img_size=16, num_classes=3)
     torch.nn.init.normal_(m.head.weight)
     seen = []
@@ -158,8 +160,19 @@ def test_layer_gradient_norms_are_seen_before_clipping():
 
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 3, (8,))
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    fit(m, iter([(x, y)] * 2), opt, steps=2, base_lr=0.0, warmup=1, clip=1e-6, loss_fn=cross_entropy,
-        device="cpu", bf16=False, on_step=on_step)
+    fit(
+        m,
+        iter([(x, y)] * 2),
+        opt,
+        steps=2,
+        base_lr=0.0,
+        warmup=1,
+        clip=1e-6,
+        loss_fn=cross_entropy,
+        device="cpu",
+        bf16=False,
+        on_step=on_step,
+    )
     assert len(seen) == 2
     layers, embed, block2 = seen[0]
     assert layers[2] == pytest.approx(block2, rel=1e-5) and embed > 1e-3  # not the clipped 1e-6
@@ -167,18 +180,25 @@ def test_layer_gradient_norms_are_seen_before_clipping():
 
 # --- the adapter ------------------------------------------------------------------------------------------
 
+
 def _task(**sets):
     from transferbench.adapters import prepare_task
+
     base = {"images": "24", "steps": "4", "warmup_steps": "1", "grad_last": "2", "eval_batch": "10"}
-    return prepare_task("diagnose", suite="embedded", datasets=["mini_photos"], seeds=[0, 1],
-                        sets=[f"{k}={v}" for k, v in {**base, **sets}.items()])
+    return prepare_task(
+        "diagnose",
+        suite="embedded",
+        datasets=["mini_photos"],
+        seeds=[0, 1],
+        sets=[f"{k}={v}" for k, v in {**base, **sets}.items()],
+    )
 
 
 def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task
-    from transferbench.reporting.diagnostics import figures
     from transferbench.records.store import load_records
+    from transferbench.reporting.diagnostics import figures
     from transferbench.reporting.tables import render, report_tables
 
     task = _task()
@@ -201,18 +221,26 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     # forward measures differ between seeds, its weight measures do not
     assert fwd[("mu4", 0)]["metrics"]["test"] != fwd[("mu4", 1)]["metrics"]["test"]
     assert fwd[("mu4_dpn@embedded", 0)]["metrics"]["test"] != fwd[("mu4_dpn@embedded", 1)]["metrics"]["test"]
-    assert (fwd[("mu4_dpn@embedded", 0)]["info"]["diagnostics"]["stem_scale_maps"]
-            == fwd[("mu4_dpn@embedded", 1)]["info"]["diagnostics"]["stem_scale_maps"])
+    assert (
+        fwd[("mu4_dpn@embedded", 0)]["info"]["diagnostics"]["stem_scale_maps"]
+        == fwd[("mu4_dpn@embedded", 1)]["info"]["diagnostics"]["stem_scale_maps"]
+    )
     assert fwd[("mu4_dpn@embedded", 0)]["info"]["diagnostics"]["stem_scale_maps"] is not None
     assert fwd[("mu4", 0)]["info"]["diagnostics"]["stem_scale_maps"] is None
     grads = [r for r in recs if r["stage"] == "gradients"]
-    assert all(len(r["info"]["diagnostics"]["embed_grad_norm_steps"]) == 4 and r["metric"] == "embed_grad_norm"
-               for r in grads)
+    assert all(
+        len(r["info"]["diagnostics"]["embed_grad_norm_steps"]) == 4 and r["metric"] == "embed_grad_norm" for r in grads
+    )
     tables = report_tables(recs)
     titles = [t.metric for t in tables]
-    assert titles[:6] == ["patch cosine similarity", "attention row std", "token norm",
-                          "mean attention distance (px, mean over heads)",
-                          "mean attention distance (patches, mean over heads)", "gradient norm (last fine-tuning steps)"]
+    assert titles[:6] == [
+        "patch cosine similarity",
+        "attention row std",
+        "token norm",
+        "mean attention distance (px, mean over heads)",
+        "mean attention distance (patches, mean over heads)",
+        "gradient norm (last fine-tuning steps)",
+    ]
     cos = tables[0]
     pooled = np.mean([fwd[("mu4", s)]["info"]["diagnostics"]["patch_cosine"]["mean"][5] for s in (0, 1)])
     assert cos.rows["mu4"]["L5"].estimate.mean == pytest.approx(pooled) and cos.rows["mu4"]["L5"].estimate.n == 48
@@ -220,13 +248,16 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     assert "| mu4_dpn@embedded" in render(tables) and ",mu4,L5,dataset," in render(tables, "csv")
     pngs = figures(recs, tmp_path / "fig", "lb")
     kinds = {p.name.rsplit("_", 1)[-1] for _, _, p in pngs}
-    assert {"depth.png", "distance.png", "stem.png", "grad.png"} <= kinds and all(p.stat().st_size > 5000 for _, _, p in pngs)
+    assert {"depth.png", "distance.png", "stem.png", "grad.png"} <= kinds and all(
+        p.stat().st_size > 5000 for _, _, p in pngs
+    )
     assert run_task(task, backbones, out, show_progress=False).skipped == 8  # a rerun resumes: nothing to do
 
 
 def test_bad_settings_are_one_line(suite_home):
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
+
     task = _task(images="0")
     with pytest.raises(UserError, match="each must be at least 1"):
         task.adapter.check_data(task, CellContext("cpu"))

@@ -1,5 +1,6 @@
 """Every relative link in the README and docs/ resolves: the file exists and, with a #fragment, the target page
 has that heading (GitHub's anchors: lower case, punctuation dropped, spaces as dashes)."""
+
 import re
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """DynamicTokenNorm against the DTN paper's eq. 4-7, written out token by token."""
+
 import math
 
 import numpy as np
@@ -12,7 +13,8 @@ from transferbench.backbones.dtn import DynamicTokenNorm, neighbourhood_offsets,
 def dtn_reference(x, m: DynamicTokenNorm, grid, eps=1e-5):
     """Straight from the equations, float64, explicit loops over heads, targets and sources."""
     weight, bias, mix_mean, mix_var, pos_weight = (
-        p.detach() for p in (m.weight, m.bias, m.mix_mean, m.mix_var, m.pos_weight))
+        p.detach() for p in (m.weight, m.bias, m.mix_mean, m.mix_var, m.pos_weight)
+    )
     x = x.double().numpy()
     B, T, C = x.shape
     H = pos_weight.shape[0]
@@ -142,7 +144,7 @@ def test_batch_is_vectorised_not_mixed():
     m = _random_dtn(dim=16, heads=4, grid=(4, 4))
     x = torch.randn(5, 16, 16)
     together = m(x)
-    alone = torch.cat([m(x[i:i + 1]) for i in range(5)])
+    alone = torch.cat([m(x[i : i + 1]) for i in range(5)])
     # mixing examples would move outputs by O(1); 1e-5 allows the GEMM's batch-dependent sum order
     torch.testing.assert_close(together, alone, atol=1e-4, rtol=1e-5)
 

@@ -1,6 +1,7 @@
 """Executors: a local process pool and Ray run the toy plan with the guarantees of the in-process runner
 (same records, plan re-evaluated as results arrive, a killed worker's cell retried or failed, never torn or
 duplicated, two drivers on one folder computing each cell once)."""
+
 import hashlib
 import json
 import os
@@ -16,8 +17,8 @@ import pytest
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
-from transferbench.cli import main
 from transferbench.backbones.weights import resolve_backbone
+from transferbench.cli import main
 from transferbench.engine.executors import InlineExecutor, PoolExecutor, make_executor
 from transferbench.engine.runner import run_task
 from transferbench.errors import UserError
@@ -50,8 +51,9 @@ def check_toy_records(out) -> None:
     assert not [p for p in Path(out).rglob("*") if ".tmp" in p.name]
     for e in aggregate(load_records([out])):
         assert e.selected == {"lr": 0.01}
-        assert e.per_seed == pytest.approx({s: toy_accuracy(e.backbone, OFFSET[e.dataset], 0.01, s, "test", e.dataset)
-                                            for s in (0, 1)}, abs=1e-12)
+        assert e.per_seed == pytest.approx(
+            {s: toy_accuracy(e.backbone, OFFSET[e.dataset], 0.01, s, "test", e.dataset) for s in (0, 1)}, abs=1e-12
+        )
 
 
 def kill_first_worker(pid_dir: Path, done: threading.Event, killed: list) -> None:
@@ -78,7 +80,7 @@ def run_killing_one(out, executor, retries: int, log: Path, pids: Path):
     finally:
         done.set()
         killer.join()
-    (key, pid), = killed
+    ((key, pid),) = killed
     records = {r["key"]: r for r in load_records([out])}
     computed = Counter(log.read_text().split())
     assert {n for k, n in computed.items() if k != key} == {1}  # the cells beside the killed one ran once
@@ -93,11 +95,30 @@ def run_killing_one(out, executor, retries: int, log: Path, pids: Path):
 
 def two_drivers(out: Path, log: Path, executor_args: list[str], env=None) -> None:
     """Two `transferbench run` processes at once into `out`: both succeed and every cell is computed once."""
-    cmd = [sys.executable, "-m", "transferbench.cli", "run", "toy", "--backbone", ",".join(BACKBONES), "--seeds", "0,1",
-           "--set", "lr=0.01,0.1", "--set", "steps=2", "--set", "delay=0.05", *executor_args, "--no-progress",
-           "--out", str(out)]
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transferbench.cli",
+        "run",
+        "toy",
+        "--backbone",
+        ",".join(BACKBONES),
+        "--seeds",
+        "0,1",
+        "--set",
+        "lr=0.01,0.1",
+        "--set",
+        "steps=2",
+        "--set",
+        "delay=0.05",
+        *executor_args,
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     computed = Counter(log.read_text().split())
@@ -107,6 +128,7 @@ def two_drivers(out: Path, log: Path, executor_args: list[str], env=None) -> Non
 
 
 # --- the local process pool -----------------------------------------------------------------------------------
+
 
 def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep_ends(tmp_path, monkeypatch):
     log = tmp_path / "computed.log"
@@ -147,15 +169,18 @@ def test_two_pool_drivers_into_one_folder_compute_each_cell_once(tmp_path):
 def test_inline_is_jobs_1_and_bad_executor_options_are_one_line(tmp_path, capsys):
     assert isinstance(make_executor("local", jobs=1), InlineExecutor)
     pool = make_executor("local", jobs=3)
-    assert isinstance(pool, PoolExecutor) and pool.slots == 3 and pool.threads == max(1, len(os.sched_getaffinity(0)) // 3)
+    assert (
+        isinstance(pool, PoolExecutor) and pool.slots == 3 and pool.threads == max(1, len(os.sched_getaffinity(0)) // 3)
+    )
     assert make_executor("local", jobs=2, cpus_per_cell=1).threads == 1
     for argv, message in (
-            (["--executor", "rya"], "--executor 'rya' is not one of local, ray; did you mean ray?"),
-            (["--jobs", "0"], "--jobs must be >= 1, got 0"),
-            (["--address", "auto"], "--address and --gpus-per-cell are for --executor ray"),
-            (["--executor", "ray", "--jobs", "2"], "--jobs is for --executor local"),
-            (["--executor", "ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be > 0, got 0"),
-            (["--retries", "-1"], "--retries must be >= 0, got -1")):
+        (["--executor", "rya"], "--executor 'rya' is not one of local, ray; did you mean ray?"),
+        (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["--address", "auto"], "--address and --gpus-per-cell are for --executor ray"),
+        (["--executor", "ray", "--jobs", "2"], "--jobs is for --executor local"),
+        (["--executor", "ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be > 0, got 0"),
+        (["--retries", "-1"], "--retries must be >= 0, got -1"),
+    ):
         assert main(["run", "toy", "--backbone", "mu4", "--out", str(tmp_path / "never-made"), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("transferbench: error: ") and message in err and "\n" not in err
@@ -167,16 +192,21 @@ def test_an_address_where_no_ray_cluster_answers_is_one_line_and_leaves_no_folde
     out = tmp_path / "runs" / "x"
     # port 1 refuses at once (Ray alone would retry an unreachable head for minutes); runs before this module's
     # Ray instance starts, so the executor does not find Ray already initialised
-    assert main(["run", "toy", "--backbone", "mu4", "--out", str(out), "--executor", "ray", "--address",
-                 "127.0.0.1:1"]) == 2
+    assert (
+        main(["run", "toy", "--backbone", "mu4", "--out", str(out), "--executor", "ray", "--address", "127.0.0.1:1"])
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == ("transferbench: error: --address 127.0.0.1:1: no Ray cluster there (127.0.0.1:1 does not answer: "
-                   "Connection refused); start one with `ray start --head`, or leave --address out to run Ray on this "
-                   "machine")
+    assert err == (
+        "transferbench: error: --address 127.0.0.1:1: no Ray cluster there (127.0.0.1:1 does not answer: "
+        "Connection refused); start one with `ray start --head`, or leave --address out to run Ray on this "
+        "machine"
+    )
     assert not (tmp_path / "runs").exists()
 
 
 # --- Ray --------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
@@ -188,8 +218,14 @@ def ray_cluster(tmp_path_factory):
     mp.setenv("TOY_LOG", str(d / "computed.log"))
     mp.setenv("TOY_PID_DIR", str(d / "pids"))
     (d / "pids").mkdir()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20, _node_ip_address="127.0.0.1",
-             logging_level="WARNING", log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 * 2**20,
+        _node_ip_address="127.0.0.1",
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
     yield d, ray.get_runtime_context().gcs_address
     ray.shutdown()
     mp.undo()
@@ -205,6 +241,7 @@ def fresh(d: Path) -> tuple[Path, Path]:
 
 def test_ray_gives_the_local_records(ray_cluster, tmp_path):
     from transferbench.engine.executors import RayExecutor
+
     d, _ = ray_cluster
     log, _ = fresh(d)
     run(tmp_path / "local")
@@ -221,6 +258,7 @@ def test_ray_gives_the_local_records(ray_cluster, tmp_path):
 @pytest.mark.parametrize("retries", [1, 0])
 def test_ray_worker_killed_mid_cell_is_retried_or_recorded_failed(ray_cluster, tmp_path, retries):
     from transferbench.engine.executors import RayExecutor
+
     log, pids = fresh(ray_cluster[0])
     s, key, pid, records = run_killing_one(tmp_path / "out", RayExecutor(), retries, log, pids)
     if not retries:
@@ -239,6 +277,7 @@ def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_
 
     from transferbench.cell import Cell
     from transferbench.engine.executors import local_checkpoint
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
     blob = os.urandom(4096)
     sha = hashlib.sha256(blob).hexdigest()
@@ -256,8 +295,12 @@ def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_
 
 def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
     from transferbench.engine.executors import RayExecutor
-    with pytest.raises(UserError, match=r"no node of the Ray cluster can hold a cell of 1 CPUs and 1 GPUs \(nodes: "
-                                        r"2 CPUs, 0 GPUs\); lower --cpus-per-cell / --gpus-per-cell"):
+
+    with pytest.raises(
+        UserError,
+        match=r"no node of the Ray cluster can hold a cell of 1 CPUs and 1 GPUs \(nodes: "
+        r"2 CPUs, 0 GPUs\); lower --cpus-per-cell / --gpus-per-cell",
+    ):
         run(tmp_path / "out", RayExecutor(gpus_per_cell=1))
     assert not list(tmp_path.rglob("*.json"))  # refused before any cell
 
@@ -265,11 +308,17 @@ def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
 def test_real_cells_give_the_same_records_in_process_and_in_the_pool_at_the_same_threads(suite_home, tmp_path):
     """VTAB fine-tuning on embedded digits: the executor does not change a metric; only the threads per cell
     (the floating-point reduction order) could."""
-    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0],
-                        sets=["lr=0.03", "steps=8", "final=retrain"])
+    task = prepare_task(
+        "vtab", suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["lr=0.03", "steps=8", "final=retrain"]
+    )
     backbone = [resolve_backbone("mu4")]
-    inline = run_task(task, backbone, tmp_path / "inline", show_progress=False, executor=make_executor("local", jobs=1,
-                                                                                                          cpus_per_cell=1))
+    inline = run_task(
+        task,
+        backbone,
+        tmp_path / "inline",
+        show_progress=False,
+        executor=make_executor("local", jobs=1, cpus_per_cell=1),
+    )
     pooled = run_task(task, backbone, tmp_path / "pool", show_progress=False, executor=PoolExecutor(2, threads=1))
     assert (inline.ok, pooled.ok) == (2, 2)  # select (train -> val) and final (trainval -> test)
     a, b = load_records([tmp_path / "inline"]), load_records([tmp_path / "pool"])

@@ -3,8 +3,8 @@
 and recomputed by `run` and skipped with one line by the readers; a full disk and a read-only home are one line and
 exit 2, with no temporary left and the finished cells kept; the nightly workflow installs what its tasks need; and a
 run killed with SIGKILL again and again ends with the records of an uninterrupted one."""
+
 import errno
-import json
 import os
 import random
 import shutil
@@ -25,6 +25,16 @@ from transferbench.paths import QUARANTINE, damage, digest_path, verified
 from transferbench.records.store import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def read_pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -57,8 +67,21 @@ def metrics(out) -> dict:
 
 # --- caches ---------------------------------------------------------------------------------------------
 
-FEWSHOT = ["run", "fewshot", "--suite", "embedded", "--backbone", "mu4_dpn@embedded", "--seeds", "0", "--datasets",
-           "mini_digits", "--set", "shots=1,5", "--no-progress"]
+FEWSHOT = [
+    "run",
+    "fewshot",
+    "--suite",
+    "embedded",
+    "--backbone",
+    "mu4_dpn@embedded",
+    "--seeds",
+    "0",
+    "--datasets",
+    "mini_digits",
+    "--set",
+    "shots=1,5",
+    "--no-progress",
+]
 
 
 def test_truncated_feature_cache_is_set_aside_and_recomputed(home, tmp_path, caplog):
@@ -81,6 +104,7 @@ def test_truncated_feature_cache_is_set_aside_and_recomputed(home, tmp_path, cap
 
 def test_a_feature_entry_without_its_digest_is_not_trusted(tmp_path, monkeypatch, caplog):
     from transferbench.engine import features
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     feats, labels = np.arange(12, dtype=np.float32).reshape(4, 3), np.array([0, 1, 0, 1])
     calls = []
@@ -99,6 +123,7 @@ def test_a_feature_entry_without_its_digest_is_not_trusted(tmp_path, monkeypatch
 @pytest.mark.parametrize("array,keep", [("images.npy", 200), ("labels.npy", 140)])
 def test_truncated_corruption_arrays_are_set_aside_and_regenerated(tmp_path, monkeypatch, caplog, array, keep):
     from transferbench.data import corruptions
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (10, 8, 8, 3), dtype=np.uint8), np.arange(10) % 3
@@ -125,6 +150,7 @@ def test_imagenet_c_rerun_after_truncated_corruption_arrays(home, tmp_path, capl
 
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task
+
     task, out = _task(tmp_path, limit=40), tmp_path / "runs"
     mu4 = [resolve_backbone("mu4")]
     assert run_task(task, mu4, out, show_progress=False).failed == 0
@@ -140,6 +166,7 @@ def test_imagenet_c_rerun_after_truncated_corruption_arrays(home, tmp_path, capl
 
 def _lit_hparams():
     from transferbench.adapters import prepare_task
+
     task = prepare_task("lit", suite="embedded", sets=["steps=3", "batch=8", "warmup_steps=1", "text_layers=1"])
     return task.grid()[0]
 
@@ -147,6 +174,7 @@ def _lit_hparams():
 def test_truncated_text_tower_is_set_aside_and_retrained(tmp_path, monkeypatch, caplog):
     from transferbench.adapters.lit.adapter import home_dir, text_tower
     from transferbench.engine.runner import CellContext
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     hp, ctx = _lit_hparams(), CellContext("cpu", show_progress=False)
     feats = [np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)]
@@ -169,6 +197,7 @@ def test_truncated_classifier_is_set_aside_and_fine_tuned_again(home, tmp_path, 
     from transferbench.adapters.corruption import classifier, home_dir
     from transferbench.cell import make_cell
     from transferbench.engine.runner import CellContext
+
     task = _task(tmp_path)
     cell = make_cell(task, task.datasets[0], resolve_backbone("mu4"), task.grid()[0], 0, "classifier")
     ctx = CellContext("cpu", show_progress=False)
@@ -188,6 +217,7 @@ def test_truncated_classifier_is_set_aside_and_fine_tuned_again(home, tmp_path, 
 
 def test_truncated_bf16_probe_entry_is_set_aside(tmp_path, monkeypatch, caplog):
     from transferbench.engine import precision
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     path = tmp_path / "bf16-probe" / "k.json"
     precision._write(path, {"fp32_ms": 2.0, "bf16_ms": 3.0})
@@ -199,6 +229,7 @@ def test_truncated_bf16_probe_entry_is_set_aside(tmp_path, monkeypatch, caplog):
 
 def test_damaged_embedded_set_is_set_aside_and_generated_again(home, caplog):
     from transferbench.data.sources import open_split
+
     folder = home / "embedded" / "digits"
     manifest = (folder / "MANIFEST.sha256").read_text()
     png = sorted((folder / "images" / "test").glob("*.png"))[3]
@@ -216,6 +247,7 @@ def test_damaged_embedded_set_is_set_aside_and_generated_again(home, caplog):
 
 def test_shipped_checkpoints_match_their_digests_and_a_damaged_one_is_one_line(tmp_path, monkeypatch):
     from transferbench.adapters import pretrain
+
     shipped = sorted(pretrain.SHIPPED.glob("*.safetensors"))
     assert len(shipped) == 3 and all(damage(p) is None for p in shipped)
     copy = tmp_path / "weights"
@@ -265,10 +297,12 @@ def test_torn_record_is_skipped_by_every_reader_with_one_line(tmp_path, caplog, 
     victim = sorted(out.rglob("*.json"))[0]
     tear(victim)
     capsys.readouterr()
-    for argv, code in ((["report", str(out)], 0),
-                       (["leaderboard", str(out), "-o", str(tmp_path / "LB.md")], 0),
-                       (["regress", "--baseline", str(base), "--current", str(out)], 0),
-                       (["regress", "--baseline", str(out), "--current", str(base)], 0)):
+    for argv, code in (
+        (["report", str(out)], 0),
+        (["leaderboard", str(out), "-o", str(tmp_path / "LB.md")], 0),
+        (["regress", "--baseline", str(base), "--current", str(out)], 0),
+        (["regress", "--baseline", str(out), "--current", str(base)], 0),
+    ):
         caplog.clear()
         assert main(argv) == code, argv
         (line,) = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
@@ -281,8 +315,24 @@ def test_torn_record_is_skipped_by_every_reader_with_one_line(tmp_path, caplog, 
     # nightly: a torn baseline record is skipped; the run's own folder is a run's (set aside, recomputed)
     tear(sorted(base.rglob("*.json"))[1])
     caplog.clear()
-    code = main(["nightly", "--baseline", str(base), "--suite", "quick", "--tasks", "toy", "--backbone", "mu4,mu4_dpn",
-                 "--out", str(tmp_path / "nightly"), "--date", "d", "--no-progress"])
+    code = main(
+        [
+            "nightly",
+            "--baseline",
+            str(base),
+            "--suite",
+            "quick",
+            "--tasks",
+            "toy",
+            "--backbone",
+            "mu4,mu4_dpn",
+            "--out",
+            str(tmp_path / "nightly"),
+            "--date",
+            "d",
+            "--no-progress",
+        ]
+    )
     assert code == 0 and any("skipping" in r.getMessage() for r in caplog.records)
 
 
@@ -317,6 +367,7 @@ def reference(tmp_path):
 
 def test_full_out_disk_patched_writes(tmp_path, monkeypatch, capsys, reference):
     import transferbench.paths as paths
+
     real, writes = os.replace, []
 
     def replace(src, dst):  # the 21st record write finds the disk full
@@ -356,6 +407,7 @@ def test_full_out_disk_on_a_small_tmpfs(tmpfs, capsys, reference):
 
 def test_full_home_stops_the_run_with_one_line(home, tmp_path, monkeypatch, capsys):
     import transferbench.paths as paths
+
     real = os.replace
 
     def replace(src, dst):
@@ -376,8 +428,9 @@ def read_only_home(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     if IS_ROOT:  # root writes through permissions: a read-only mount
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)],
-                          capture_output=True).returncode:
+        if subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)], capture_output=True
+        ).returncode:
             pytest.skip("mount -t tmpfs failed here")
         yield ro
         subprocess.run(["umount", "-l", str(ro)], capture_output=True)
@@ -400,6 +453,7 @@ def test_read_only_home_is_one_line_before_any_cell(read_only_home, tmp_path, mo
 
 def test_missing_home_is_made_and_an_impossible_one_is_one_line(tmp_path, monkeypatch, capsys):
     from transferbench.paths import check_home
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "a" / "b"))
     assert check_home() == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
     (tmp_path / "file").write_text("x")
@@ -418,6 +472,7 @@ class _Dies(torch.utils.data.Dataset):
 
 def test_a_killed_dataloader_worker_is_one_line(tmp_path):
     from transferbench.engine.compute import CellContext, environment_fault
+
     with pytest.raises(RuntimeError) as e:
         list(torch.utils.data.DataLoader(_Dies(), num_workers=1, timeout=60))
     line = environment_fault(e.value, CellContext("cpu"))
@@ -427,6 +482,7 @@ def test_a_killed_dataloader_worker_is_one_line(tmp_path):
 def test_a_data_folder_vanishing_mid_run_is_one_line(tmp_path):
     from transferbench.data.folder import FolderDataset, write_folder_dataset
     from transferbench.engine.compute import CellContext, environment_fault
+
     data = tmp_path / "data"
     write_folder_dataset(data, "set", {"test": [(np.zeros((4, 4), np.uint8), 0)] * 3}, {"num_classes": 1})
     ds = FolderDataset(data, "set", "test")
@@ -440,10 +496,12 @@ def test_a_data_folder_vanishing_mid_run_is_one_line(tmp_path):
 
 # --- the nightly workflow installs what its tasks need ---------------------------------------------------------
 
+
 def test_nightly_workflow_installs_the_extras_of_the_baselines_tasks():
     import re
 
     from transferbench.adapters import prepare_task
+
     baseline = load_records([ROOT / "results" / "runs"])
     tasks = sorted({r["task"] for r in baseline if r.get("suite") == "embedded"})
     assert "imagenet_c" in tasks
@@ -455,20 +513,39 @@ def test_nightly_workflow_installs_the_extras_of_the_baselines_tasks():
     assert m, f"the install step installs no extras: {install!r}"
     extras = set(m.group(1).split(","))
     assert needed <= extras
-    declared = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    declared = read_pyproject()["project"]["optional-dependencies"]
     assert extras <= set(declared)
 
 
 # --- soak: killed at random moments, rerun each time -------------------------------------------------------------
 
-SOAK = ["run", "fewshot", "--suite", "embedded", "--backbone", "mu4_dpn@embedded", "--seeds", "0,1", "--datasets",
-        "mini_digits,mini_photos", "--set", "shots=1,5", "--no-progress"]
+SOAK = [
+    "run",
+    "fewshot",
+    "--suite",
+    "embedded",
+    "--backbone",
+    "mu4_dpn@embedded",
+    "--seeds",
+    "0,1",
+    "--datasets",
+    "mini_digits,mini_photos",
+    "--set",
+    "shots=1,5",
+    "--no-progress",
+]
 
 
 def _cli(args, home, **kw):
     env = {**os.environ, "TRANSFERBENCH_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "transferbench.cli", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "transferbench.cli", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_soak_sigkill_at_five_random_moments(home, tmp_path):
@@ -494,8 +571,10 @@ def test_soak_sigkill_at_five_random_moments(home, tmp_path):
 
 # --- a --jobs worker that generated corruptions exits -----------------------------------------------------------
 
+
 def _generate_in_a_worker():
     from transferbench.data import corruptions
+
     assert list(corruptions.pool(2).map(abs, [-1, -2, -3])) == [1, 2, 3]
 
 
@@ -503,6 +582,7 @@ def test_a_cell_process_that_used_the_generator_pool_exits():
     """`run imagenet_c --jobs 2` finished every cell, then hung: each cell process, ending, joined the generator
     pool's processes, which nothing had shut down (atexit does not run in multiprocessing children)."""
     import multiprocessing
+
     p = multiprocessing.get_context("spawn").Process(target=_generate_in_a_worker)
     p.start()
     p.join(timeout=120)

@@ -1,11 +1,19 @@
 """Few-shot probe: big_vision's sampling and closed-form ridge against direct solves and hand cases,
 leave-one-out l2 selection against refitting, the feature cache's misses, and the adapter end to end."""
+
 import numpy as np
 import pytest
 import torch
 
-from transferbench.adapters.fewshot import (BIAS, fewshot_indices, ridge_accuracy, ridge_fit, ridge_probe,
-                                            ridge_sweep_accuracy, select_l2)
+from transferbench.adapters.fewshot import (
+    BIAS,
+    fewshot_indices,
+    ridge_accuracy,
+    ridge_fit,
+    ridge_probe,
+    ridge_sweep_accuracy,
+    select_l2,
+)
 from transferbench.backbones import create_backbone
 from transferbench.cli import main
 from transferbench.engine import features
@@ -35,7 +43,7 @@ def test_ridge_matches_a_direct_solve_in_both_branches(n, d):
     x, y = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, d) + rng.normal(size=d), rng.integers(0, 3, n)
     r = ridge_fit(x, y, 3)
     assert r.primal == (n >= d + 1)
-    for l2 in (1.0, 2.0 ** 10):
+    for l2 in (1.0, 2.0**10):
         w, mean, std = direct_weights(x, y, 3, l2)
         assert np.allclose(r.weights(l2), w, rtol=1e-6, atol=1e-9)
         xt = rng.normal(size=(20, d))
@@ -46,7 +54,7 @@ def test_ridge_matches_a_direct_solve_in_both_branches(n, d):
         assert (probe.predict(xt) == pred).all()
     # a sweep's test accuracies (one eigendecomposition, one product) are the direct solves' accuracies
     xt, yt = rng.normal(size=(200, d)) * 2, rng.integers(0, 3, 200)
-    l2s = [1e-2, 1.0, 2.0 ** 10, 1e6]
+    l2s = [1e-2, 1.0, 2.0**10, 1e6]
     direct = []
     for l2 in l2s:
         w, mean, std = direct_weights(x, y, 3, l2)
@@ -81,9 +89,19 @@ def test_leave_one_out_matches_refitting_without_each_example():
         assert r.loo_accuracy(l2) == pytest.approx(hits / n)
     dual = ridge_fit(x[:4], y[:4], k)  # N < D branch
     Xd = dual.design(x[:4])
-    hits = sum(int(np.argmax(Xd[i] @ np.linalg.solve(np.delete(Xd, i, 0).T @ np.delete(Xd, i, 0) + 7 * np.eye(d + 1),
-                                                         np.delete(Xd, i, 0).T @ np.delete(dual.y, i, 0))) == y[i])
-               for i in range(4))
+    hits = sum(
+        int(
+            np.argmax(
+                Xd[i]
+                @ np.linalg.solve(
+                    np.delete(Xd, i, 0).T @ np.delete(Xd, i, 0) + 7 * np.eye(d + 1),
+                    np.delete(Xd, i, 0).T @ np.delete(dual.y, i, 0),
+                )
+            )
+            == y[i]
+        )
+        for i in range(4)
+    )
     assert dual.loo_accuracy(7.0) == pytest.approx(hits / 4)
     assert select_l2(r, [1024.0, 1e-3], 1) == (1024.0, "default (1 shot: leave-one-out has no class mate)")
     best, rule = select_l2(r, [1e6, 1.0], 10)
@@ -91,23 +109,51 @@ def test_leave_one_out_matches_refitting_without_each_example():
 
 
 def test_cache_key_changes_with_everything_that_changes_features():
-    base = dict(backbone="mu4", weights_sha256="a" * 64, transform={"resolution": 16, "resize_small": None},
-                dataset={"name": "mini_digits", "version": "digits-v1"}, split="train800")
+    base = dict(
+        backbone="mu4",
+        weights_sha256="a" * 64,
+        transform={"resolution": 16, "resize_small": None},
+        dataset={"name": "mini_digits", "version": "digits-v1"},
+        split="train800",
+    )
     key = features.cache_key(**base)
     assert features.cache_key(**base) == key
-    for field, value in [("weights_sha256", "b" * 64), ("backbone", "mu4_dpn"), ("split", "test"),
-                         ("transform", {"resolution": 32, "resize_small": None}),
-                         ("transform", {"resolution": 16, "resize_small": 18}),
-                         ("dataset", {"name": "mini_digits", "version": "digits-v2"}), ("pool", "gap")]:
+    for field, value in [
+        ("weights_sha256", "b" * 64),
+        ("backbone", "mu4_dpn"),
+        ("split", "test"),
+        ("transform", {"resolution": 32, "resize_small": None}),
+        ("transform", {"resolution": 16, "resize_small": 18}),
+        ("dataset", {"name": "mini_digits", "version": "digits-v2"}),
+        ("pool", "gap"),
+    ]:
         assert features.cache_key(**{**base, field: value}) != key, field
 
 
 def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     # fp32 (bf16=off): the features are checked against an fp32 hand computation at fp32's tolerance, on every
     # CPU (under bf16 autocast they differ from it by up to 1e-3, and auto picks bf16 only where it is faster)
-    args = ["run", "fewshot", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--seeds",
-            "0,1", "--set", "shots=1,5", "--set", "resolution=8", "--set", "bf16=off", "--out", str(tmp_path),
-            "--no-progress"]
+    args = [
+        "run",
+        "fewshot",
+        "--suite",
+        "embedded",
+        "--datasets",
+        "mini_digits",
+        "--backbone",
+        "mu4",
+        "--seeds",
+        "0,1",
+        "--set",
+        "shots=1,5",
+        "--set",
+        "resolution=8",
+        "--set",
+        "bf16=off",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     torch.manual_seed(12345)
     assert main(args) == 0
     recs = load_records([tmp_path / "fewshot"])
@@ -116,14 +162,23 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     # recompute one cell by hand from the cached features
     from transferbench.adapters import prepare_task
     from transferbench.adapters.fewshot import FewshotAdapter  # noqa: F401
+
     task = prepare_task("fewshot", suite="embedded", sets=["resolution=8", "bf16=off"])
     ds = next(d for d in task.datasets if d.name == "mini_digits")
     ident = {"name": "mini_digits", "source": "embedded", "tfds": None, "set": "digits", "version": ds.version}
     assert all(r["info"]["bf16"] is False and r["info"]["bf16_choice"] == {"setting": "off"} for r in recs)
     tf = {"resolution": 8, "resize_square": None, "pixels": "inception", "bf16": False}
-    load = lambda split: features.cached(features.cache_key(backbone="mu4", weights_sha256="random-init",  # noqa: E731
-                                                            transform=tf, dataset=ident, split=split,
-                                                            pool="gap"), None)  # the embedded suite's pooling
+    load = lambda split: features.cached(
+        features.cache_key(
+            backbone="mu4",
+            weights_sha256="random-init",  # noqa: E731
+            transform=tf,
+            dataset=ident,
+            split=split,
+            pool="gap",
+        ),
+        None,
+    )  # the embedded suite's pooling
     (trx, tr_y, hit1), (tex, te_y, hit2) = load("train800"), load("test")
     assert hit1 and hit2 and trx.shape == (800, 128)
     rec = next(r for r in recs if r["seed"] == 1 and r["hparams"]["shots"] == 5)
@@ -134,6 +189,7 @@ def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     # whatever the process's global RNG held when the cell ran (here: seed 12345, set before `main`)
     from transferbench.data.sources import open_split
     from transferbench.data.transforms import eval_transform
+
     torch.manual_seed(0)
     model = create_backbone("mu4", img_size=8)  # mu4 pools the cls token; the suite probes the patch-token mean
     data = open_split({"name": "mini_digits", "source": "embedded", "set": "digits"}, "test")

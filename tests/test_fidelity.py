@@ -1,16 +1,16 @@
 """Each paper-scale default pinned against its source: big_vision's losses, weight decay, mixup, resample_posemb,
 fewshot resize, AugReg's per-size table (DPN App. C), the VTAB reported score (DPN §6.1), the high-res head
 (App. D), timm's loader for three checkpoint forms, and the pixel normalisation that travels with the weights."""
-import math
+
 import types
 
 import numpy as np
 import pytest
 import timm
 import torch
+from conftest import randomize_
 from PIL import Image
 
-from conftest import randomize_
 from transferbench import create_backbone
 from transferbench.adapters import prepare_task
 from transferbench.adapters.classify import finetune
@@ -27,8 +27,8 @@ from transferbench.engine.train import sigmoid_cross_entropy
 from transferbench.errors import UserError
 from transferbench.records.aggregate import aggregate
 
-
 # --- losses -----------------------------------------------------------------------------------------
+
 
 def big_vision_sigmoid_xent(logits, labels):
     """big_vision losses.sigmoid_xent, transcribed in numpy: -sum(labels * log_sigmoid(z) + (1 - labels) *
@@ -53,11 +53,25 @@ def test_sigmoid_xent_equals_big_vision_on_random_logits():
 
 # --- the VTAB score ---------------------------------------------------------------------------------
 
+
 def _record(lr, seed, val, test, stage="select", final="none"):
-    return {"task": "vtab", "protocol_version": "2", "dataset": "d", "backbone": "b", "status": "ok",
-            "hparams": {"lr": lr, "final": final}, "select": ["lr"], "seed": seed, "stage": stage,
-            "metric": "accuracy", "mode": "max", "order": 0, "group": None, "finished_at": f"{stage}{seed}",
-            "metrics": {k: {"accuracy": v} for k, v in (("val", val), ("test", test)) if v is not None}}
+    return {
+        "task": "vtab",
+        "protocol_version": "2",
+        "dataset": "d",
+        "backbone": "b",
+        "status": "ok",
+        "hparams": {"lr": lr, "final": final},
+        "select": ["lr"],
+        "seed": seed,
+        "stage": stage,
+        "metric": "accuracy",
+        "mode": "max",
+        "order": 0,
+        "group": None,
+        "finished_at": f"{stage}{seed}",
+        "metrics": {k: {"accuracy": v} for k, v in (("val", val), ("test", test)) if v is not None},
+    }
 
 
 def test_vtab_reports_the_test_accuracy_of_the_val_selected_train800_runs():
@@ -77,8 +91,13 @@ def test_vtab_default_plans_no_final_stage_and_retrain_keeps_it():
     default = prepare_task("vtab", suite="embedded", datasets=["mini_digits"])
     assert default.hparams["final"] == "none"
     paper = prepare_task("vtab").hparams  # the default suite: App. E's numbers
-    assert (paper["loss"], paper["optimizer"], paper["momentum"], paper["weight_decay"], paper["clip"]) == \
-        ("sigmoid", "sgd", 0.9, 0.0, 1.0)
+    assert (paper["loss"], paper["optimizer"], paper["momentum"], paper["weight_decay"], paper["clip"]) == (
+        "sigmoid",
+        "sgd",
+        0.9,
+        0.0,
+        1.0,
+    )
     assert (paper["batch"], paper["steps"], paper["warmup_steps"], paper["resolution"]) == (512, 2500, 200, 224)
     cells = VtabAdapter().plan(default, ref, Won())
     assert {c.stage for c in cells} == {"select"} and len(cells) == len(default.seeds) * len(default.sweep["lr"])
@@ -109,6 +128,7 @@ def test_vtab_sweep_holds_app_e_learning_rate():
 
 # --- high-res (App. D) ------------------------------------------------------------------------------
 
+
 class _Images:
     def __init__(self, n=4, size=16, classes=10):
         self.labels = np.arange(n) % classes
@@ -122,19 +142,35 @@ class _Images:
 
 def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path):
     task = prepare_task("hires")
-    assert task.hparams["head"] == "new" and task.hparams["loss"] == "sigmoid" and task.hparams["posemb"] == "big_vision"
+    assert (
+        task.hparams["head"] == "new" and task.hparams["loss"] == "sigmoid" and task.hparams["posemb"] == "big_vision"
+    )
     src = randomize_(create_backbone("mu4", num_classes=10, img_size=16))
     path = save_checkpoint(src, tmp_path / "ten.safetensors")
-    hp = dict(resolution=32, optimizer="sgd", lr=0.03, momentum=0.9, weight_decay=0.0, batch=4, steps=0,
-              warmup_steps=0, clip=1.0, loss="sigmoid", bf16=False)
+    hp = dict(
+        resolution=32,
+        optimizer="sgd",
+        lr=0.03,
+        momentum=0.9,
+        weight_decay=0.0,
+        batch=4,
+        steps=0,
+        warmup_steps=0,
+        clip=1.0,
+        loss="sigmoid",
+        bf16=False,
+    )
     cell = types.SimpleNamespace(hparams=hp, seed=0, backbone="mu4", checkpoint=str(path), dataset="d")
     ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None)
-    model, info = finetune(cell, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto",
-                           posemb=task.hparams["posemb"])
+    model, info = finetune(
+        cell, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto", posemb=task.hparams["posemb"]
+    )
     assert info["head"] == "new" and info["posemb_resample"] == "big_vision"
     assert float(model.head.weight.detach().abs().sum()) == 0.0 and float(src.head.weight.detach().abs().sum()) > 0
-    assert (task.datasets[0].model_dump()["train"], task.datasets[0].model_dump()["minival"]) == ("train[:99%]",
-                                                                                                  "train[99%:]")
+    assert (task.datasets[0].model_dump()["train"], task.datasets[0].model_dump()["minival"]) == (
+        "train[:99%]",
+        "train[99%:]",
+    )
 
 
 def test_resample_posemb_equals_scipy_zoom_order_1():
@@ -146,12 +182,18 @@ def test_resample_posemb_equals_scipy_zoom_order_1():
     got = resample_posemb(pe, (12, 12), (7, 7), num_prefix_tokens=1)
     np.testing.assert_allclose(got[0, 1:].numpy().reshape(12, 12, 5), expected, atol=1e-6, rtol=0)
     assert (got[0, 0] == 9.0).all()
-    half_pixel = torch.nn.functional.interpolate(torch.from_numpy(old).permute(2, 0, 1)[None], size=(12, 12),
-                                                 mode="bilinear", align_corners=False)[0].permute(1, 2, 0).numpy()
+    half_pixel = (
+        torch.nn.functional.interpolate(
+            torch.from_numpy(old).permute(2, 0, 1)[None], size=(12, 12), mode="bilinear", align_corners=False
+        )[0]
+        .permute(1, 2, 0)
+        .numpy()
+    )
     assert np.abs(half_pixel - expected).max() > 1e-2  # align_corners=False is another method
 
 
 # --- few-shot (big_vision common_fewshot) ----------------------------------------------------------
+
 
 def test_fewshot_transform_is_a_square_resize_then_a_central_crop():
     task = prepare_task("fewshot")
@@ -169,18 +211,29 @@ def test_fewshot_transform_is_a_square_resize_then_a_central_crop():
 
 # --- pretraining (App. C, AugReg) -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,aug,randaug,mixup,rep,dropout", [
-    ("ti16", "light1", (2, 0), 0.0, 192, 0.0),
-    ("s32", "medium1", (2, 15), 0.2, 0, 0.0),
-    ("s16", "medium2", (2, 15), 0.5, 384, 0.0),
-    ("b32_dpn", "medium2", (2, 15), 0.5, 768, 0.1),
-    ("b16", "medium2", (2, 15), 0.5, 768, 0.1),
-    ("l16", "medium2", (2, 15), 0.5, 1024, 0.1),
-])
+
+@pytest.mark.parametrize(
+    "name,aug,randaug,mixup,rep,dropout",
+    [
+        ("ti16", "light1", (2, 0), 0.0, 192, 0.0),
+        ("s32", "medium1", (2, 15), 0.2, 0, 0.0),
+        ("s16", "medium2", (2, 15), 0.5, 384, 0.0),
+        ("b32_dpn", "medium2", (2, 15), 0.5, 768, 0.1),
+        ("b16", "medium2", (2, 15), 0.5, 768, 0.1),
+        ("l16", "medium2", (2, 15), 0.5, 1024, 0.1),
+    ],
+)
 def test_augreg_settings_per_size_follow_app_c(name, aug, randaug, mixup, rep, dropout):
     hp = prepare_task("pretrain", suite="default").hparams
-    assert (hp["lr"], hp["wd"], hp["init_head_bias"], hp["loss"], hp["batch"], hp["steps"], hp["warmup_steps"]) == \
-        (0.001, 0.0001, -6.9, "sigmoid", 4096, 93000, 10000)
+    assert (hp["lr"], hp["wd"], hp["init_head_bias"], hp["loss"], hp["batch"], hp["steps"], hp["warmup_steps"]) == (
+        0.001,
+        0.0001,
+        -6.9,
+        "sigmoid",
+        4096,
+        93000,
+        10000,
+    )
     r = recipe(name, hp)
     assert (r["aug"], r["randaug"], r["mixup"], r["rep_size"], r["dropout"]) == (aug, randaug, mixup, rep, dropout)
     ra = augreg.randaugment(aug)
@@ -200,6 +253,7 @@ def test_light1_randaugment_is_not_nothing():
     assert any(changed) and not all(changed)  # some draws are identity-only, some are not
     autocontrast = ((img.float() - 40) * (255 / 189)).floor().clamp(0, 255).to(torch.uint8)  # by hand
     from torchvision.transforms.v2 import functional as F
+
     assert torch.equal(F.autocontrast(img), autocontrast)
 
 
@@ -246,6 +300,7 @@ def test_weight_decay_per_step_is_big_vision_s():
 
 # --- timm's loader ------------------------------------------------------------------------------------
 
+
 def _timm_logits(model, sd, img):
     model.load_state_dict(sd)
     with torch.no_grad():
@@ -280,16 +335,22 @@ def test_timm_state_dict_with_pre_logits_keeps_its_representation_layer(tmp_path
     torch.manual_seed(0)
     ref = randomize_(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0))
     fc, head = torch.nn.Linear(192, 48), torch.nn.Linear(48, 5)
-    sd = {**ref.state_dict(), "pre_logits.fc.weight": fc.weight.detach(), "pre_logits.fc.bias": fc.bias.detach(),
-          "head.weight": head.weight.detach(), "head.bias": head.bias.detach()}
+    sd = {
+        **ref.state_dict(),
+        "pre_logits.fc.weight": fc.weight.detach(),
+        "pre_logits.fc.bias": fc.bias.detach(),
+        "head.weight": head.weight.detach(),
+        "head.bias": head.bias.detach(),
+    }
     torch.save(sd, tmp_path / "rep.pth")
     ours = create_backbone("ti16", num_classes=5, checkpoint=tmp_path / "rep.pth").eval()
     img = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         pooled = ref.eval().forward_head(ref.forward_features(img), pre_logits=True)
         torch.testing.assert_close(ours(img), head(torch.tanh(fc(pooled))), atol=1e-5, rtol=0)
-        torch.testing.assert_close(ours.forward_head(ours.forward_features(img), pre_logits=True),
-                                   torch.tanh(fc(pooled)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours.forward_head(ours.forward_features(img), pre_logits=True), torch.tanh(fc(pooled)), atol=1e-5, rtol=0
+        )
     transfer = create_backbone("ti16", checkpoint=tmp_path / "rep.pth")  # transfer: only the head goes
     transfer.reset_classifier(3)
     assert transfer.config["rep_size"] == 48 and transfer.head.in_features == 48
@@ -301,13 +362,15 @@ def test_timm_resize_follows_checkpoint_filter_fn(tmp_path):
     ref = randomize_(timm.create_model("vit_tiny_patch16_224", pretrained=False))
     torch.save(ref.state_dict(), tmp_path / "t.pth")
     ours = create_backbone("ti16", img_size=384, checkpoint=tmp_path / "t.pth")
-    expected = resample_abs_pos_embed(ref.pos_embed.detach(), [24, 24], [14, 14], num_prefix_tokens=1,
-                                      interpolation="bicubic", antialias=True)
+    expected = resample_abs_pos_embed(
+        ref.pos_embed.detach(), [24, 24], [14, 14], num_prefix_tokens=1, interpolation="bicubic", antialias=True
+    )
     assert ours.posemb_resample == "timm"
     torch.testing.assert_close(ours.pos_embed.detach(), expected, atol=1e-6, rtol=0)
 
 
 # --- pixel normalisation ------------------------------------------------------------------------------
+
 
 def test_normalisation_presets_on_a_known_image():
     img = Image.fromarray(np.array([[[0, 0, 0], [255, 255, 255]]], np.uint8))  # one black, one white pixel
@@ -315,8 +378,10 @@ def test_normalisation_presets_on_a_known_image():
     imagenet = eval_transform(1, pixels="imagenet").pipeline(img)
     assert inception.shape[-2:] == (1, 1)
     black, white = (torch.tensor([[[0, 255]] * 1] * 3, dtype=torch.uint8) for _ in range(2))
-    from transferbench.data.transforms import normalise
     from torchvision.transforms import v2
+
+    from transferbench.data.transforms import normalise
+
     x = v2.Compose(normalise("imagenet"))(torch.tensor([0, 255], dtype=torch.uint8).view(1, 1, 2).repeat(3, 1, 1))
     np.testing.assert_allclose(x[:, 0, 0].numpy(), [-0.485 / 0.229, -0.456 / 0.224, -0.406 / 0.225], rtol=1e-6)
     np.testing.assert_allclose(x[:, 0, 1].numpy(), [0.515 / 0.229, 0.544 / 0.224, 0.594 / 0.225], rtol=1e-6)
@@ -351,9 +416,27 @@ def test_a_checkpoint_without_stated_pixels_is_named_once(suite_home, tmp_path, 
     from transferbench.cli import main
 
     path = save_checkpoint(create_backbone("mu4", img_size=16), tmp_path / "bare.safetensors")
-    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", f"mu4@{path}", "--seeds",
-            "0,1", "--set", "steps=1", "--set", "batch=4", "--set", "warmup_steps=1", "--out", str(tmp_path / "o"),
-            "--no-progress"]
+    args = [
+        "run",
+        "vtab",
+        "--suite",
+        "embedded",
+        "--datasets",
+        "mini_digits",
+        "--backbone",
+        f"mu4@{path}",
+        "--seeds",
+        "0,1",
+        "--set",
+        "steps=1",
+        "--set",
+        "batch=4",
+        "--set",
+        "warmup_steps=1",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-progress",
+    ]
     with caplog.at_level(logging.WARNING, logger="transferbench"):
         assert main(args) == 0
     said = [r.getMessage() for r in caplog.records if "states no pixel normalisation" in r.getMessage()]

@@ -1,11 +1,12 @@
 """The ADE20K, LiT and diagnostics defaults against their sources: DPN App. G's scenic config and scenic's
 optimizers.py; DPN §6.2, big_vision's lit_coco config, optax.py and prompt_engineering.py; the over-smoothing
 slides, the DTN paper (App. B.1, Figs. 4, 7, 8) and DPN Fig. 2. Each test computes the expected numbers by hand."""
+
 from __future__ import annotations
 
 import math
-import string
 import re
+import string
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ def spec_hparams(task: str, suite: str | None = None) -> dict:
 
 # ---------------------------------------------------------------- ADE20K (DPN App. G) ---------------------
 
+
 def test_ade20k_spec_states_app_g():
     hp = spec_hparams("ade20k")
     assert (hp["lr"], hp["weight_decay"], hp["batch"], hp["epochs"]) == (3e-5, 0.01, 16, 128)
@@ -41,6 +43,7 @@ def test_no_decay_on_exactly_the_scale_and_bias_parameters():
     Linear's and conv's bias; nothing else (pos_embed, cls_token and kernels keep their decay)."""
     from transferbench.adapters.seg import LinearSegmenter
     from transferbench.engine.augreg import scale_and_bias, scenic_adamw
+
     model = LinearSegmenter(create_backbone("mu4_dpn", img_size=32), 4)
     expected = set()
     for prefix, m in model.named_modules():
@@ -66,6 +69,7 @@ def test_no_decay_on_exactly_the_scale_and_bias_parameters():
 def test_imagenet_standardisation_of_a_known_image():
     """App. G's pp: value_range(0, 1) then (x - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]."""
     from transferbench.data import pixels
+
     image = torch.tensor([255, 0, 128], dtype=torch.uint8).reshape(3, 1, 1).expand(3, 2, 2).contiguous()
     out = pixels.normalise_uint8(image, pixels.of({"pixels": spec_hparams("ade20k")["pixels"]}))
     want = [(1 - 0.485) / 0.229, (0 - 0.456) / 0.224, (128 / 255 - 0.406) / 0.225]
@@ -76,6 +80,7 @@ def test_imagenet_standardisation_of_a_known_image():
 def test_steps_do_not_depend_on_the_fraction(fraction):
     """App. G: steps_per_epoch = 20210 // 16 = 1263 for every train_data_pct: 128 x 1263 = 161,664 steps."""
     from transferbench.adapters.seg.adapter import subset, train_steps
+
     hp = spec_hparams("ade20k")
     n = len(subset(20210, fraction, seed=0))
     assert train_steps(hp, n, 20210) == 128 * 1263 == 161664
@@ -89,6 +94,7 @@ def test_steps_do_not_depend_on_the_fraction(fraction):
 def test_decoder_reads_the_tokens_before_the_final_norm():
     """out_with_norm = False: the decoder's input is the last block's output; `norm` applies the final norm."""
     from transferbench.adapters.seg import LinearSegmenter
+
     torch.manual_seed(0)
     backbone = create_backbone("mu4", img_size=32).eval()
     with torch.no_grad():
@@ -96,9 +102,9 @@ def test_decoder_reads_the_tokens_before_the_final_norm():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         t = backbone._embed(x)
-        for t in backbone._run_blocks(t):
+        for t in backbone._run_blocks(t):  # noqa: B007, B020 - the last block's output
             pass
-        by_hand = t[:, backbone.num_prefix_tokens:]
+        by_hand = t[:, backbone.num_prefix_tokens :]
         pre = LinearSegmenter(backbone, 4, tokens="prenorm").patch_tokens(x)
         post = LinearSegmenter(backbone, 4, tokens="norm").patch_tokens(x)
     torch.testing.assert_close(pre, by_hand)
@@ -110,6 +116,7 @@ def test_scenic_posemb_is_half_pixel_bilinear():
     """jax.image.resize(..., 'bilinear') from 2 to 4 samples at source positions (i + 0.5) / 2 - 0.5 =
     -0.25, 0.25, 0.75, 1.25 (edges clamped): a, 0.75a + 0.25b, 0.25a + 0.75b, b along each axis."""
     from transferbench.backbones.checkpoint import resample_posemb
+
     a, b, c, d = 1.0, 3.0, 5.0, 11.0
     table = torch.tensor([[[9.0], [a], [b], [c], [d]]])  # a cls position, then the 2 x 2 grid
     out = resample_posemb(table, (4, 4), (2, 2), 1, method="scenic")
@@ -124,6 +131,7 @@ def test_scenic_posemb_is_half_pixel_bilinear():
 
 def test_stochastic_depth_grows_to_point_one():
     from timm.layers import DropPath
+
     model = create_backbone("mu4", img_size=32, drop_path_rate=spec_hparams("ade20k")["drop_path"])
     rates = [blk.drop_path1.drop_prob if isinstance(blk.drop_path1, DropPath) else 0.0 for blk in model.blocks]
     depth = len(model.blocks)
@@ -131,6 +139,7 @@ def test_stochastic_depth_grows_to_point_one():
 
 
 # ---------------------------------------------------------------- LiT (DPN §6.2, big_vision) --------------
+
 
 def test_lit_spec_states_the_paper_and_lit_coco():
     spec = load_spec("lit")
@@ -149,18 +158,32 @@ def test_big_vision_weight_decay_per_step():
     (adam's update is 0) one step at schedule value s leaves kernels at p (1 - s * wd) and the rest unchanged."""
     from transferbench.adapters.lit import LitModel, parameter_groups
     from transferbench.adapters.lit.towers import kernel_names
+
     torch.manual_seed(0)
-    model = LitModel(32, {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
-                     image_head="linear")
+    model = LitModel(
+        32, {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1}, image_head="linear"
+    )
     lr, wd, s = 1e-3, 0.01, 0.37
     opt = torch.optim.AdamW(parameter_groups(model, wd, lr=lr, decay="big_vision"), lr=lr)
     for g in opt.param_groups:
         g["lr"] = lr * s  # what engine.train.fit sets at a step where the schedule is s
     kernels = set(kernel_names(model))
-    assert {"text.text_projection", "image_head.weight", "text.transformer.resblocks.0.attn.in_proj_weight",
-            "text.transformer.resblocks.0.mlp.c_fc.weight"} <= kernels
-    assert not {"text.token_embedding.weight", "text.positional_embedding", "logit_scale",
-                "text.ln_final.weight", "image_head.bias"} & kernels
+    assert {
+        "text.text_projection",
+        "image_head.weight",
+        "text.transformer.resblocks.0.attn.in_proj_weight",
+        "text.transformer.resblocks.0.mlp.c_fc.weight",
+    } <= kernels
+    assert (
+        not {
+            "text.token_embedding.weight",
+            "text.positional_embedding",
+            "logit_scale",
+            "text.ln_final.weight",
+            "image_head.bias",
+        }
+        & kernels
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -179,7 +202,8 @@ def _bv_canonicalize(text, *, keep_punctuation_exact_string=None):
     if keep_punctuation_exact_string:
         text = keep_punctuation_exact_string.join(
             part.translate(str.maketrans("", "", string.punctuation))
-            for part in text.split(keep_punctuation_exact_string))
+            for part in text.split(keep_punctuation_exact_string)
+        )
     else:
         text = text.translate(str.maketrans("", "", string.punctuation))
     text = text.lower()
@@ -189,15 +213,16 @@ def _bv_canonicalize(text, *, keep_punctuation_exact_string=None):
 
 def test_prompts_canonicalised_as_big_vision():
     import open_clip
+
     from transferbench.adapters.lit import class_names_for, templates_for
+
     templates = templates_for("imagenet", "big_vision")
     raw = [t("{}") for t in open_clip.OPENAI_IMAGENET_TEMPLATES] + ["{}"]  # big_vision's clip_paper: 80 + '{}'
     assert len(templates) == 81
     assert [t("{}") for t in templates] == [_bv_canonicalize(t, keep_punctuation_exact_string="{}") for t in raw]
     assert templates[20]("tench") == "a closeup photo of a tench"  # 'a close-up photo of a {}.'
     names = class_names_for("imagenet", prompts="big_vision")
-    want = [_bv_canonicalize(n, keep_punctuation_exact_string=",").split(",")[0]
-            for n in open_clip.IMAGENET_CLASSNAMES]
+    want = [_bv_canonicalize(n, keep_punctuation_exact_string=",").split(",")[0] for n in open_clip.IMAGENET_CLASSNAMES]
     assert names == want
     assert "frillednecked lizard" in names and "st bernard" in names  # "frilled-necked lizard", "St. Bernard"
     # the option keeps open_clip's text
@@ -208,27 +233,33 @@ def test_prompts_canonicalised_as_big_vision():
 def test_flip_view_draws_each_view_per_example():
     """augment: flip: each example of each step takes the original or the mirrored features, p = 0.5."""
     from transferbench.adapters.lit.adapter import view_batches
+
     tokens = torch.arange(64)[:, None]
     orig, flip = torch.zeros(64, 1), torch.ones(64, 1)
     picks = torch.cat([f for _, f in view_batches(tokens, [orig, flip], batch=32, steps=50, seed=3)])
     assert 0.4 < float(picks.mean()) < 0.6
     # a single view is tensor_batches itself
     from transferbench.engine.train import tensor_batches
-    for (t1, f1), (t2, f2) in zip(view_batches(tokens, [orig], batch=8, steps=3, seed=1),
-                                  tensor_batches(tokens, orig, batch=8, steps=3, seed=1)):
+
+    for (t1, f1), (t2, f2) in zip(
+        view_batches(tokens, [orig], batch=8, steps=3, seed=1), tensor_batches(tokens, orig, batch=8, steps=3, seed=1)
+    ):
         assert torch.equal(t1, t2) and torch.equal(f1, f2)
 
 
 # ---------------------------------------------------------------- diagnostics ------------------------------
 
+
 def test_attention_std_over_patches_only():
     """A 1 + 4 token map whose cls row and column differ from the patch block: the slides' measure sees only
     the 4 x 4 patch block."""
     from transferbench.backbones.measures import attention_row_std
+
     probs = torch.zeros(1, 1, 5, 5)
     probs[0, 0, 0] = torch.tensor([0.96, 0.01, 0.01, 0.01, 0.01])  # the cls query
-    patch_rows = torch.tensor([[0.2, 0.4, 0.2, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2],
-                               [0.0, 0.1, 0.1, 0.4, 0.4], [0.6, 0.1, 0.1, 0.1, 0.1]])
+    patch_rows = torch.tensor(
+        [[0.2, 0.4, 0.2, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2], [0.0, 0.1, 0.1, 0.4, 0.4], [0.6, 0.1, 0.1, 0.1, 0.1]]
+    )
     probs[0, 0, 1:] = patch_rows
     sub = patch_rows[:, 1:]
     want = np.mean([np.std(r.numpy()) for r in sub])
@@ -253,24 +284,37 @@ def test_attention_distance_in_patches_is_pixels_over_patch_size():
     torch.manual_seed(0)
     model = create_backbone("mu4", img_size=16).eval()
     ctx = CellContext("cpu", show_progress=False)
-    hp = {"images": 6, "image_sample": "random", "resolution": 16, "eval_batch": 4, "bf16": "off",
-          "pixels": "inception", "attn_std_tokens": "patches"}
+    hp = {
+        "images": 6,
+        "image_sample": "random",
+        "resolution": 16,
+        "eval_batch": 4,
+        "bf16": "off",
+        "pixels": "inception",
+        "attn_std_tokens": "patches",
+    }
     s = forward_diagnostics(model, Images(), hp, ctx, seed=1)
     assert s["attn_distance"]["n"] == 6
-    np.testing.assert_allclose(np.asarray(s["attn_distance_patches"]["mean"]) * model.patch_size,
-                               s["attn_distance"]["mean"], rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(s["attn_distance_patches"]["mean"]) * model.patch_size, s["attn_distance"]["mean"], rtol=1e-12
+    )
 
 
 def test_forward_images_are_a_seeded_subsample():
     from transferbench.adapters.diagnose import image_indices
+
     idx = image_indices(1_281_167, 10_000, "random", seed=0)
     assert len(set(idx.tolist())) == 10_000 and np.all(np.diff(idx) > 0)
     assert idx.tolist() == np.sort(np.random.default_rng(0).choice(1_281_167, 10_000, replace=False)).tolist()
     assert not np.array_equal(idx, image_indices(1_281_167, 10_000, "random", seed=1))
     assert image_indices(50, 10, "first", 0).tolist() == list(range(10))
     hp = spec_hparams("diagnose")
-    assert (hp["images"], hp["image_split"], hp["image_sample"], hp["attn_std_tokens"]) == \
-        (10000, "train", "random", "patches")
+    assert (hp["images"], hp["image_split"], hp["image_sample"], hp["attn_std_tokens"]) == (
+        10000,
+        "train",
+        "random",
+        "patches",
+    )
 
 
 def test_pretraining_logs_gradient_norms_and_lambdas_that_diagnose_reads(suite_home, tmp_path, monkeypatch):
@@ -278,6 +322,7 @@ def test_pretraining_logs_gradient_norms_and_lambdas_that_diagnose_reads(suite_h
     the last steps (DPN Fig. 2), the stem's over all steps, DTN's λ over training (DTN Fig. 4); its last λ
     entry equals sigmoid of the saved mixing logits; `diagnose` carries the log into its record and tables."""
     from safetensors.torch import load_file
+
     from transferbench.adapters import prepare_task, pretrain, resolve_backbone
     from transferbench.backbones.checkpoint import read_training_log, training_log_path
     from transferbench.engine.runner import run_task
@@ -302,8 +347,13 @@ def test_pretraining_logs_gradient_norms_and_lambdas_that_diagnose_reads(suite_h
         want = torch.sigmoid(sd[f"blocks.{n['name']}.mix_mean"]).tolist()
         assert n["lambda_mean"] == pytest.approx(want, abs=1e-6)
 
-    task = prepare_task("diagnose", suite="embedded", datasets=["mini_photos"], seeds=[0],
-                        sets=["images=8", "steps=2", "warmup_steps=1", "grad_last=1", "eval_batch=8"])
+    task = prepare_task(
+        "diagnose",
+        suite="embedded",
+        datasets=["mini_photos"],
+        seeds=[0],
+        sets=["images=8", "steps=2", "warmup_steps=1", "grad_last=1", "eval_batch=8"],
+    )
     out = tmp_path / "runs"
     run_task(task, [ref], out, show_progress=False)
     (fwd,) = [r for r in load_records([out]) if r["stage"] == "forward"]

@@ -1,4 +1,5 @@
 """High-res fine-tune: the protocol's numbers, resolutions from the checkpoint, the two stages and the gain table."""
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transferbench.backbones.checkpoint import save_checkpoint
 
 def test_the_spec_holds_the_protocols_numbers_and_every_vtab_dataset():
     from transferbench.spec import load_task
+
     spec = load_task("hires")
     hp = spec.hparams
     # DPN App. D, its printed big_vision config
@@ -23,6 +25,7 @@ def test_the_spec_holds_the_protocols_numbers_and_every_vtab_dataset():
 
 def test_eval_resize_keeps_the_protocols_crop_fraction():
     from transferbench.adapters.hires import eval_resize_small
+
     hp = {"resolution": 384, "eval_resize_small": 418}
     assert eval_resize_small(hp, 384) == 418
     assert eval_resize_small(hp, 224) == 244  # 224 * 418 / 384 = 243.8
@@ -32,6 +35,7 @@ def test_base_resolution_is_the_checkpoints_own(tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.adapters.hires import base_resolution
     from transferbench.errors import UserError
+
     path = save_checkpoint(create_backbone("mu4_dtn", img_size=24), tmp_path / "m.safetensors")
     assert base_resolution({"base_resolution": "checkpoint"}, resolve_backbone(f"mu4_dtn@{path}")) == 24
     assert base_resolution({"base_resolution": 20}, resolve_backbone(f"mu4_dtn@{path}")) == 20
@@ -41,8 +45,14 @@ def test_base_resolution_is_the_checkpoints_own(tmp_path):
 
 def _task(*sets, datasets=("mini_mnist",)):
     from transferbench.adapters import prepare_task
-    return prepare_task("hires", suite="embedded", datasets=list(datasets), seeds=[0, 1],
-                        sets=["steps=3", "warmup_steps=1", "batch=16", *sets])
+
+    return prepare_task(
+        "hires",
+        suite="embedded",
+        datasets=list(datasets),
+        seeds=[0, 1],
+        sets=["steps=3", "warmup_steps=1", "batch=16", *sets],
+    )
 
 
 def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path):
@@ -52,7 +62,9 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     from transferbench.reporting.tables import report_tables
 
     torch.manual_seed(0)
-    paths = {n: save_checkpoint(create_backbone(n, img_size=16), tmp_path / f"{n}.safetensors") for n in ("mu4", "mu4_dtn")}
+    paths = {
+        n: save_checkpoint(create_backbone(n, img_size=16), tmp_path / f"{n}.safetensors") for n in ("mu4", "mu4_dtn")
+    }
     backbones = [resolve_backbone(f"{n}@{p}") for n, p in paths.items()]
     out = tmp_path / "runs"
     summary = run_task(_task(), backbones, out, show_progress=False)
@@ -61,7 +73,9 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     for r in recs:
         assert (r["hparams"]["base_resolution"], r["hparams"]["resolution"]) == (16, 32)  # both in the record
         info = r["info"]
-        assert info["trained_resolution"] == (16 if r["stage"] == "base" else 32) and info["checkpoint_resolution"] == 16
+        assert (
+            info["trained_resolution"] == (16 if r["stage"] == "base" else 32) and info["checkpoint_resolution"] == 16
+        )
         assert info["eval_resize_small"] == (18 if r["stage"] == "base" else 35)
     acc = {(r["backbone"].split("@")[0], r["stage"], r["seed"]): r["metrics"]["test"]["accuracy"] for r in recs}
     ref = f"mu4@{paths['mu4']}"
@@ -95,6 +109,7 @@ def test_a_checkpoint_head_with_the_classes_is_kept_unless_head_new(suite_home, 
 def test_a_base_resolution_not_below_the_high_one_is_refused(tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.errors import UserError
+
     path = save_checkpoint(create_backbone("mu4", img_size=32), tmp_path / "m.safetensors")
     task = _task()
     with pytest.raises(UserError, match="not below resolution 32"):
@@ -103,14 +118,16 @@ def test_a_base_resolution_not_below_the_high_one_is_refused(tmp_path):
 
 def test_missing_data_and_a_bad_borrowed_task_are_one_line(tmp_path):
     from transferbench.adapters import prepare_task
-    from transferbench.spec import SpecError, load_spec_file
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
+    from transferbench.spec import SpecError, load_spec_file
+
     task = prepare_task("hires", datasets=["imagenet2012"])
     with pytest.raises(UserError, match=r"high-res data missing for 1 of 1 datasets \(imagenet2012\)"):
         task.adapter.check_data(task, CellContext("cpu", data_dir=str(tmp_path)))
     spec = tmp_path / "s.yaml"
-    spec.write_text("task: s\nadapter: hires\nprotocol_version: '1'\nmetric: accuracy\ndatasets: []\n"
-                    "datasets_from: [vtabb]\n")
+    spec.write_text(
+        "task: s\nadapter: hires\nprotocol_version: '1'\nmetric: accuracy\ndatasets: []\ndatasets_from: [vtabb]\n"
+    )
     with pytest.raises(SpecError, match="no installed task 'vtabb'.*vtab"):
         load_spec_file(spec)

@@ -2,6 +2,7 @@
 points to the same layer or a lower one, and no set of modules imports itself round, through a package's
 __init__ or not. Importing `a.b.c` runs `a/__init__` and `a/b/__init__` first, so a module that imports a
 submodule depends on its packages too."""
+
 import ast
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def imports(mods: dict[str, Path], unresolved: list | None = None) -> dict[str, 
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets = []
             if isinstance(node, ast.ImportFrom):
-                base = here[:len(here) - node.level + 1] if node.level else []
+                base = here[: len(here) - node.level + 1] if node.level else []
                 mod = ".".join(base + ([node.module] if node.module else []))
                 targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
             elif isinstance(node, ast.Import):
@@ -84,9 +85,12 @@ def test_every_module_has_a_layer():
 
 
 def test_no_upward_import():
-    upward = sorted(f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
-                    for m, ts in EDGES.items() for t in ts
-                    if layer(t) > layer(m) and not m.startswith(t + "."))
+    upward = sorted(
+        f"{m} ({LAYERS[layer(m)][0]}) imports {t} ({LAYERS[layer(t)][0]})"
+        for m, ts in EDGES.items()
+        for t in ts
+        if layer(t) > layer(m) and not m.startswith(t + ".")
+    )
     assert not upward, "\n".join(upward)
 
 
@@ -129,11 +133,14 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("edges, expected", [
-    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
-    ({"a": {"b"}, "b": set()}, []),
-])
+@pytest.mark.parametrize(
+    "edges, expected",
+    [
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": set()}, []),
+    ],
+)
 def test_the_cycle_finder_finds_cycles(edges, expected):
     assert strongly_connected(edges) == expected
 
@@ -147,8 +154,10 @@ def test_the_import_walker_sees_function_level_imports_and_packages(tmp_path, mo
     (pkg / "adapters").mkdir()
     (pkg / "adapters" / "__init__.py").write_text("from .vtab import X\n")
     (pkg / "adapters" / "vtab.py").write_text("from ..engine.runner import f\n")
-    mods = {".".join(["transferbench", *p.relative_to(pkg).with_suffix("").parts]).removesuffix(".__init__"): p
-            for p in pkg.rglob("*.py")}
+    mods = {
+        ".".join(["transferbench", *p.relative_to(pkg).with_suffix("").parts]).removesuffix(".__init__"): p
+        for p in pkg.rglob("*.py")
+    }
     unresolved = []
     edges = imports(mods, unresolved)
     assert unresolved == []
@@ -157,8 +166,9 @@ def test_the_import_walker_sees_function_level_imports_and_packages(tmp_path, mo
     assert unresolved == ["transferbench.engine.train: transferbench.spec"]
     assert edges["transferbench.engine.runner"] == {"transferbench.adapters", "transferbench.adapters.vtab"}
     assert edges["transferbench.adapters.vtab"] == {"transferbench.engine", "transferbench.engine.runner"}
-    assert strongly_connected(edges) == [["transferbench.adapters", "transferbench.adapters.vtab",
-                                          "transferbench.engine.runner"]]
+    assert strongly_connected(edges) == [
+        ["transferbench.adapters", "transferbench.adapters.vtab", "transferbench.engine.runner"]
+    ]
 
 
 def test_report_loads_no_torch():
@@ -166,9 +176,12 @@ def test_report_loads_no_torch():
     import os
     import subprocess
     import sys
-    code = ("import sys, io, contextlib\nfrom transferbench.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['report', sys.argv[1]]) == 0\n"
-            "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))")
+
+    code = (
+        "import sys, io, contextlib\nfrom transferbench.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['report', sys.argv[1]]) == 0\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))"
+    )
     runs = ROOT.parent / "results" / "runs"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # without the tests' toy plugin, which loads torch
     out = subprocess.run([sys.executable, "-c", code, str(runs)], capture_output=True, text=True, check=True, env=env)

@@ -1,4 +1,5 @@
 """LiT: prompts, towers, losses, zero-shot, retrieval, image-text readers and the embedded captions."""
+
 from __future__ import annotations
 
 import io
@@ -11,9 +12,18 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from transferbench.adapters.lit import (LitModel, LockedImageTower, clean_class_name, contrastive_loss,
-                                        parameter_groups, retrieval_recall, templates_for, tokenizer, topk_accuracy,
-                                        zero_shot_classifier)
+from transferbench.adapters.lit import (
+    LitModel,
+    LockedImageTower,
+    clean_class_name,
+    contrastive_loss,
+    parameter_groups,
+    retrieval_recall,
+    templates_for,
+    tokenizer,
+    topk_accuracy,
+    zero_shot_classifier,
+)
 from transferbench.data.folder import DataMissingError
 from transferbench.data.image_text import CsvPairs, MalformedPairsError, ShardPairs, open_pairs, write_shards
 
@@ -52,11 +62,13 @@ def test_prompt_average_and_normalisation_by_hand():
     expected = torch.tensor([[2 / math.sqrt(5), 0.0], [1 / math.sqrt(5), 1.0]])
     assert torch.allclose(w, expected, atol=1e-6)
     import open_clip
+
     assert torch.allclose(w, open_clip.build_zero_shot_classifier(model, tok, ["a", "b"], templates), atol=1e-6)
 
 
 def test_zero_shot_weights_equal_open_clips_on_a_real_text_tower():
     import open_clip
+
     torch.manual_seed(0)
     model = LitModel(24, TINY).eval()
     names = [clean_class_name(n) for n in open_clip.IMAGENET_CLASSNAMES[:12]]
@@ -69,6 +81,7 @@ def test_zero_shot_weights_equal_open_clips_on_a_real_text_tower():
 
 def test_tokenizer_gives_open_clips_tokens():
     import open_clip
+
     ours, stock = tokenizer(16), open_clip.SimpleTokenizer(context_length=16)
     names = [clean_class_name(n) for n in open_clip.IMAGENET_CLASSNAMES[:150]]
     texts = [t(n) for n in names for t in templates_for("imagenet")]
@@ -87,6 +100,7 @@ def test_trimming_the_padding_changes_no_output():
 
 def test_templates_and_class_names():
     import open_clip
+
     t = templates_for("imagenet", "open_clip")  # as written: the 80 CLIP templates, then big_vision's '{}'
     assert len(t) == 81 and t[-1]("dog") == "dog" and t[0]("dog") == open_clip.OPENAI_IMAGENET_TEMPLATES[0]("dog")
     assert clean_class_name("Aquarium_Fish, fish tank", "open_clip") == "aquarium fish"
@@ -130,8 +144,12 @@ def test_weight_decay_groups_leave_out_gains_biases_and_temperature():
     assert {names[id(p)] for p in no_decay["params"]} >= {"logit_scale", "image_head.bias"}
     assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.01
     decay, no_decay = parameter_groups(model, 0.01, lr=1e-3, decay="big_vision")
-    assert {names[id(p)] for p in no_decay["params"]} >= {"logit_scale", "image_head.bias",
-                                                          "text.token_embedding.weight", "text.positional_embedding"}
+    assert {names[id(p)] for p in no_decay["params"]} >= {
+        "logit_scale",
+        "image_head.bias",
+        "text.token_embedding.weight",
+        "text.positional_embedding",
+    }
     assert decay["weight_decay"] == pytest.approx(10.0)  # wd / lr
     with pytest.raises(ValueError, match="learning rate"):
         parameter_groups(model, 0.01)
@@ -140,6 +158,7 @@ def test_weight_decay_groups_leave_out_gains_biases_and_temperature():
 def test_locked_tower_gets_no_gradient_while_the_text_tower_trains():
     from transferbench.backbones import create_backbone
     from transferbench.engine.train import fit
+
     torch.manual_seed(0)
     backbone = create_backbone("mu4", img_size=16)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
@@ -157,8 +176,19 @@ def test_locked_tower_gets_no_gradient_while_the_text_tower_trains():
     model.train()
     tower.train()  # stays in eval mode
     opt = torch.optim.AdamW(list(model.parameters()) + list(tower.parameters()), lr=1e-2)
-    fit(model, batches(), opt, steps=3, base_lr=1e-2, warmup=0, clip=1.0, device="cpu", bf16=False,
-        loss_fn=lambda text, imgs: loss(text, tower(imgs)), splittable=False)
+    fit(
+        model,
+        batches(),
+        opt,
+        steps=3,
+        base_lr=1e-2,
+        warmup=0,
+        clip=1.0,
+        device="cpu",
+        bf16=False,
+        loss_fn=lambda text, imgs: loss(text, tower(imgs)),
+        splittable=False,
+    )
     assert not backbone.training
     assert all(p.grad is None for p in backbone.parameters())
     assert all(torch.equal(before[k], v) for k, v in backbone.state_dict().items())
@@ -196,6 +226,7 @@ def test_retrieval_recall_by_hand_with_repeated_captions():
 
 
 # --- readers -----------------------------------------------------------------------------------------------
+
 
 def _image(seed: int, size=(6, 5)) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
@@ -239,7 +270,9 @@ def test_shards_read_back_in_order(tmp_path):
         assert [c for _, c in got] == [c for _, c in pairs]
         assert all(np.array_equal(np.asarray(im), img) for (im, _), (img, _) in zip(got, pairs))
     again = write_shards(tmp_path / "again", "set", pairs, {"source": "test"}, shard_size=2)
-    assert (again / "MANIFEST.sha256").read_text() == (folder / "MANIFEST.sha256").read_text()  # bytes depend on pairs only
+    assert (again / "MANIFEST.sha256").read_text() == (
+        folder / "MANIFEST.sha256"
+    ).read_text()  # bytes depend on pairs only
 
 
 def test_shards_malformed(tmp_path):
@@ -253,7 +286,9 @@ def test_shards_malformed(tmp_path):
         info = tarfile.TarInfo("k1.png")
         info.size = len(buf.getvalue())
         tar.addfile(info, io.BytesIO(buf.getvalue()))
-    with pytest.raises(MalformedPairsError, match=r"bad.tar sample 'k1' has png; expected KEY.jpg\|jpeg\|png\|webp with KEY.txt"):
+    with pytest.raises(
+        MalformedPairsError, match=r"bad.tar sample 'k1' has png; expected KEY.jpg\|jpeg\|png\|webp with KEY.txt"
+    ):
         list(open_pairs(str(bad)))
     (tmp_path / "junk.tar").write_bytes(b"not a tar file at all" * 40)
     with pytest.raises(MalformedPairsError, match="cannot be read as tar"):
@@ -264,8 +299,10 @@ def test_shards_malformed(tmp_path):
 
 # --- embedded captions -------------------------------------------------------------------------------------
 
+
 def test_captions_state_what_the_images_show():
     from transferbench.data.embedded import scene_caption, sprite_caption
+
     rng = np.random.default_rng(0)
     objects = [(0, 8, 1, 0, 0.5), (0, 9, 1, 1, 0.5), (0, 10, 2, 1, 0.5)]  # red sphere, red cube, blue cube
     seen = {scene_caption(objects, rng) for _ in range(60)}
@@ -280,28 +317,39 @@ def test_captions_state_what_the_images_show():
 
 def test_embedded_captions_set(suite_home):
     from transferbench.data.embedded import embedded_pairs
+
     pairs = list(embedded_pairs())
     assert len(pairs) >= 10_000
     captions = [c for _, c in pairs]
-    kinds = {"digit": sum("handwritten" in c or "digit" in c or "number" in c for c in captions),
-             "sprite": sum(any(s in c for s in ("square", "ellipse", "heart")) for c in captions),
-             "scene": sum("objects" in c or "shapes" in c for c in captions)}
+    kinds = {
+        "digit": sum("handwritten" in c or "digit" in c or "number" in c for c in captions),
+        "sprite": sum(any(s in c for s in ("square", "ellipse", "heart")) for c in captions),
+        "scene": sum("objects" in c or "shapes" in c for c in captions),
+    }
     assert all(v >= 1500 for v in kinds.values()), kinds
     # 8 x 8 images are scikit-learn digits: their captions name a digit
     small = [c for im, c in pairs if im.size == (8, 8)]
-    assert len(small) == 2000 and all(any(w in c for w in ("zero", "one", "two", "three", "four", "five", "six",
-                                                               "seven", "eight", "nine")) for c in small)
+    assert len(small) == 2000 and all(
+        any(w in c for w in ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))
+        for c in small
+    )
 
 
 # --- the task ----------------------------------------------------------------------------------------------
+
 
 def test_lit_cells_share_cached_features_and_the_text_tower(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
     from transferbench.engine.runner import run_task
     from transferbench.records.store import load_records
 
-    task = prepare_task("lit", suite="embedded", seeds=[0], datasets=["mini_digits", "heldout_i2t"],
-                        sets=["steps=4", "text_layers=1", "batch=64"])
+    task = prepare_task(
+        "lit",
+        suite="embedded",
+        seeds=[0],
+        datasets=["mini_digits", "heldout_i2t"],
+        sets=["steps=4", "text_layers=1", "batch=64"],
+    )
     s = run_task(task, [resolve_backbone("mu4")], tmp_path, show_progress=False)
     assert (s.ok, s.failed) == (2, 0), s.failures
     recs = sorted(load_records([tmp_path]), key=lambda r: r["finished_at"])
@@ -322,6 +370,7 @@ def test_lit_without_pairs_stops_with_one_line(tmp_path):
     from transferbench.adapters import prepare_task
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
+
     task = prepare_task("lit", datasets=["heldout_i2t"])
     with pytest.raises(UserError) as e:
         task.adapter.check_data(task, CellContext("cpu"))
@@ -338,11 +387,14 @@ def test_lit_without_pairs_stops_with_one_line(tmp_path):
 def test_spec_checks_zero_shot_entries():
     from transferbench.adapters import get_adapter
     from transferbench.spec import SpecError, parse_spec
+
     base = {"task": "t", "adapter": "lit", "protocol_version": "1", "metric": "accuracy"}
     adapter = get_adapter("lit")
-    for entry, message in (({"name": "d", "source": "embedded", "set": "digits", "test": "test"}, "no tfds label names"),
-                           ({"name": "d", "source": "pairs"}, "retrieval: i2t\\|t2i"),
-                           ({"name": "d", "tfds": "x", "test": "test", "templates": ["a {} b {}"]}, "one '\\{\\}'")):
+    for entry, message in (
+        ({"name": "d", "source": "embedded", "set": "digits", "test": "test"}, "no tfds label names"),
+        ({"name": "d", "source": "pairs"}, "retrieval: i2t\\|t2i"),
+        ({"name": "d", "tfds": "x", "test": "test", "templates": ["a {} b {}"]}, "one '\\{\\}'"),
+    ):
         with pytest.raises(SpecError, match=message):
             adapter.validate(parse_spec({**base, "datasets": [entry]}), "t.yaml")
 
@@ -351,6 +403,7 @@ def test_tfds_zero_shot_sets_take_their_label_names_cleaned():
     import tensorflow_datasets as tfds
 
     from transferbench.adapters.lit import class_names_for, open_zero_shot
+
     with tfds.testing.mock_data(num_examples=20):  # food101's label names ship with tfds ('apple_pie', ...)
         data = open_zero_shot({"name": "food101", "source": "tfds", "tfds": "food101:2.*.*", "test": "validation"})
         names = class_names_for("tfds", data)
@@ -361,6 +414,7 @@ def test_tfds_zero_shot_sets_take_their_label_names_cleaned():
 
 def test_tensor_batches_visit_rows_in_the_epoch_samplers_order():
     from transferbench.engine.train import _EpochSampler, tensor_batches
+
     n, batch, steps = 37, 8, 20  # 160 rows: four full epochs and part of a fifth, batches across epoch ends
     expected = [i for i, _ in _EpochSampler(n, 5, batch * steps)]
     rows = torch.arange(n) * 10

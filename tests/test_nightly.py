@@ -1,5 +1,6 @@
 """`transferbench nightly` end to end with the toy adapter: an unchanged backbone passes, a degraded one fails
 with its regressed cells named, a crashing cell fails the night too, and bad input is one line."""
+
 import numpy as np
 import pytest
 from toyplugin import toy_accuracy
@@ -12,7 +13,9 @@ NIGHTLY = ["nightly", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--no-pro
 @pytest.fixture
 def baseline(tmp_path):
     base = tmp_path / "baseline"
-    assert main(["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(base), "--no-progress"]) == 0
+    assert (
+        main(["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(base), "--no-progress"]) == 0
+    )
     return base
 
 
@@ -28,8 +31,9 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     night = out / "2026-11-23"
     report = (night / "REGRESSION.md").read_text()
     # 2 backbones x (select on val, final on test), every one compared on both seeds
-    assert report.startswith(f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, "
-                             "4 unchanged of 4 compared")
+    assert report.startswith(
+        f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, 4 unchanged of 4 compared"
+    )
     assert "0 cells missing from current, 0 new." in report
     assert "## toy" in (night / "LEADERBOARD.md").read_text()
     assert capsys.readouterr().out.strip() == report.strip()
@@ -49,8 +53,18 @@ def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monk
     for backbone in ("mu4", "mu4_dpn"):
         for split, stage in (("val", "select"), ("test", "final")):
             base = np.mean([toy_accuracy(backbone, 5.0, 0.01, s, split, "alpha") for s in (0, 1)])
-            cells = ["toy", "alpha", backbone, split, "accuracy", f"{base:.2f}", f"{base - 5:.2f}", "-5.00",
-                     f"{tolerance(backbone, split):.2f}", "2"]
+            cells = [
+                "toy",
+                "alpha",
+                backbone,
+                split,
+                "accuracy",
+                f"{base:.2f}",
+                f"{base - 5:.2f}",
+                "-5.00",
+                f"{tolerance(backbone, split):.2f}",
+                "2",
+            ]
             assert any([c.strip() for c in row.strip("|").split("|")][:10] == cells and stage in row for row in rows)
     assert "REGRESSION" in capsys.readouterr().out
 
@@ -68,10 +82,11 @@ def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
 def test_bad_input_is_one_line_and_runs_nothing(baseline, tmp_path, capsys):
     out = tmp_path / "nightly"
     for argv, message in (
-            (["--suite", "default"], "holds no records of suite 'default'"),
-            (["--tasks", "toyy"], "did you mean toy"),
-            (["--date", "../x"], "--date '../x': give a plain folder name"),
-            (["--backbone", "mu4_dnp"], "mu4_dnp")):
+        (["--suite", "default"], "holds no records of suite 'default'"),
+        (["--tasks", "toyy"], "did you mean toy"),
+        (["--date", "../x"], "--date '../x': give a plain folder name"),
+        (["--backbone", "mu4_dnp"], "mu4_dnp"),
+    ):
         code = main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), *argv])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and err[0].startswith("transferbench: error: ") and message in err[0], err

@@ -1,5 +1,6 @@
 """The leaderboard's overview, its wins / ties / losses, the sanity table, the formats a paper needs and
 per-example samples: hand-made records with hand-computed differences."""
+
 import csv
 import hashlib
 import io
@@ -19,22 +20,41 @@ from transferbench.reporting.tables import build_tables, render, sanity_table
 
 # seed -> accuracy per (backbone, dataset); lr 0.01 wins validation everywhere (its val is higher)
 VALUES = {
-    ("mu4@embedded", "a"): [60.0, 61.0, 62.0], ("mu4@embedded", "b"): [50.0, 50.0, 50.0],
-    ("mu4_dpn@embedded", "a"): [63.0, 64.0, 65.0], ("mu4_dpn@embedded", "b"): [45.0, 46.0, 44.0],  # +3, -5
-    ("mu4", "a"): [40.0, 45.0, 41.0], ("mu4", "b"): [50.0, 52.0, 48.0],
-    ("mu4_dpn", "a"): [41.0, 44.0, 44.0], ("mu4_dpn", "b"): [52.0, 47.0, 49.0],
+    ("mu4@embedded", "a"): [60.0, 61.0, 62.0],
+    ("mu4@embedded", "b"): [50.0, 50.0, 50.0],
+    ("mu4_dpn@embedded", "a"): [63.0, 64.0, 65.0],
+    ("mu4_dpn@embedded", "b"): [45.0, 46.0, 44.0],  # +3, -5
+    ("mu4", "a"): [40.0, 45.0, 41.0],
+    ("mu4", "b"): [50.0, 52.0, 48.0],
+    ("mu4_dpn", "a"): [41.0, 44.0, 44.0],
+    ("mu4_dpn", "b"): [52.0, 47.0, 49.0],
 }
 
 
 def record(task, dataset, backbone, seed, value, lr, val, order=0, group=None, **extra):
     hp = {"lr": lr, **extra}
-    return {"task": task, "protocol_version": "1", "dataset": dataset, "backbone": backbone, "seed": seed,
-            "hparams": hp, "select": ["lr"], "metric": "accuracy", "mode": "max", "status": "ok",
-            "stage": "final", "order": order, "group": group, "report": "",
-            "key": hashlib.sha256(f"{task}-{dataset}-{backbone}-{seed}-{lr}-{sorted(extra.items())}".encode())
-            .hexdigest()[:20],
-            "finished_at": "2026-11-24T00:00:00", "metrics": {"val": {"accuracy": val}, "test": {"accuracy": value}},
-            "environment": {"git_sha": "abc", "torch": "2.14.1", "transferbench": "0.1.0"}}
+    return {
+        "task": task,
+        "protocol_version": "1",
+        "dataset": dataset,
+        "backbone": backbone,
+        "seed": seed,
+        "hparams": hp,
+        "select": ["lr"],
+        "metric": "accuracy",
+        "mode": "max",
+        "status": "ok",
+        "stage": "final",
+        "order": order,
+        "group": group,
+        "report": "",
+        "key": hashlib.sha256(f"{task}-{dataset}-{backbone}-{seed}-{lr}-{sorted(extra.items())}".encode()).hexdigest()[
+            :20
+        ],
+        "finished_at": "2026-11-24T00:00:00",
+        "metrics": {"val": {"accuracy": val}, "test": {"accuracy": value}},
+        "environment": {"git_sha": "abc", "torch": "2.14.1", "transferbench": "0.1.0"},
+    }
 
 
 def records(task="vtab"):
@@ -86,10 +106,14 @@ def test_holm_turns_a_weak_win_into_a_tie():
     # c: a narrow win (differences 0.65, 1.0, 1.35: p = 0.039); d: a tie (differences 1, -1, 0.5)
     for ds, order, diffs in (("c", 2, [0.65, 1.0, 1.35]), ("d", 3, [1.0, -1.0, 0.5])):
         for seed, x in enumerate(diffs):
-            recs += [record("vtab", ds, "mu4_dpn@embedded", seed, 70.0 + x, 0.01, 90.0, order=order),
-                     record("vtab", ds, "mu4@embedded", seed, 70.0, 0.01, 90.0, order=order)]
-    p = {ds: scipy.stats.ttest_1samp(d, 0).pvalue for ds, d in
-         (("b", [-5, -4, -6.0]), ("c", [0.65, 1.0, 1.35]), ("d", [1, -1, 0.5]))}
+            recs += [
+                record("vtab", ds, "mu4_dpn@embedded", seed, 70.0 + x, 0.01, 90.0, order=order),
+                record("vtab", ds, "mu4@embedded", seed, 70.0, 0.01, 90.0, order=order),
+            ]
+    p = {
+        ds: scipy.stats.ttest_1samp(d, 0).pvalue
+        for ds, d in (("b", [-5, -4, -6.0]), ("c", [0.65, 1.0, 1.35]), ("d", [1, -1, 0.5]))
+    }
     # Holm over m = 4: a (differences 3, 3, 3: p 0) <= .05/4, b (p .013) <= .05/3, c (p .039) > .05/2: c and d stand
     assert p["b"] < 0.05 / 3 and 0.05 / 2 < p["c"] < 0.05 and p["d"] > 0.05
     tables = build_tables(aggregate(recs))
@@ -134,7 +158,11 @@ def test_samples_beside_the_record_decide_single_seed_comparisons(tmp_path):
         r["samples"] = store.write_samples(r, {"test": hits})
         store.write(r)
     assert sorted(p.name.split(".", 1)[1] for p in (tmp_path / "vtab" / "a").iterdir()) == [
-        "json", "json", "samples.npz", "samples.npz"]
+        "json",
+        "json",
+        "samples.npz",
+        "samples.npz",
+    ]
     (t,) = build_tables(aggregate(load_records([tmp_path])))
     d = t.rows["mu4_dpn@embedded"]["a"].delta
     assert d.method == "examples" and d.mean == pytest.approx(100 * (a.mean() - b.mean()))
@@ -148,4 +176,12 @@ def test_samples_beside_the_record_decide_single_seed_comparisons(tmp_path):
 
 def test_tasks_in_the_papers_order():
     assert task_order(["diagnose", "hires", "ade20k", "vtab", "zzz", "fewshot", "lit", "imagenet_c"]) == [
-        "vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires", "zzz", "diagnose"]
+        "vtab",
+        "fewshot",
+        "lit",
+        "ade20k",
+        "imagenet_c",
+        "hires",
+        "zzz",
+        "diagnose",
+    ]

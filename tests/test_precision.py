@@ -1,5 +1,6 @@
 """bf16 auto: a timed probe of the cell's own step decides, once per device kind and shape; the choice is
 recorded, never part of the cell key."""
+
 import json
 import time
 
@@ -22,12 +23,20 @@ def sleeper(fp32_ms: float, bf16_ms: float, calls: list):
     def make_step():
         calls.append("built")
         return lambda bf16: time.sleep((bf16_ms if bf16 else fp32_ms) / 1000)
+
     return make_step
 
 
 def test_settings():
-    assert [precision.check_setting(s) for s in ("on", True, "true", "off", False, "false", "auto")] == \
-        ["on", "on", "on", "off", "off", "off", "auto"]
+    assert [precision.check_setting(s) for s in ("on", True, "true", "off", False, "false", "auto")] == [
+        "on",
+        "on",
+        "on",
+        "off",
+        "off",
+        "off",
+        "auto",
+    ]
     with pytest.raises(ValueError, match="bf16 must be auto, on or off"):
         precision.check_setting("fast")
     never = lambda: pytest.fail("on/off never probe")  # noqa: E731
@@ -92,8 +101,18 @@ def test_fit_resolves_auto_on_the_first_batch_and_trains_the_same(bf16_cpu, monk
         m = create_backbone("mu4", img_size=16, num_classes=3, drop_rate=0.1)
         gen = torch.Generator().manual_seed(1)
         batches = iter([(torch.randn(4, 3, 16, 16, generator=gen), torch.tensor([0, 1, 2, 0])) for _ in range(3)])
-        out = fit(m, batches, torch.optim.SGD(m.parameters(), lr=0.1), steps=3, base_lr=0.1, warmup=0, clip=1.0,
-                  loss_fn=cross_entropy, device="cpu", bf16=bf16)
+        out = fit(
+            m,
+            batches,
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            steps=3,
+            base_lr=0.1,
+            warmup=0,
+            clip=1.0,
+            loss_fn=cross_entropy,
+            device="cpu",
+            bf16=bf16,
+        )
         return m, out
 
     auto_model, auto_out = run("auto")

@@ -4,12 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from transferbench.adapters import prepare_task
-from transferbench.backbones import create_backbone
-from transferbench.adapters import pretrain, resolve_backbone
 from transferbench import cell as cells
+from transferbench.adapters import prepare_task, pretrain, resolve_backbone
+from transferbench.backbones import create_backbone
 from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
-from transferbench.errors import UserError
 from transferbench.hashing import file_sha256
 from transferbench.paths import write_digest
 from transferbench.records.store import load_records
@@ -59,10 +57,21 @@ def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeyp
 
     from transferbench.adapters import prepare_task
     from transferbench.engine.runner import run_task
+
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     # App. C's recipe on a size its table lacks: medium2 (RandAugment(2, 15) + mixup 0.5) and rep_size by hand
-    task = prepare_task("pretrain", sets=["steps=2", "batch=4", "warmup_steps=1", "resolution=32", "aug=medium2",
-                                          "rep_size=on", "eval_resize_small=36"])
+    task = prepare_task(
+        "pretrain",
+        sets=[
+            "steps=2",
+            "batch=4",
+            "warmup_steps=1",
+            "resolution=32",
+            "aug=medium2",
+            "rep_size=on",
+            "eval_resize_small=36",
+        ],
+    )
     assert [d.name for d in task.datasets] == ["imagenet2012"] and task.hparams["loss"] == "sigmoid"
     with tfds.testing.mock_data(num_examples=200):
         s = run_task(task, [resolve_backbone("mu8")], tmp_path / "runs", show_progress=False)
@@ -84,12 +93,14 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     from transferbench.backbones import save_checkpoint
     from transferbench.engine.runner import Results
     from transferbench.records.store import RecordStore
+
     monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=5", "batch=8", "warmup_steps=1"))
     monkeypatch.setattr(pretrain, "SHIPPED", tmp_path)
     task = prepare_task("pretrain", suite="embedded", sets=pretrain.PRETRAIN_SETS)
     bare = cells.BackboneRef("mu8_dpn", "mu8_dpn", None, cells.RANDOM_INIT)
-    (cell,) = [c for c in get_adapter("pretrain").plan(task, bare, Results(RecordStore(tmp_path / "r")))
-               if c.stage == "final"]
+    (cell,) = [
+        c for c in get_adapter("pretrain").plan(task, bare, Results(RecordStore(tmp_path / "r"))) if c.stage == "final"
+    ]
     shipped = save_checkpoint(create_backbone("mu8_dpn"), tmp_path / f"mu8_dpn-upstream-{cell.key}.safetensors")
     write_digest(shipped)  # a shipped checkpoint's size and sha256 ship beside it
     pretrained = lambda: [r for r in load_records([suite_home / "pretrain"]) if r["backbone"] == "mu8_dpn"]  # noqa: E731

@@ -13,8 +13,13 @@ def n_params(name, **kw):
 def test_sizes_are_the_vit_papers():
     # ViT paper Table 1 (Ti from DeiT): width, depth, heads, MLP; mu is the project's CPU size.
     table = {k: (v.embed_dim, v.depth, v.num_heads, v.mlp_dim) for k, v in SIZES.items()}
-    assert table == {"mu": (128, 6, 4, 512), "ti": (192, 12, 3, 768), "s": (384, 12, 6, 1536),
-                     "b": (768, 12, 12, 3072), "l": (1024, 24, 16, 4096)}
+    assert table == {
+        "mu": (128, 6, 4, 512),
+        "ti": (192, 12, 3, 768),
+        "s": (384, 12, 6, 1536),
+        "b": (768, 12, 12, 3072),
+        "l": (1024, 24, 16, 4096),
+    }
 
 
 @pytest.mark.parametrize("name,paper_millions", [("ti16", 5.7), ("s16", 22.1), ("b16", 86.5)])
@@ -53,8 +58,9 @@ def test_list_backbones():
         parse_name(name)  # every listed name is valid under the grammar
 
 
-@pytest.mark.parametrize("bad,suggestion", [("b32_dpm", "b32_dpn"), ("vit_b32", "b32"), ("s16_dtm", "s16_dtn"),
-                                            ("b32_dtn_dtn", "b32_dtn")])
+@pytest.mark.parametrize(
+    "bad,suggestion", [("b32_dpm", "b32_dpn"), ("vit_b32", "b32"), ("s16_dtm", "s16_dtn"), ("b32_dtn_dtn", "b32_dtn")]
+)
 def test_unknown_name_is_one_line_with_close_matches(bad, suggestion):
     with pytest.raises(UnknownBackboneError) as e:
         create_backbone(bad)

@@ -6,18 +6,23 @@ import json
 import numpy as np
 import pytest
 import scipy.stats
+from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
-from transferbench.cli import main
 from transferbench.backbones.weights import resolve_backbone
+from transferbench.cli import main
 from transferbench.engine.runner import run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.regress import compare
-from transferbench.reporting.tables import (build_tables, render, report_kinds, report_tables, sanity_references,
-                                           stem_references)
-
-from toyplugin import toy_accuracy
+from transferbench.reporting.tables import (
+    build_tables,
+    render,
+    report_kinds,
+    report_tables,
+    sanity_references,
+    stem_references,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +36,11 @@ def toy_runs(tmp_path_factory):
 
 
 def table(out, task="toy", reference="mu4", split_axes=True):
-    (t,) = [t for t in build_tables(aggregate(load_records([out])), reference=reference, split_axes=split_axes)
-            if t.task == task]
+    (t,) = [
+        t
+        for t in build_tables(aggregate(load_records([out])), reference=reference, split_axes=split_axes)
+        if t.task == task
+    ]
     return t
 
 
@@ -55,8 +63,9 @@ def test_group_columns_and_seed_counts(toy_runs):
     assert t.columns == ["alpha", "beta", "gamma", "natural", "mean"]
     nat = t.rows["mu4"]["natural"].estimate
     e = {x.dataset: x for x in aggregate(load_records([toy_runs])) if x.backbone == "mu4" and x.task == "toy"}
-    assert nat.mean == pytest.approx((np.mean(list(e["alpha"].per_seed.values())) +
-                                      np.mean(list(e["beta"].per_seed.values()))) / 2)
+    assert nat.mean == pytest.approx(
+        (np.mean(list(e["alpha"].per_seed.values())) + np.mean(list(e["beta"].per_seed.values()))) / 2
+    )
     assert t.seeds == {"mu4": "3", "mu4_dpn": "3", "mu4_dtn": "3"}
 
 
@@ -72,8 +81,12 @@ def test_one_table_per_axis_setting_headline_first_with_means(toy_runs):
     five = tables[0]
     assert five.columns == ["alpha", "beta", "mean"]
     # the toy's closed form (toyshots: lr 0.01, offsets 5 and 0): mean over datasets of the seed means
-    expected = np.mean([np.mean([toy_accuracy("mu4", off, 0.01, seed, "test", ds) for seed in (0, 1)])
-                        for ds, off in (("alpha", 5.0), ("beta", 0.0))])
+    expected = np.mean(
+        [
+            np.mean([toy_accuracy("mu4", off, 0.01, seed, "test", ds) for seed in (0, 1)])
+            for ds, off in (("alpha", 5.0), ("beta", 0.0))
+        ]
+    )
     assert five.rows["mu4"]["mean"].estimate.mean == pytest.approx(expected, abs=1e-12)
     # dpn is +2 on every seed of every dataset: the paired suite difference is exactly +2, and bold
     assert five.rows["mu4_dpn"]["mean"].delta.mean == pytest.approx(2.0) and five.rows["mu4_dpn"]["mean"].better
@@ -82,7 +95,11 @@ def test_one_table_per_axis_setting_headline_first_with_means(toy_runs):
     assert md.count("Paired difference vs mu4") == 2
     wide = json.loads(render(build_tables(aggregate(load_records([toy_runs])), split_axes=False), "json"))["rows"]
     assert {r["column"] for r in wide if r["task"] == "toyshots"} == {
-        "alpha (shots=1)", "alpha (shots=5)", "beta (shots=1)", "beta (shots=5)"}
+        "alpha (shots=1)",
+        "alpha (shots=5)",
+        "beta (shots=1)",
+        "beta (shots=5)",
+    }
 
 
 def test_worse_is_not_bold(toy_runs):
@@ -130,14 +147,33 @@ def test_leaderboard(toy_runs, tmp_path):
 
 
 def test_each_backbone_is_paired_with_the_plain_backbone_of_its_weights_source():
-    names = ["mu4", "mu4_dpn", "mu4_dtn", "mu4@embedded", "mu4_dpn@embedded", "mu4_dtn@embedded", "b16_dpn@a.npz",
-             "b16@b.npz", "b16_dpn_dtn_rep", "b16_rep", "s16_dpn"]
-    assert stem_references(names) == {"mu4_dpn": "mu4", "mu4_dtn": "mu4", "mu4_dpn@embedded": "mu4@embedded",
-                                      "mu4_dtn@embedded": "mu4@embedded", "b16_dpn_dtn_rep": "b16_rep"}
+    names = [
+        "mu4",
+        "mu4_dpn",
+        "mu4_dtn",
+        "mu4@embedded",
+        "mu4_dpn@embedded",
+        "mu4_dtn@embedded",
+        "b16_dpn@a.npz",
+        "b16@b.npz",
+        "b16_dpn_dtn_rep",
+        "b16_rep",
+        "s16_dpn",
+    ]
+    assert stem_references(names) == {
+        "mu4_dpn": "mu4",
+        "mu4_dtn": "mu4",
+        "mu4_dpn@embedded": "mu4@embedded",
+        "mu4_dtn@embedded": "mu4@embedded",
+        "b16_dpn_dtn_rep": "b16_rep",
+    }
     # a file of its own has no partner of the same source: the user names one, and then it is everyone's
     assert stem_references(names, "b16@b.npz")["b16_dpn@a.npz"] == "b16@b.npz"
-    assert sanity_references(names) == {"mu4@embedded": "mu4", "mu4_dpn@embedded": "mu4_dpn",
-                                        "mu4_dtn@embedded": "mu4_dtn"}
+    assert sanity_references(names) == {
+        "mu4@embedded": "mu4",
+        "mu4_dpn@embedded": "mu4_dpn",
+        "mu4_dtn@embedded": "mu4_dtn",
+    }
 
 
 def test_a_plugin_brings_its_own_report(tmp_path):
@@ -161,6 +197,7 @@ def test_a_plugin_brings_its_own_report(tmp_path):
 
 
 # --- regression verdict ------------------------------------------------------------------------------
+
 
 def shifted(records, dataset, backbone, shift):
     out = copy.deepcopy(records)
@@ -189,8 +226,11 @@ def test_regress_flags_a_real_drop_only(toy_runs, tmp_path, capsys):
     assert verdict[("gamma", "mu4", "test", "final")] == "unchanged"
     assert verdict[("alpha", "mu4_dpn", "test", "final")] == "unchanged"
     noise = next(c for c in comparisons if (c.dataset, c.backbone, c.split) == ("gamma", "mu4", "test"))
-    seeds = [r["metrics"]["test"]["accuracy"] for r in base if r["dataset"] == "gamma" and r["backbone"] == "mu4"
-             and r["stage"] == "final"]
+    seeds = [
+        r["metrics"]["test"]["accuracy"]
+        for r in base
+        if r["dataset"] == "gamma" and r["backbone"] == "mu4" and r["stage"] == "final"
+    ]
     assert noise.tolerance == pytest.approx(max(0.5, np.std(seeds, ddof=1)))
     assert missing == [] and new == []
     b, c = write(base, tmp_path / "base"), write(cur, tmp_path / "cur")
@@ -215,13 +255,17 @@ def test_regress_reports_missing_cells(toy_runs, tmp_path, capsys):
 
 # --- CLI ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv,message", [
-    (["run", "toi", "--backbone", "mu4"], "unknown task 'toi'; did you mean toy"),
-    (["run", "toy", "--backbone", "mu4_dpm"], "unknown backbone 'mu4_dpm'; did you mean mu4_dpn"),
-    (["run", "toy", "--backbone", "mu4", "--datasets", "alfa"], "no dataset 'alfa'; did you mean alpha?"),
-    (["run", "toy"], "give --backbone"),
-    (["report", "/nonexistent/runs"], "records folder /nonexistent/runs does not exist"),
-])
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "toi", "--backbone", "mu4"], "unknown task 'toi'; did you mean toy"),
+        (["run", "toy", "--backbone", "mu4_dpm"], "unknown backbone 'mu4_dpm'; did you mean mu4_dpn"),
+        (["run", "toy", "--backbone", "mu4", "--datasets", "alfa"], "no dataset 'alfa'; did you mean alpha?"),
+        (["run", "toy"], "give --backbone"),
+        (["report", "/nonexistent/runs"], "records folder /nonexistent/runs does not exist"),
+    ],
+)
 def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -229,8 +273,19 @@ def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
 
 
 def test_cli_run_prints_the_table_and_resumes(tmp_path, capsys):
-    argv = ["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(tmp_path), "--no-progress",
-            "--reference", "mu4"]
+    argv = [
+        "run",
+        "toy",
+        "--suite",
+        "quick",
+        "--backbone",
+        "mu4,mu4_dpn",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--reference",
+        "mu4",
+    ]
     assert main(argv) == 0
     cap = capsys.readouterr()
     assert "8 ok, 0 diverged, 0 failed, 0 skipped" in cap.err and "| mu4_dpn" in cap.out
@@ -259,6 +314,7 @@ def test_cli_lists(capsys):
 
 # --- records of mixed types, pipes ---------------------------------------------------------------------
 
+
 def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_path, capsys):
     """A folder as earlier versions could leave it: `--set steps=abc` recorded failed cells with a string
     where the spec has an int, and an axis holds 5 and '5'. report, leaderboard and regress still work, and
@@ -267,8 +323,13 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
     poisoned = copy.deepcopy(clean)
     for r in [r for r in clean if r["task"] == "toy" and r["dataset"] == "alpha"][:6]:
         bad = copy.deepcopy(r)
-        bad.update(status="failed", reason="TypeError: 'str' object cannot be interpreted as an integer", metrics={},
-                   key="bad" + r["key"][3:], hparams={**r["hparams"], "steps": "abc"})
+        bad.update(
+            status="failed",
+            reason="TypeError: 'str' object cannot be interpreted as an integer",
+            metrics={},
+            key="bad" + r["key"][3:],
+            hparams={**r["hparams"], "steps": "abc"},
+        )
         poisoned.append(bad)
     for r in [r for r in clean if r["task"] == "toyshots" and r["hparams"]["shots"] == 5]:
         text = copy.deepcopy(r)
@@ -279,8 +340,11 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
     cap = capsys.readouterr()
     assert "6 failed cells have no metric" in cap.err and "steps=abc" not in cap.out
     # the text '5' of an older version gets its own table, after the numbers'
-    assert cap.out.index("### toyshots — shots=5 —") < cap.out.index("### toyshots — shots=1 —") < \
-        cap.out.index("### toyshots — shots='5' —")
+    assert (
+        cap.out.index("### toyshots — shots=5 —")
+        < cap.out.index("### toyshots — shots=1 —")
+        < cap.out.index("### toyshots — shots='5' —")
+    )
     good = {(t.task, t.setting): t.rows for t in build_tables(aggregate(clean), reference="mu4")}
     mixed = {(t.task, t.setting): t.rows for t in build_tables(aggregate(load_records([folder])), reference="mu4")}
     assert mixed[("toy", "")] == good[("toy", "")]
@@ -290,21 +354,27 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
     assert "**OK**" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["report", "{runs}"], ["list", "backbones"], ["regress", "--baseline", "{runs}",
-                                                                                 "--current", "{runs}"]])
+@pytest.mark.parametrize(
+    "argv", [["report", "{runs}"], ["list", "backbones"], ["regress", "--baseline", "{runs}", "--current", "{runs}"]]
+)
 def test_a_closed_pipe_ends_quietly_with_exit_0(toy_runs, argv):
     import os
     import subprocess
     import sys
+
     argv = [a.format(runs=toy_runs) for a in argv]
     read, write_end = os.pipe()
     os.close(read)  # the reader is gone before anything is written: the first write meets EPIPE
-    proc = subprocess.run([sys.executable, "-m", "transferbench.cli", *argv], stdout=write_end,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "transferbench.cli", *argv], stdout=write_end, stderr=subprocess.PIPE, text=True
+    )
     os.close(write_end)
     assert (proc.returncode, proc.stderr) == (0, "")
     # and as a user types it: the reader stops after a few lines
     line = " ".join(f"'{a}'" for a in argv)
-    shell = subprocess.run(["bash", "-c", f"set -o pipefail; '{sys.executable}' -m transferbench.cli {line} | head -1"],
-                           capture_output=True, text=True)
+    shell = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; '{sys.executable}' -m transferbench.cli {line} | head -1"],
+        capture_output=True,
+        text=True,
+    )
     assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 1

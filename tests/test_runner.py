@@ -4,7 +4,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from toyplugin import toy_accuracy
@@ -37,13 +36,27 @@ def test_plan_selects_on_val_and_reports_test_at_the_winner(tmp_path):
     assert diverged[0]["reason"] == "non-finite loss inf at step 2"
     for e in aggregate(records):
         assert e.selected == {"lr": 0.01}  # the closed form peaks at lr = 0.01
-        expected = {seed: toy_accuracy(e.backbone, OFFSET[e.dataset], 0.01, seed, "test", e.dataset) for seed in (0, 1, 2)}
+        expected = {
+            seed: toy_accuracy(e.backbone, OFFSET[e.dataset], 0.01, seed, "test", e.dataset) for seed in (0, 1, 2)
+        }
         assert e.per_seed == pytest.approx(expected, abs=1e-12)
         assert e.counts == {"ok": 15 - 3, "diverged": 3, "failed": 0}
     r = records[0]
     assert r["environment"]["torch"] and r["environment"]["device"] and r["seconds"] >= 0
-    assert set(r) >= {"key", "task", "dataset", "backbone", "checkpoint_sha256", "hparams", "seed",
-                      "protocol_version", "metrics", "status", "reason", "finished_at"}
+    assert set(r) >= {
+        "key",
+        "task",
+        "dataset",
+        "backbone",
+        "checkpoint_sha256",
+        "hparams",
+        "seed",
+        "protocol_version",
+        "metrics",
+        "status",
+        "reason",
+        "finished_at",
+    }
 
 
 def test_rerun_skips_and_force_recomputes(tmp_path):
@@ -81,8 +94,19 @@ def cli(*args):
     return [sys.executable, "-m", "transferbench.cli", *args]
 
 
-SLOW = ["run", "toy", "--backbone", "mu4,mu4_dpn", "--seeds", "0,1", "--set", "lr=0.01,0.1", "--set", "delay=0.04",
-        "--no-progress"]
+SLOW = [
+    "run",
+    "toy",
+    "--backbone",
+    "mu4,mu4_dpn",
+    "--seeds",
+    "0,1",
+    "--set",
+    "lr=0.01,0.1",
+    "--set",
+    "delay=0.04",
+    "--no-progress",
+]
 
 
 def test_sigkill_mid_plan_then_resume_gives_the_same_table(tmp_path):
@@ -115,8 +139,12 @@ def test_sigkill_mid_plan_then_resume_gives_the_same_table(tmp_path):
 def test_two_runs_into_one_folder_compute_each_cell_once(tmp_path):
     out, log = tmp_path / "shared", tmp_path / "computed.log"
     env = {**os.environ, "TOY_LOG": str(log)}
-    procs = [subprocess.Popen(cli(*SLOW, "--out", str(out)), env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            cli(*SLOW, "--out", str(out)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     records = load_records([out])

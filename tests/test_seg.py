@@ -1,5 +1,6 @@
 """Segmentation: metrics against hand computations and mmsegmentation, the linear decoder, the loss's ignore
 index, image/mask alignment under the random transforms, nested fractions, sliding windows, readers."""
+
 import math
 
 import numpy as np
@@ -8,8 +9,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from transferbench.adapters.seg import (LinearSegmenter, SegMetric, miou, segmentation_loss, slide_logits, subset,
-                                        window_starts)
+from transferbench.adapters.seg import (
+    LinearSegmenter,
+    SegMetric,
+    miou,
+    segmentation_loss,
+    slide_logits,
+    subset,
+    window_starts,
+)
 from transferbench.data.segmentation import eval_size, train_transform
 
 # --- metrics ------------------------------------------------------------------------------------------------
@@ -65,7 +73,9 @@ def test_metric_agrees_with_mmsegmentation_ioumetric():
     for _ in range(6):
         label = rng.integers(0, 150, (37, 53))
         label[rng.random(label.shape) < 0.2] = 255
-        pred = np.where(rng.random(label.shape) < 0.5, np.where(label == 255, 0, label), rng.integers(0, 150, label.shape))
+        pred = np.where(
+            rng.random(label.shape) < 0.5, np.where(label == 255, 0, label), rng.integers(0, 150, label.shape)
+        )
         pred[:5] = rng.integers(0, 10, (5, 53))  # some classes predicted where they are not labelled
         metric.update(pred, label)
         p, lab = torch.from_numpy(pred), torch.from_numpy(label)
@@ -87,13 +97,15 @@ def test_metric_agrees_with_mmsegmentation_ioumetric():
 
 # --- model and loss -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["mu4", "mu4_dpn", "mu4_dtn"])
 @pytest.mark.parametrize("where", ["prenorm", "norm"])
 def test_linear_decoder_maps_patch_tokens_to_upsampled_logits(name, where):
+    from conftest import randomize_
     from einops import rearrange
 
-    from conftest import randomize_
     from transferbench.backbones import create_backbone
+
     bb = create_backbone(name, img_size=(32, 48))
     model = randomize_(LinearSegmenter(bb, 7, tokens=where))
     x = torch.randn(2, 3, 32, 48)
@@ -110,7 +122,10 @@ def test_linear_decoder_maps_patch_tokens_to_upsampled_logits(name, where):
 def test_decoder_on_a_checkpoint_at_another_resolution_gets_the_crops_grid(suite_home):
     from transferbench.adapters.pretrain import pretrained_checkpoint
     from transferbench.backbones import create_backbone
-    bb = create_backbone("mu4_dtn", img_size=32, checkpoint=pretrained_checkpoint("mu4_dtn", "embedded"))  # made at 16 px
+
+    bb = create_backbone(
+        "mu4_dtn", img_size=32, checkpoint=pretrained_checkpoint("mu4_dtn", "embedded")
+    )  # made at 16 px
     assert bb.grid_size == (8, 8) and bb.pos_embed.shape[1] == 1 + 64
     assert all(n.grid == (8, 8) for n in bb.dtn_norms)
     out = LinearSegmenter(bb, 4)(torch.randn(1, 3, 32, 32))
@@ -186,6 +201,7 @@ def test_eval_size_is_mmcvs_rescale():
 
 # --- fractions ----------------------------------------------------------------------------------------------
 
+
 def test_fractions_are_nested_and_fixed_by_the_seed():
     fractions = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
     for seed in (0, 3):
@@ -201,6 +217,7 @@ def test_fractions_are_nested_and_fixed_by_the_seed():
 
 
 # --- sliding windows ----------------------------------------------------------------------------------------
+
 
 def test_window_grid_is_mmsegs():
     assert window_starts(512, 512, 341) == [0]
@@ -245,7 +262,9 @@ def test_window_logits_are_averaged_not_summed():
 
 def test_vit_sliding_window_equals_its_forward_when_the_image_is_one_window():
     from conftest import randomize_
+
     from transferbench.backbones import create_backbone
+
     model = randomize_(LinearSegmenter(create_backbone("mu4", img_size=32), 3))
     image = torch.randn(3, 32, 32)
     assert torch.allclose(slide_logits(model, image, 3, window=32, stride=21), model(image[None])[0], atol=1e-5)
@@ -253,12 +272,15 @@ def test_vit_sliding_window_equals_its_forward_when_the_image_is_one_window():
 
 # --- readers ------------------------------------------------------------------------------------------------
 
+
 def _write_ade(root, split, n=3):
     rng = np.random.default_rng(0)
     (root / "images" / split).mkdir(parents=True)
     (root / "annotations" / split).mkdir(parents=True)
     for i in range(n):
-        Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(root / "images" / split / f"ADE_{i}.jpg")
+        Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(
+            root / "images" / split / f"ADE_{i}.jpg"
+        )
         ann = rng.integers(0, 151, (20, 30)).astype(np.uint8)
         ann[0, :3] = [0, 1, 150]
         Image.fromarray(ann).save(root / "annotations" / split / f"ADE_{i}.png")
@@ -267,6 +289,7 @@ def _write_ade(root, split, n=3):
 def test_ade_folder_layout_reduces_the_zero_label(tmp_path):
     from transferbench.adapters.seg import SegDatasetEntry, open_split
     from transferbench.data.folder import DataMissingError
+
     _write_ade(tmp_path / "ADEChallengeData2016", "training")
     _write_ade(tmp_path / "ADEChallengeData2016", "validation", n=2)
     ds = SegDatasetEntry(name="ade20k", source="ade", train="training", test="validation", classes=150).model_dump()
@@ -286,6 +309,7 @@ def test_tfds_scene_parse150_reads_the_red_channel(tmp_path):
     import tensorflow_datasets as tfds
 
     from transferbench.data.segmentation import TfdsSegmentation
+
     with tfds.testing.mock_data(num_examples=4):
         ds = TfdsSegmentation("scene_parse150", "train", num_classes=100)
         image, mask = ds[1]
@@ -300,6 +324,7 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     from transferbench.data import embedded
     from transferbench.data.folder import CorruptDataError
     from transferbench.data.segmentation import SegFolderDataset
+
     root = embedded.ensure(["scenes"])
     train = SegFolderDataset(root, "scenes", "training")
     val = SegFolderDataset(root, "scenes", "validation")
@@ -307,8 +332,12 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     raw = np.stack([train.raw_mask(i) for i in range(64)])
     assert set(np.unique(raw)) == {0, 1, 2, 3, 4}
     # boundaries separate regions: two neighbouring labelled pixels (8-neighbourhood) never differ
-    for a, b in ((raw[:, :, :-1], raw[:, :, 1:]), (raw[:, :-1], raw[:, 1:]), (raw[:, :-1, :-1], raw[:, 1:, 1:]),
-                 (raw[:, :-1, 1:], raw[:, 1:, :-1])):
+    for a, b in (
+        (raw[:, :, :-1], raw[:, :, 1:]),
+        (raw[:, :-1], raw[:, 1:]),
+        (raw[:, :-1, :-1], raw[:, 1:, 1:]),
+        (raw[:, :-1, 1:], raw[:, 1:, :-1]),
+    ):
         both = (a > 0) & (b > 0)
         assert np.array_equal(a[both], b[both])
     assert 0.03 < (raw == 0).mean() < 0.25
@@ -319,6 +348,7 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     data[-20] ^= 1
     copy = root.parent / "scenes-copy"
     import shutil
+
     shutil.copytree(root / "scenes", copy / "scenes")
     (copy / "scenes" / train.mask_paths[5]).write_bytes(bytes(data))
     with pytest.raises(CorruptDataError, match="sha256"):
@@ -326,6 +356,7 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
 
 
 # --- the task -----------------------------------------------------------------------------------------------
+
 
 def test_seg_alias_and_report_axis(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
@@ -352,6 +383,7 @@ def test_missing_ade_stops_before_any_cell_with_one_line(tmp_path, monkeypatch):
     from transferbench.adapters import prepare_task
     from transferbench.engine.runner import CellContext
     from transferbench.errors import UserError
+
     monkeypatch.chdir(tmp_path)
     task = prepare_task("ade20k")
     with pytest.raises(UserError) as e:
@@ -377,6 +409,7 @@ def test_crop_redraws_where_one_class_dominates_as_mmseg():
             counts = torch.bincount(m[m != 255])
             out.append(float(counts.max() / counts.sum()) >= 0.75)
         return np.mean(out)
+
     assert 0.35 < dominated(1.0) < 0.65  # 17/33 of uniform crops
     assert dominated(0.75) < 0.02  # only when all 10 redraws fail: (17/33)^11
 
@@ -386,8 +419,10 @@ def test_separable_window_logits_equal_stitching_then_resizing(image_hw, out_hw)
     """predict's path for a LinearSegmenter (patch-grid logits through one matrix per axis and window) against
     the literal procedure: upsampled window logits averaged where they overlap, then resized."""
     from conftest import randomize_
+
     from transferbench.adapters.seg import grid_window_logits, interp_matrix
     from transferbench.backbones import create_backbone
+
     model = randomize_(LinearSegmenter(create_backbone("mu4", img_size=32), 6), scale=0.5)
     images = torch.randn(2, 3, *image_hw)
     fast = grid_window_logits(model, images, 6, window=32, stride=21, out_size=out_hw, batch=3).clone()

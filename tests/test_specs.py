@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from transferbench.adapters import get_adapter, prepare_task
-from transferbench.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
-from transferbench.cell import RANDOM_INIT, Cell
 from transferbench.backbones.weights import resolve_backbone
+from transferbench.cell import RANDOM_INIT, Cell
 from transferbench.errors import UserError
+from transferbench.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
 
 TOY = Path(__file__).parent / "plugins" / "toyplugin" / "tasks" / "toy.yaml"
 
@@ -43,12 +43,15 @@ def test_suite_and_overrides():
     assert prepare_task("toy", sets=["lr=0.5"]).sweep["lr"] == [0.5]
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(suite="quik"), "no suite 'quik'; did you mean quick?"),
-    (dict(datasets=["alfa"]), "no dataset 'alfa'; did you mean alpha?"),
-    (dict(sets=["stpes=3"]), "no hyper-parameter 'stpes'; did you mean steps?"),
-    (dict(sets=["steps"]), "--set expects key=value"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(suite="quik"), "no suite 'quik'; did you mean quick?"),
+        (dict(datasets=["alfa"]), "no dataset 'alfa'; did you mean alpha?"),
+        (dict(sets=["stpes=3"]), "no hyper-parameter 'stpes'; did you mean steps?"),
+        (dict(sets=["steps"]), "--set expects key=value"),
+    ],
+)
 def test_bad_choices_are_one_line_with_close_matches(kwargs, message):
     with pytest.raises(UserError) as e:
         prepare_task("toy", **kwargs)
@@ -60,16 +63,19 @@ def test_unknown_task():
         prepare_task("toi")
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda d: d.update(mode="maximum"), "toy.yaml: mode: Input should be 'max' or 'min' (got 'maximum')"),
-    (lambda d: d.update(metrc="x"), "toy.yaml: metrc: unknown field; allowed: task, adapter, description"),
-    (lambda d: d.pop("metric"), "toy.yaml: metric: Field required"),
-    (lambda d: d["datasets"][1].update(group="naturel"), "group 'naturel'; allowed: ['natural', 'structured']"),
-    (lambda d: d.update(select=["wd"]), "select names 'wd', which is not swept; swept: ['lr']"),
-    (lambda d: d["suites"]["quick"].update(datasets=["alpah"]), "unknown dataset 'alpah'; did you mean alpha?"),
-    (lambda d: d["suites"]["quick"].update(sweeps={}), "suites.quick.sweeps: unknown field; allowed: description"),
-    (lambda d: d["seeds"].append("x"), "toy.yaml: seeds.3: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda d: d.update(mode="maximum"), "toy.yaml: mode: Input should be 'max' or 'min' (got 'maximum')"),
+        (lambda d: d.update(metrc="x"), "toy.yaml: metrc: unknown field; allowed: task, adapter, description"),
+        (lambda d: d.pop("metric"), "toy.yaml: metric: Field required"),
+        (lambda d: d["datasets"][1].update(group="naturel"), "group 'naturel'; allowed: ['natural', 'structured']"),
+        (lambda d: d.update(select=["wd"]), "select names 'wd', which is not swept; swept: ['lr']"),
+        (lambda d: d["suites"]["quick"].update(datasets=["alpah"]), "unknown dataset 'alpah'; did you mean alpha?"),
+        (lambda d: d["suites"]["quick"].update(sweeps={}), "suites.quick.sweeps: unknown field; allowed: description"),
+        (lambda d: d["seeds"].append("x"), "toy.yaml: seeds.3: Input should be a valid integer"),
+    ],
+)
 def test_bad_spec_names_file_field_and_allowed_values(tmp_path, edit, message):
     d = toy_dict()
     edit(d)
@@ -95,22 +101,41 @@ def test_cell_key_hashes_identity_only():
     bb = resolve_backbone("mu4_dpn")
     assert bb.sha256 == RANDOM_INIT and bb.checkpoint is None
     from transferbench.cell import make_cell
+
     c = make_cell(t, t.datasets[0], bb, t.grid()[1], seed=2, stage="select")
-    ident = {"task": "toy", "dataset": "alpha", "backbone": "mu4_dpn", "checkpoint_sha256": RANDOM_INIT,
-             "hparams": {"delay": 0.0, "lr": 0.01, "steps": 3}, "seed": 2, "protocol_version": "1",
-             "stage": "select", "data_version": "", "dataset_config": {"offset": 5.0}}
+    ident = {
+        "task": "toy",
+        "dataset": "alpha",
+        "backbone": "mu4_dpn",
+        "checkpoint_sha256": RANDOM_INIT,
+        "hparams": {"delay": 0.0, "lr": 0.01, "steps": 3},
+        "seed": 2,
+        "protocol_version": "1",
+        "stage": "select",
+        "data_version": "",
+        "dataset_config": {"offset": 5.0},
+    }
     expected = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
     assert c.key == expected
     # report fields are not identity; every identity field is
     from dataclasses import replace
+
     assert replace(c, group="other", order=9, suite="quick").key == c.key
-    for field, value in [("seed", 3), ("stage", "final"), ("hparams", {"lr": 0.1}), ("checkpoint_sha256", "ab"),
-                         ("protocol_version", "2"), ("data_version", "v2"), ("dataset_config", {"offset": 1.0})]:
+    for field, value in [
+        ("seed", 3),
+        ("stage", "final"),
+        ("hparams", {"lr": 0.1}),
+        ("checkpoint_sha256", "ab"),
+        ("protocol_version", "2"),
+        ("data_version", "v2"),
+        ("dataset_config", {"offset": 1.0}),
+    ]:
         assert replace(c, **{field: value}).key != c.key, field
 
 
 def test_backbone_with_checkpoint_is_hashed(tmp_path):
     from transferbench.backbones import create_backbone, save_checkpoint
+
     p = save_checkpoint(create_backbone("mu8"), tmp_path / "m.safetensors")
     ref = resolve_backbone(f"mu8@{p}")
     assert ref.name == "mu8" and ref.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
@@ -120,8 +145,22 @@ def test_backbone_with_checkpoint_is_hashed(tmp_path):
 
 def test_wheel_ships_task_specs_and_entry_points(tmp_path):
     repo = Path(__file__).parents[1]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(repo)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(repo),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("transferbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "transferbench/tasks/__init__.py" in names
@@ -171,10 +210,17 @@ def test_every_committed_record_key_recomputes_and_a_rerun_plans_nothing():
 def test_a_tfds_entry_without_its_tfds_name_is_one_spec_error(task):
     """One check (data.sources.require_tfds_name) for every adapter whose entries may come from tfds."""
     from transferbench.spec import load_task
+
     spec = load_task(task)
-    i, ds = next((i, d) for i, d in enumerate(spec.datasets)
-                 if d.model_dump().get("tfds") and d.model_dump().get("retrieval") is None)
+    i, ds = next(
+        (i, d)
+        for i, d in enumerate(spec.datasets)
+        if d.model_dump().get("tfds") and d.model_dump().get("retrieval") is None
+    )
     broken = spec.model_copy(update={"datasets": [*spec.datasets[:i], ds.model_copy(update={"tfds": None})]})
-    with pytest.raises(SpecError, match=rf"<x>: datasets\.{i}\.tfds: a tfds dataset needs its tfds name "
-                                        rf"\(dataset '{ds.name}'\)"):
+    with pytest.raises(
+        SpecError,
+        match=rf"<x>: datasets\.{i}\.tfds: a tfds dataset needs its tfds name "
+        rf"\(dataset '{ds.name}'\)",
+    ):
         get_adapter(spec.adapter).validate(broken, "<x>")

@@ -1,5 +1,6 @@
-"""Split arithmetic pinned to scenic's absolute VTAB slices (tasks/vtab.yaml): task_adaptation's percent splits, resolved against
-the tfds split sizes, must give scenic's absolute indices."""
+"""Split arithmetic pinned to scenic's absolute VTAB slices (tasks/vtab.yaml): task_adaptation's percent splits,
+resolved against the tfds split sizes, must give scenic's absolute indices."""
+
 import numpy as np
 import pytest
 
@@ -7,10 +8,17 @@ from transferbench.data.splits import resolve_split, split_size
 from transferbench.errors import UserError
 
 # tfds num_examples of the splits involved (tfds catalog)
-SIZES = {"caltech101": {"train": 3060, "test": 6084}, "cifar100": {"train": 50000, "test": 10000},
-         "oxford_iiit_pet": {"train": 3680, "test": 3669}, "svhn_cropped": {"train": 73257, "test": 26032},
-         "eurosat": {"train": 27000}, "resisc45": {"train": 31500}, "clevr": {"train": 70000, "validation": 15000},
-         "dsprites": {"train": 737280}, "smallnorb": {"train": 24300, "test": 24300}}
+SIZES = {
+    "caltech101": {"train": 3060, "test": 6084},
+    "cifar100": {"train": 50000, "test": 10000},
+    "oxford_iiit_pet": {"train": 3680, "test": 3669},
+    "svhn_cropped": {"train": 73257, "test": 26032},
+    "eurosat": {"train": 27000},
+    "resisc45": {"train": 31500},
+    "clevr": {"train": 70000, "validation": 15000},
+    "dsprites": {"train": 737280},
+    "smallnorb": {"train": 24300, "test": 24300},
+}
 
 # (tfds, task_adaptation's split in percent, first 200 of it or the whole test = the absolute slice in tasks/vtab.yaml)
 CASES = [

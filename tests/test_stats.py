@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from transferbench.records.stats import (bootstrap_suite_mean, mean_ci, paired_difference,
-                                           paired_suite_difference)
+from transferbench.records.stats import bootstrap_suite_mean, mean_ci, paired_difference, paired_suite_difference
 
 
 def test_mean_ci_by_hand():

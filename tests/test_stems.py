@@ -1,10 +1,11 @@
 """Each stem of the DPN paper's Table 6 against a hand-written numpy version of its definition."""
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import randomize_
+
 from transferbench import create_backbone
 from transferbench.backbones.stems import STEMS
 
@@ -17,7 +18,7 @@ def patches_by_hand(img: np.ndarray, p: int) -> np.ndarray:
     out = []
     for i in range(H // p):
         for j in range(W // p):
-            block = img[:, :, i * p:(i + 1) * p, j * p:(j + 1) * p]  # (B, C, p, p)
+            block = img[:, :, i * p : (i + 1) * p, j * p : (j + 1) * p]  # (B, C, p, p)
             out.append(block.transpose(0, 2, 3, 1).reshape(B, -1))
     return np.stack(out, axis=1)
 
@@ -29,23 +30,27 @@ def ln(x, w=None, b=None):
 
 
 def rms(x, w):
-    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + EPS) * w
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS) * w
 
 
 def numpy_stem(stem, sd, img, p, pos):
     """Tokens after the stem (+ position embedding) for patch tokens, per Table 6."""
     g = {k: v.double().numpy() for k, v in sd.items()}
     x = patches_by_hand(img, p)
-    pre = {"dpn": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
-           "pre": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
-           "rms": lambda x: rms(x, g["patch_embed.norm_pre.weight"]),
-           "nolearn": ln,
-           "onlylearn": lambda x: x * g["patch_embed.norm_pre.weight"] + g["patch_embed.norm_pre.bias"]}
-    post = {"dpn": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
-            "post": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
-            "rms": lambda x: rms(x, g["patch_embed.norm.weight"]),
-            "nolearn": ln,
-            "onlylearn": lambda x: x * g["patch_embed.norm.weight"] + g["patch_embed.norm.bias"]}
+    pre = {
+        "dpn": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
+        "pre": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
+        "rms": lambda x: rms(x, g["patch_embed.norm_pre.weight"]),
+        "nolearn": ln,
+        "onlylearn": lambda x: x * g["patch_embed.norm_pre.weight"] + g["patch_embed.norm_pre.bias"],
+    }
+    post = {
+        "dpn": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
+        "post": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
+        "rms": lambda x: rms(x, g["patch_embed.norm.weight"]),
+        "nolearn": ln,
+        "onlylearn": lambda x: x * g["patch_embed.norm.weight"] + g["patch_embed.norm.bias"],
+    }
     x = pre.get(stem, lambda x: x)(x)
     x = x @ g["patch_embed.proj.weight"].T + g["patch_embed.proj.bias"]
     x = post.get(stem, lambda x: x)(x)
@@ -71,9 +76,18 @@ def test_stem_matches_its_definition(stem):
 
 
 def test_stem_parameters_follow_table_6():
-    keys = {s: sorted(k for k in create_backbone("mu4" + (f"_{s}" if s else "")).state_dict()
-                      if k.startswith("patch_embed.norm")) for s in STEMS}
-    both = ["patch_embed.norm.bias", "patch_embed.norm.weight", "patch_embed.norm_pre.bias", "patch_embed.norm_pre.weight"]
+    keys = {
+        s: sorted(
+            k for k in create_backbone("mu4" + (f"_{s}" if s else "")).state_dict() if k.startswith("patch_embed.norm")
+        )
+        for s in STEMS
+    }
+    both = [
+        "patch_embed.norm.bias",
+        "patch_embed.norm.weight",
+        "patch_embed.norm_pre.bias",
+        "patch_embed.norm_pre.weight",
+    ]
     assert keys[""] == [] and keys["nolearn"] == []  # nolearn: standardisation only, nothing to learn
     assert keys["dpn"] == both and keys["onlylearn"] == both
     assert keys["pre"] == both[2:] and keys["post"] == both[:2] and keys["postpos"] == both[:2]

@@ -1,6 +1,7 @@
 """The shared training loop: schedule and SGD momentum by hand, gradient accumulation and the
 out-of-memory retry against the whole-batch step, and seeded batch streams that do not depend on the
 number of workers."""
+
 import numpy as np
 import pytest
 import torch
@@ -47,7 +48,9 @@ def test_sgd_momentum_warmup_cosine_and_clip_by_hand():
 
     m = Scalar(0.0)  # clip 1.0: the first gradient (-20) is scaled to norm 1
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    fit(m, batches(xs[:1], ys[:1]), opt, steps=1, base_lr=0.1, warmup=1, clip=1.0, loss_fn=mse, device="cpu", bf16=False)
+    fit(
+        m, batches(xs[:1], ys[:1]), opt, steps=1, base_lr=0.1, warmup=1, clip=1.0, loss_fn=mse, device="cpu", bf16=False
+    )
     assert m.w.item() == pytest.approx(0.1 * 1.0)
 
 
@@ -57,8 +60,19 @@ def test_micro_batches_and_oom_retry_give_the_whole_batch_step():
     for label, micro, fail in (("whole", None, None), ("micro2", 2, None), ("oom", None, 2)):
         m = Scalar(0.5, fail_above=fail)
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-        out = fit(m, batches(xs, ys), opt, steps=2, base_lr=0.01, warmup=1, clip=None, loss_fn=mse, device="cpu",
-                  bf16=False, micro_batch=micro)
+        out = fit(
+            m,
+            batches(xs, ys),
+            opt,
+            steps=2,
+            base_lr=0.01,
+            warmup=1,
+            clip=None,
+            loss_fn=mse,
+            device="cpu",
+            bf16=False,
+            micro_batch=micro,
+        )
         results[label] = (m.w.item(), out, m.sizes)
     assert results["micro2"][0] == pytest.approx(results["whole"][0], rel=1e-6)
     assert results["oom"][0] == pytest.approx(results["whole"][0], rel=1e-6)
@@ -72,9 +86,20 @@ def test_micro_batches_and_oom_retry_give_the_whole_batch_step():
 
     def broken(pred, y):
         raise RuntimeError("a bug, not memory")
+
     with pytest.raises(RuntimeError, match="a bug"):  # only out-of-memory errors are retried
-        fit(other, batches(xs, ys), opt, steps=1, base_lr=0.01, warmup=1, clip=None, loss_fn=broken, device="cpu",
-            bf16=False)
+        fit(
+            other,
+            batches(xs, ys),
+            opt,
+            steps=1,
+            base_lr=0.01,
+            warmup=1,
+            clip=None,
+            loss_fn=broken,
+            device="cpu",
+            bf16=False,
+        )
 
 
 def test_epoch_sampler_shuffles_without_repeats_then_repeats():
@@ -133,6 +158,7 @@ def test_batched_augmentation_equals_the_per_example_pipeline(augment):
     """In-memory sets are augmented a batch at a time from the same per-example draws; the tensors are the
     per-example v2 pipeline's to within one uint8 interpolation level (they are equal on the CPUs measured)."""
     from transferbench.engine.train import batched
+
     data = InMemory()
     tf = train_transform(8, augment)
     assert batched(data, tf) and not batched(torch.utils.data.Subset(data, range(5)), tf)
@@ -151,6 +177,7 @@ def test_batched_augmentation_equals_the_per_example_pipeline(augment):
 def test_batched_evaluation_equals_the_per_example_pipeline(kwargs):
     from transferbench.data.transforms import eval_transform
     from transferbench.engine.train import eval_batches
+
     data, tf = InMemory(n=13), eval_transform(8, **kwargs)
     fast = list(eval_batches(data, tf, batch=4))
     slow = list(eval_batches(data, tf, batch=4, per_example=True))

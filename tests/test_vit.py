@@ -1,7 +1,7 @@
 import pytest
 import torch
-
 from conftest import randomize_
+
 from transferbench import create_backbone
 from transferbench.backbones import DynamicTokenNorm, save_checkpoint
 

@@ -1,5 +1,6 @@
 """The VTAB adapter: the paper's protocol and `final: retrain` on the embedded sets (tiny profile), what records hold,
 same seed -> same metrics, missing data as one line, and reading an export-vtab folder."""
+
 import json
 
 import numpy as np
@@ -14,17 +15,40 @@ from transferbench.data.folder import FolderDataset
 from transferbench.data.vtab import export_vtab
 from transferbench.records.store import load_records
 
-TINY = ["--set", "steps=3", "--set", "batch=8", "--set", "warmup_steps=1", "--set", "resolution=8",
-        "--set", "lr=0.003,0.3", "--seeds", "0,1", "--no-progress"]
+TINY = [
+    "--set",
+    "steps=3",
+    "--set",
+    "batch=8",
+    "--set",
+    "warmup_steps=1",
+    "--set",
+    "resolution=8",
+    "--set",
+    "lr=0.003,0.3",
+    "--seeds",
+    "0,1",
+    "--no-progress",
+]
 
 
 def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, tmp_path):
     from transferbench.records.aggregate import aggregate
-
     from transferbench.records.store import read_samples
 
-    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--out",
-            str(tmp_path), "--log-samples"]
+    args = [
+        "run",
+        "vtab",
+        "--suite",
+        "embedded",
+        "--datasets",
+        "mini_digits",
+        "--backbone",
+        "mu4",
+        "--out",
+        str(tmp_path),
+        "--log-samples",
+    ]
     assert main(args + TINY) == 0
     recs = load_records([tmp_path / "vtab"])
     assert len(recs) == 4 and {r["stage"] for r in recs} == {"select"} and all(r["status"] == "ok" for r in recs)
@@ -34,8 +58,9 @@ def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, 
             hits = read_samples(r, split)
             assert hits.shape == (n,) and 100 * hits.mean() == pytest.approx(r["metrics"][split]["accuracy"])
         assert r["hparams"]["loss"] == r["info"]["loss"] == "softmax" and r["info"]["head"] == "new"  # the profile's
-    mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr])
-                for lr in (0.003, 0.3)}
+    mean_val = {
+        lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr]) for lr in (0.003, 0.3)
+    }
     best = max(sorted(mean_val), key=lambda lr: mean_val[lr])
     (entry,) = aggregate(recs)
     assert entry.selected == {"lr": best}
@@ -43,8 +68,20 @@ def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, 
 
 
 def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path):
-    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_digits", "--backbone", "mu4", "--set",
-            "final=retrain", "--out", str(tmp_path)]
+    args = [
+        "run",
+        "vtab",
+        "--suite",
+        "embedded",
+        "--datasets",
+        "mini_digits",
+        "--backbone",
+        "mu4",
+        "--set",
+        "final=retrain",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args + TINY) == 0
     recs = load_records([tmp_path / "vtab"])
     n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))  # 1,797 digits - 1,000
@@ -53,8 +90,10 @@ def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, t
     final = [r for r in recs if r["stage"] == "final"]
     assert len(select) == 4 and len(final) == 2 and all(r["status"] == "ok" for r in recs)
     assert all("test" not in r["metrics"] for r in select)
-    mean_val = {lr: np.mean([r["metrics"]["val"]["accuracy"] for r in select if r["hparams"]["lr"] == lr])
-                for lr in (0.003, 0.3)}
+    mean_val = {
+        lr: np.mean([r["metrics"]["val"]["accuracy"] for r in select if r["hparams"]["lr"] == lr])
+        for lr in (0.003, 0.3)
+    }
     best = max(sorted(mean_val), key=lambda lr: mean_val[lr])
     assert {r["hparams"]["lr"] for r in final} == {best} and sorted(r["seed"] for r in final) == [0, 1]
     for r in recs:  # the record holds what was used: overrides, the protocol's fixed numbers, the data
@@ -75,8 +114,18 @@ def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, t
 
 
 def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
-    args = ["run", "vtab", "--suite", "embedded", "--datasets", "mini_mnist", "--backbone", "mu4", "--out",
-            str(tmp_path)] + TINY
+    args = [
+        "run",
+        "vtab",
+        "--suite",
+        "embedded",
+        "--datasets",
+        "mini_mnist",
+        "--backbone",
+        "mu4",
+        "--out",
+        str(tmp_path),
+    ] + TINY
     assert main(args) == 0
     capsys.readouterr()
     assert main(args) == 0

@@ -1,5 +1,6 @@
 """VTAB task table (tasks/vtab.yaml), label rules at their boundaries, reading through tfds mock data,
 and export-vtab into the image-folder format."""
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -11,10 +12,20 @@ from transferbench.data.splits import resolve_split
 from transferbench.data.tfds_source import TfdsDataset
 from transferbench.errors import UserError
 
-GROUPS = {"natural": ["caltech101", "cifar100", "dtd", "flowers102", "pets", "sun397", "svhn"],
-          "specialized": ["camelyon", "eurosat", "resisc45", "retinopathy"],
-          "structured": ["clevr_count", "clevr_dist", "dsprites_loc", "dsprites_ori", "smallnorb_azi",
-                         "smallnorb_ele", "kitti_dist", "dmlab"]}
+GROUPS = {
+    "natural": ["caltech101", "cifar100", "dtd", "flowers102", "pets", "sun397", "svhn"],
+    "specialized": ["camelyon", "eurosat", "resisc45", "retinopathy"],
+    "structured": [
+        "clevr_count",
+        "clevr_dist",
+        "dsprites_loc",
+        "dsprites_ori",
+        "smallnorb_azi",
+        "smallnorb_ele",
+        "kitti_dist",
+        "dmlab",
+    ],
+}
 
 
 def test_nineteen_tasks_in_protocol_groups():
@@ -25,8 +36,12 @@ def test_nineteen_tasks_in_protocol_groups():
 
 
 def test_splits():
-    assert vtab.splits("cifar100") == {"train": "train[:800]", "val": "train[45000:45200]",
-                                       "trainval": "train[:800]+train[45000:45200]", "test": "test"}
+    assert vtab.splits("cifar100") == {
+        "train": "train[:800]",
+        "val": "train[45000:45200]",
+        "trainval": "train[:800]+train[45000:45200]",
+        "test": "test",
+    }
     assert vtab.splits("smallnorb_azi")["test"] == "test[50%:]"
     ((_, idx),) = resolve_split(vtab.splits("smallnorb_azi")["test"], {"test": 24300})
     assert idx[0] == 12150
@@ -47,8 +62,15 @@ def kitti(types, depths):
 
 def test_label_rules_at_the_boundaries():
     assert vtab.label("clevr_count", clevr([9.0] * 3)) == 0 and vtab.label("clevr_count", clevr([9.0] * 10)) == 7
-    assert [vtab.label("clevr_dist", clevr([12.0, d])) for d in (7.9, 8.0, 8.01, 8.5, 9.9, 10.0, 10.5)] == \
-        [0, 0, 1, 1, 4, 4, 5]
+    assert [vtab.label("clevr_dist", clevr([12.0, d])) for d in (7.9, 8.0, 8.01, 8.5, 9.9, 10.0, 10.5)] == [
+        0,
+        0,
+        1,
+        1,
+        4,
+        4,
+        5,
+    ]
     # kitti: vehicles are types 0-2 (car, van, truck); the closest vehicle's depth, thresholds -100/8/20/999
     assert vtab.label("kitti_dist", kitti([0, 3], [5.0, 1.0])) == 0  # the pedestrian at 1 m does not count
     assert vtab.label("kitti_dist", kitti([1, 2], [8.0, 30.0])) == 0  # 8 is not above 8
@@ -59,7 +81,9 @@ def test_label_rules_at_the_boundaries():
     assert [vtab.label("dsprites_loc", {"label_x_position": x}) for x in (0, 1, 2, 31)] == [0, 0, 1, 15]
     assert [vtab.label("dsprites_ori", {"label_orientation": o}) for o in (2, 3, 39)] == [0, 1, 15]
     ex = {"label_azimuth": 17, "label_elevation": 8, "label": 3}
-    assert vtab.label("smallnorb_azi", ex) == 17 and vtab.label("smallnorb_ele", ex) == 8 and vtab.label("dmlab", ex) == 3
+    assert (
+        vtab.label("smallnorb_azi", ex) == 17 and vtab.label("smallnorb_ele", ex) == 8 and vtab.label("dmlab", ex) == 3
+    )
 
 
 def test_every_task_reads_through_mock_data_without_tensorflow():
@@ -80,8 +104,22 @@ def test_every_task_reads_through_mock_data_without_tensorflow():
 
 def test_export_vtab_writes_the_folder_format(tmp_path, capsys):
     with tfds.testing.mock_data(num_examples=70_000):
-        assert main(["data", "export-vtab", "--tasks", "cifar100,clevr_dist", "--out", str(tmp_path),
-                     "--limit", "5", "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "data",
+                    "export-vtab",
+                    "--tasks",
+                    "cifar100,clevr_dist",
+                    "--out",
+                    str(tmp_path),
+                    "--limit",
+                    "5",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     ds = FolderDataset(tmp_path, "cifar100", "train800")  # verifies the manifest
     assert len(ds) == 5 and ds.info["num_classes"] == 100 and ds.info["splits"]["val"] == "train[45000:45200]"
     assert np.asarray(ds.image(0)).shape == (32, 32, 3) and all(0 <= y < 100 for y in ds.labels)

@@ -1,5 +1,6 @@
 """Cells: one unit of work each, identified by a stable hash of what determines its result, and the backbone
 reference a cell names (its weights resolved by backbones.weights)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -13,6 +14,7 @@ DEFAULT_PIXELS = "inception"  # pixels in [-1, 1] (big_vision): for weights that
 @dataclass(frozen=True)
 class BackboneRef:
     """`NAME` or `NAME@CHECKPOINT` as given on the command line, resolved to a name and weights hash."""
+
     spec: str
     name: str
     checkpoint: str | None
@@ -43,8 +45,18 @@ class Cell:
     report: str = ""  # a report of its own for the task's records ('corruption': reporting.robustness); '' = tables
     checkpoint: str | None = field(default=None, compare=False)
 
-    IDENTITY = ("task", "dataset", "backbone", "checkpoint_sha256", "hparams", "seed", "protocol_version",
-                "stage", "data_version", "dataset_config")
+    IDENTITY = (
+        "task",
+        "dataset",
+        "backbone",
+        "checkpoint_sha256",
+        "hparams",
+        "seed",
+        "protocol_version",
+        "stage",
+        "data_version",
+        "dataset_config",
+    )
 
     @property
     def key(self) -> str:
@@ -62,8 +74,18 @@ class Cell:
         return isinstance(other, Cell) and other.key == self.key
 
 
-def make_cell(task, dataset, backbone: BackboneRef, hparams: dict, seed: int, stage: str = "", *,
-              metric: str | None = None, mode: str | None = None, report: str = "") -> Cell:
+def make_cell(
+    task,
+    dataset,
+    backbone: BackboneRef,
+    hparams: dict,
+    seed: int,
+    stage: str = "",
+    *,
+    metric: str | None = None,
+    mode: str | None = None,
+    report: str = "",
+) -> Cell:
     """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
     metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here. A `pixels`
     hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none)."""
@@ -71,9 +93,23 @@ def make_cell(task, dataset, backbone: BackboneRef, hparams: dict, seed: int, st
     hparams = dict(hparams)
     if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
         hparams["pixels"] = backbone.pixels or DEFAULT_PIXELS
-    return Cell(task=spec.task, dataset=dataset.name, backbone=backbone.spec, checkpoint_sha256=backbone.sha256, hparams=dict(hparams), seed=int(seed),
-                protocol_version=spec.protocol_version, stage=stage, data_version=dataset.version,
-                dataset_config=dataset.model_dump(exclude={"name", "group", "version"}),
-                metric=metric or spec.metric, mode=mode or spec.mode, select=task.select_keys(), group=dataset.group,
-                order=[d.name for d in spec.datasets].index(dataset.name), suite=task.suite, report=report,
-                checkpoint=backbone.checkpoint)
+    return Cell(
+        task=spec.task,
+        dataset=dataset.name,
+        backbone=backbone.spec,
+        checkpoint_sha256=backbone.sha256,
+        hparams=dict(hparams),
+        seed=int(seed),
+        protocol_version=spec.protocol_version,
+        stage=stage,
+        data_version=dataset.version,
+        dataset_config=dataset.model_dump(exclude={"name", "group", "version"}),
+        metric=metric or spec.metric,
+        mode=mode or spec.mode,
+        select=task.select_keys(),
+        group=dataset.group,
+        order=[d.name for d in spec.datasets].index(dataset.name),
+        suite=task.suite,
+        report=report,
+        checkpoint=backbone.checkpoint,
+    )

@@ -1,4 +1,5 @@
 """transferbench command line: list, run, pretrain, data, report, leaderboard, regress, nightly."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,196 +43,323 @@ def _ints(text: str) -> list[int]:
 def _execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
     p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress output: no bars on a terminal, and no per-cell lines where stderr is a file "
-                        "(Slurm, nohup, CI), where each finished cell otherwise gets one line with its metric, "
-                        "cells done / planned and an ETA")
-    p.add_argument("--data-dir", help="where datasets are: a tfds data dir (default: $TFDS_DATA_DIR, else "
-                                      "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per cell (default 0: "
-                                                          "load in the main process; results do not depend on it)")
-    p.add_argument("--log-samples", action="store_true",
-                   help="keep each cell's per-example test results (VTAB-1k, LiT zero-shot) in a compressed file "
-                        "beside its record; reports then compare single-seed cells per example (McNemar's test, "
-                        "a bootstrap over examples). It changes no metric and no cell key")
-    p.add_argument("--micro-batch", type=int, help="largest chunk of a batch run at once (gradient accumulation; "
-                                                   "default: the whole batch, halved automatically on out-of-memory)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress output: no bars on a terminal, and no per-cell lines where stderr is a file "
+        "(Slurm, nohup, CI), where each finished cell otherwise gets one line with its metric, "
+        "cells done / planned and an ETA",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="where datasets are: a tfds data dir (default: $TFDS_DATA_DIR, else "
+        "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="DataLoader worker processes per cell (default 0: load in the main process; results do not depend on it)",
+    )
+    p.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="keep each cell's per-example test results (VTAB-1k, LiT zero-shot) in a compressed file "
+        "beside its record; reports then compare single-seed cells per example (McNemar's test, "
+        "a bootstrap over examples). It changes no metric and no cell key",
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        help="largest chunk of a batch run at once (gradient accumulation; "
+        "default: the whole batch, halved automatically on out-of-memory)",
+    )
     g = p.add_argument_group(
-        "executors", "where cells run; each keeps the same guarantees (records written atomically by this process, "
-                     "each cell computed once across runs into one --out, resumable). Records depend on the threads "
-                     "per cell, not the executor: the same --cpus-per-cell gives the same metrics with any of them")
-    g.add_argument("--executor", default="local", metavar="{local,ray}",
-                   help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
-                        "(pip install 'transferbench[scale]')")
-    g.add_argument("--jobs", "-j", type=int, default=1,
-                   help="local: cells at once, each in its own worker process with cores/N threads and, when "
-                        "several GPUs are visible, its own GPU (default 1: in this process, one at a time)")
-    g.add_argument("--address", help="ray: the cluster to join: auto (`ray start` ran here), HOST:6379, or "
-                                     "ray://HOST:10001 (Ray Client); default: start Ray on this machine")
-    g.add_argument("--cpus-per-cell", type=float, help="CPUs (and torch threads) per cell (ray default 1; local "
-                                                       "default: cores/--jobs; --jobs 1 --cpus-per-cell 1 reproduces "
-                                                       "the records of --jobs 2 or Ray at 1 CPU per cell)")
-    g.add_argument("--gpus-per-cell", type=float, help="ray: GPUs per cell (default: 1 when the cluster has GPUs, else 0)")
-    g.add_argument("--retries", type=int, default=1,
-                   help="times a cell whose worker process died (killed, out of memory, a lost node) is started "
-                        "again before it is recorded failed (default 1)")
+        "executors",
+        "where cells run; each keeps the same guarantees (records written atomically by this process, "
+        "each cell computed once across runs into one --out, resumable). Records depend on the threads "
+        "per cell, not the executor: the same --cpus-per-cell gives the same metrics with any of them",
+    )
+    g.add_argument(
+        "--executor",
+        default="local",
+        metavar="{local,ray}",
+        help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
+        "(pip install 'transferbench[scale]')",
+    )
+    g.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        help="local: cells at once, each in its own worker process with cores/N threads and, when "
+        "several GPUs are visible, its own GPU (default 1: in this process, one at a time)",
+    )
+    g.add_argument(
+        "--address",
+        help="ray: the cluster to join: auto (`ray start` ran here), HOST:6379, or "
+        "ray://HOST:10001 (Ray Client); default: start Ray on this machine",
+    )
+    g.add_argument(
+        "--cpus-per-cell",
+        type=float,
+        help="CPUs (and torch threads) per cell (ray default 1; local "
+        "default: cores/--jobs; --jobs 1 --cpus-per-cell 1 reproduces "
+        "the records of --jobs 2 or Ray at 1 CPU per cell)",
+    )
+    g.add_argument(
+        "--gpus-per-cell", type=float, help="ray: GPUs per cell (default: 1 when the cluster has GPUs, else 0)"
+    )
+    g.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="times a cell whose worker process died (killed, out of memory, a lost node) is started "
+        "again before it is recorded failed (default 1)",
+    )
 
 
 def _check_execution_options(args):
     """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
     from .engine.executors import make_executor
+
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.micro_batch is not None and args.micro_batch < 1:
         raise UserError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     if args.retries < 0:
         raise UserError(f"--retries must be >= 0, got {args.retries}")
-    return make_executor(args.executor, jobs=args.jobs, address=args.address, cpus_per_cell=args.cpus_per_cell,
-                         gpus_per_cell=args.gpus_per_cell)
+    return make_executor(
+        args.executor,
+        jobs=args.jobs,
+        address=args.address,
+        cpus_per_cell=args.cpus_per_cell,
+        gpus_per_cell=args.gpus_per_cell,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="transferbench", formatter_class=fmt, epilog=EXAMPLES,
+        prog="transferbench",
+        formatter_class=fmt,
+        epilog=EXAMPLES,
         description="Does a change to a ViT's stem or normaliser transfer? Runs task adapters over "
-                    "backbones into resumable records and reports means with 95% confidence intervals.")
+        "backbones into resumable records and reports means with 95% confidence intervals.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    ls = sub.add_parser("list", help="list backbones, tasks, suites or adapters", formatter_class=fmt,
-                        epilog="examples:\n  transferbench list backbones\n  transferbench list suites")
+    ls = sub.add_parser(
+        "list",
+        help="list backbones, tasks, suites or adapters",
+        formatter_class=fmt,
+        epilog="examples:\n  transferbench list backbones\n  transferbench list suites",
+    )
     ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters"])
 
     run = sub.add_parser(
-        "run", help="run a task's cells (skips finished ones)", formatter_class=fmt,
+        "run",
+        help="run a task's cells (skips finished ones)",
+        formatter_class=fmt,
         description="Plan and run every cell of TASK for each backbone. Each finished cell writes one record "
-                    "under --out; a rerun skips finished cells (ok or diverged) and retries failed ones, so an "
-                    "interrupted run resumes where it stopped. Bad input (a name, a --set value of the wrong type, "
-                    "an unreadable checkpoint, an unwritable --out) stops it with one line before the data is "
-                    "checked, and missing data before any pretraining or cell.",
+        "under --out; a rerun skips finished cells (ok or diverged) and retries failed ones, so an "
+        "interrupted run resumes where it stopped. Bad input (a name, a --set value of the wrong type, "
+        "an unreadable checkpoint, an unwritable --out) stops it with one line before the data is "
+        "checked, and missing data before any pretraining or cell.",
         epilog="examples:\n  transferbench run vtab --backbone b32,b32_dpn\n"
-               "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
-               "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n"
-               "  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input\n"
-               "  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val\n\n"
-               "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)\n"
-               "pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;\n"
-               "  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so")
+        "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
+        "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n"
+        "  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input\n"
+        "  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val\n\n"
+        "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)\n"
+        "pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;\n"
+        "  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so",
+    )
     run.add_argument("task", help="an installed task (`transferbench list tasks`) or a spec .yaml")
     run.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: the suite's)")
     run.add_argument("--suite", "-s", help="dataset subset and hyper-parameter profile (`transferbench list suites`)")
     run.add_argument("--datasets", "-d", type=_csv, help="comma-separated subset of the suite's datasets")
     run.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the spec's)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a hyper-parameter or sweep, e.g. --set steps=100 --set lr=0.01,0.03 (repeatable)")
+    run.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a hyper-parameter or sweep, e.g. --set steps=100 --set lr=0.01,0.03 (repeatable)",
+    )
     run.add_argument("--out", "-o", default="runs", type=Path, help="records folder (default: runs)")
     _execution_options(run)
     run.add_argument("--reference", help="backbone to compare against in the closing table")
 
     pt = sub.add_parser(
-        "pretrain", help="pretrain backbones upstream (writes checkpoints for NAME@embedded)", formatter_class=fmt,
+        "pretrain",
+        help="pretrain backbones upstream (writes checkpoints for NAME@embedded)",
+        formatter_class=fmt,
         description="Run task `pretrain` (DPN App. C, the AugReg recipe; numbers in tasks/pretrain.yaml) for each "
-                    "backbone into $TRANSFERBENCH_HOME/pretrain. Backbones written NAME@embedded elsewhere resolve to "
-                    "these checkpoints (and pretrain on demand when one is missing).",
+        "backbone into $TRANSFERBENCH_HOME/pretrain. Backbones written NAME@embedded elsewhere resolve to "
+        "these checkpoints (and pretrain on demand when one is missing).",
         epilog="examples:\n  transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded\n"
-               "  transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded")
+        "  transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded",
+    )
     pt.add_argument("--backbone", "-b", type=_csv, required=True, help="comma-separated backbone names")
     pt.add_argument("--suite", "-s", default="embedded", help="pretraining data and profile (default: embedded)")
-    pt.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a hyper-parameter; note that it changes the cell, so NAME@embedded will not use it")
+    pt.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a hyper-parameter; note that it changes the cell, so NAME@embedded will not use it",
+    )
     _execution_options(pt)
 
     data = sub.add_parser("data", help="prepare data: export VTAB to image folders", formatter_class=fmt)
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     ex = data_sub.add_parser(
-        "export-vtab", formatter_class=fmt, help="write VTAB-1k from prepared tfds data as image folders",
+        "export-vtab",
+        formatter_class=fmt,
+        help="write VTAB-1k from prepared tfds data as image folders",
         description="Write each VTAB task's train800 / val200 / test (and train800val200) from prepared tfds data "
-                    "into the image-folder format: PNG (lossless), split lists, sha256 manifest, info.json.",
+        "into the image-folder format: PNG (lossless), split lists, sha256 manifest, info.json.",
         epilog="examples:\n  transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k\n"
-               "  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k")
+        "  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k",
+    )
     ex.add_argument("--data-dir", help="tfds data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
     ex.add_argument("--out", "-o", required=True, type=Path, help="folder to write <task>/ into")
     ex.add_argument("--tasks", type=_csv, help="comma-separated VTAB tasks (default: all 19)")
     ex.add_argument("--limit", type=int, help="at most this many examples per split (a quick look, not the protocol)")
     ex.add_argument("--no-progress", action="store_true")
 
-    rep = sub.add_parser("report", help="tables from records folders", formatter_class=fmt,
-                         description="One table per task: rows are backbones, columns datasets and group means, "
-                                     "cells mean ± 95% CI over seeds. Each backbone is paired with the plain "
-                                     "backbone of the same weights source (mu4_dpn@embedded with mu4@embedded, "
-                                     "random-init mu4_dpn with mu4), or with --reference: paired differences, "
-                                     "significantly better cells in bold, worse in italic, and for the rest the "
-                                     "minimum detectable effect (MDE) of the seeds.",
-                         epilog="examples:\n  transferbench report runs/ --overview\n"
-                                "  transferbench report runs/vtab --reference b32\n"
-                                "  transferbench report runs/ --format csv -o table.csv\n"
-                                "  transferbench report runs/fewshot --format long -o seeds.csv   # a row per seed\n"
-                                "  transferbench report runs/vtab --format latex -o vtab.tex      # booktabs")
+    rep = sub.add_parser(
+        "report",
+        help="tables from records folders",
+        formatter_class=fmt,
+        description="One table per task: rows are backbones, columns datasets and group means, "
+        "cells mean ± 95% CI over seeds. Each backbone is paired with the plain "
+        "backbone of the same weights source (mu4_dpn@embedded with mu4@embedded, "
+        "random-init mu4_dpn with mu4), or with --reference: paired differences, "
+        "significantly better cells in bold, worse in italic, and for the rest the "
+        "minimum detectable effect (MDE) of the seeds.",
+        epilog="examples:\n  transferbench report runs/ --overview\n"
+        "  transferbench report runs/vtab --reference b32\n"
+        "  transferbench report runs/ --format csv -o table.csv\n"
+        "  transferbench report runs/fewshot --format long -o seeds.csv   # a row per seed\n"
+        "  transferbench report runs/vtab --format latex -o vtab.tex      # booktabs",
+    )
     rep.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
-    rep.add_argument("--reference", "-r", help="compare every backbone with this one (default: the plain backbone "
-                                               "of the same weights source)")
-    rep.add_argument("--format", "-f", default="md", choices=["md", "csv", "json", "long", "latex"],
-                     help="md: markdown tables; csv: a row per cell; long: csv with a row per seed and the selected "
-                          "learning rate (or other `select` value); json: a header (tasks, protocols, references, "
-                          "date, git sha, versions) and the rows; latex: booktabs tables")
-    rep.add_argument("--overview", action="store_true",
-                     help="print the overview instead: every task's headline per backbone against its reference, "
-                          "then wins / ties / losses (markdown)")
-    rep.add_argument("--holm", action="store_true",
-                     help="--overview: judge wins / losses with Holm–Bonferroni over each backbone's comparisons")
+    rep.add_argument(
+        "--reference",
+        "-r",
+        help="compare every backbone with this one (default: the plain backbone of the same weights source)",
+    )
+    rep.add_argument(
+        "--format",
+        "-f",
+        default="md",
+        choices=["md", "csv", "json", "long", "latex"],
+        help="md: markdown tables; csv: a row per cell; long: csv with a row per seed and the selected "
+        "learning rate (or other `select` value); json: a header (tasks, protocols, references, "
+        "date, git sha, versions) and the rows; latex: booktabs tables",
+    )
+    rep.add_argument(
+        "--overview",
+        action="store_true",
+        help="print the overview instead: every task's headline per backbone against its reference, "
+        "then wins / ties / losses (markdown)",
+    )
+    rep.add_argument(
+        "--holm",
+        action="store_true",
+        help="--overview: judge wins / losses with Holm–Bonferroni over each backbone's comparisons",
+    )
     rep.add_argument("--task", "-t", type=_csv, help="only these tasks")
     rep.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
-    rep.add_argument("--strict", action="store_true",
-                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
+    rep.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
+    )
 
-    lb = sub.add_parser("leaderboard", help="write the markdown leaderboard and its figures", formatter_class=fmt,
-                        description="A table of contents, the overview (every task's headline per backbone against "
-                                    "its reference; wins / ties / losses), then the tasks in the DPN paper's order "
-                                    "with their tables, sanity tables (each checkpoint against random init of its "
-                                    "own architecture) and figures (PNG and SVG beside the markdown).",
-                        epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md")
+    lb = sub.add_parser(
+        "leaderboard",
+        help="write the markdown leaderboard and its figures",
+        formatter_class=fmt,
+        description="A table of contents, the overview (every task's headline per backbone against "
+        "its reference; wins / ties / losses), then the tasks in the DPN paper's order "
+        "with their tables, sanity tables (each checkpoint against random init of its "
+        "own architecture) and figures (PNG and SVG beside the markdown).",
+        epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md",
+    )
     lb.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     lb.add_argument("--output", "-o", type=Path, default=Path("results/LEADERBOARD.md"))
-    lb.add_argument("--reference", "-r", help="compare every backbone with this one (default: the plain backbone of "
-                                              "the same weights source)")
-    lb.add_argument("--holm", action="store_true",
-                    help="judge the overview's wins / losses with Holm–Bonferroni over each backbone's comparisons")
-    lb.add_argument("--strict", action="store_true",
-                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
+    lb.add_argument(
+        "--reference",
+        "-r",
+        help="compare every backbone with this one (default: the plain backbone of the same weights source)",
+    )
+    lb.add_argument(
+        "--holm",
+        action="store_true",
+        help="judge the overview's wins / losses with Holm–Bonferroni over each backbone's comparisons",
+    )
+    lb.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
+    )
 
     rg = sub.add_parser(
-        "regress", help="compare two records folders; exit 1 on regression", formatter_class=fmt,
+        "regress",
+        help="compare two records folders; exit 1 on regression",
+        formatter_class=fmt,
         description="Match cells of --current against --baseline and flag each metric that gets worse by more "
-                    "than max(--threshold, the baseline's seed-to-seed std). Prints a markdown report; exits 1 on "
-                    "a regression, 0 otherwise.",
-        epilog="example:\n  transferbench regress --baseline nightly/old --current nightly/new --threshold 0.5")
+        "than max(--threshold, the baseline's seed-to-seed std). Prints a markdown report; exits 1 on "
+        "a regression, 0 otherwise.",
+        epilog="example:\n  transferbench regress --baseline nightly/old --current nightly/new --threshold 0.5",
+    )
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
     rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
     rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
-    rg.add_argument("--strict", action="store_true",
-                     help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning")
+    rg.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
+    )
 
     nt = sub.add_parser(
-        "nightly", help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
+        "nightly",
+        help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
         formatter_class=fmt,
         description="The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the "
-                    "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
-                    "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression or a failed "
-                    "cell (and, with --fail-on-missing, on baseline cells the run lacks), 2 on bad input, else 0.",
+        "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
+        "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression or a failed "
+        "cell (and, with --fail-on-missing, on baseline cells the run lacks), 2 on bad input, else 0.",
         epilog="examples:\n  transferbench nightly --baseline results/runs --suite embedded --out nightly\n"
-               "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
-               "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
-               "--executor ray --address auto")
-    nt.add_argument("--baseline", required=True, type=Path, help="records folder to compare against (last night's, "
-                                                                 "or the committed results/runs)")
+        "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
+        "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
+        "--executor ray --address auto",
+    )
+    nt.add_argument(
+        "--baseline",
+        required=True,
+        type=Path,
+        help="records folder to compare against (last night's, or the committed results/runs)",
+    )
     nt.add_argument("--suite", "-s", default="embedded", help="suite of each task (default: embedded)")
-    nt.add_argument("--tasks", "-t", type=_csv, help="comma-separated tasks (default: every task the baseline holds "
-                                                     "records of for --suite)")
+    nt.add_argument(
+        "--tasks",
+        "-t",
+        type=_csv,
+        help="comma-separated tasks (default: every task the baseline holds records of for --suite)",
+    )
     nt.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: each suite's)")
     nt.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the suite's)")
-    nt.add_argument("--out", "-o", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)")
+    nt.add_argument(
+        "--out", "-o", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)"
+    )
     nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
     nt.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     nt.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when the run lacks baseline cells")
@@ -241,26 +369,65 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_list(args) -> int:
     from tabulate import tabulate
+
     if args.what == "backbones":
-        print(tabulate(_backbone_rows(), ["backbone", "width", "depth", "heads", "patch", "stem", "dtn blocks",
-                                          "rep_size", "params (M, no head)"], tablefmt="github"))
+        print(
+            tabulate(
+                _backbone_rows(),
+                [
+                    "backbone",
+                    "width",
+                    "depth",
+                    "heads",
+                    "patch",
+                    "stem",
+                    "dtn blocks",
+                    "rep_size",
+                    "params (M, no head)",
+                ],
+                tablefmt="github",
+            )
+        )
     elif args.what == "adapters":
         from .adapters import list_adapters
+
         print("\n".join(list_adapters()) or "no adapters installed")
     else:
         from .spec import installed_specs, load_spec_file
+
         specs = {n: load_spec_file(p) for n, p in installed_specs().items()}
         if not specs:
             print("no tasks installed")
         elif args.what == "tasks":
-            print(tabulate([[n, ", ".join(s.aliases) or "-", s.adapter, len(s.datasets), ", ".join(s.suites) or "-",
-                             s.description] for n, s in specs.items()],
-                           ["task", "aliases", "adapter", "datasets", "suites", "description"],
-                           tablefmt="github"))
+            print(
+                tabulate(
+                    [
+                        [
+                            n,
+                            ", ".join(s.aliases) or "-",
+                            s.adapter,
+                            len(s.datasets),
+                            ", ".join(s.suites) or "-",
+                            s.description,
+                        ]
+                        for n, s in specs.items()
+                    ],
+                    ["task", "aliases", "adapter", "datasets", "suites", "description"],
+                    tablefmt="github",
+                )
+            )
         else:
-            print(tabulate([[n, name, len(suite.datasets or s.datasets), suite.description]
-                            for n, s in specs.items() for name, suite in s.suites.items()],
-                           ["task", "suite", "datasets", "description"], tablefmt="github"))
+            print(
+                tabulate(
+                    [
+                        [n, name, len(suite.datasets or s.datasets), suite.description]
+                        for n, s in specs.items()
+                        for name, suite in s.suites.items()
+                    ],
+                    ["task", "suite", "datasets", "description"],
+                    tablefmt="github",
+                )
+            )
     return 0
 
 
@@ -268,13 +435,25 @@ def _backbone_rows():
     import torch
 
     from .backbones import create_backbone, list_backbones
+
     rows = []
     for name in list_backbones():
         with torch.device("meta"):  # shapes only
             m = create_backbone(name)
         cfg = getattr(m, "config", {})
-        rows.append([name, cfg.get("embed_dim"), cfg.get("depth"), cfg.get("num_heads"), cfg.get("patch_size"),
-                     cfg.get("stem") or "-", cfg.get("dtn_layers"), cfg.get("rep_size") or "-", f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}"])
+        rows.append(
+            [
+                name,
+                cfg.get("embed_dim"),
+                cfg.get("depth"),
+                cfg.get("num_heads"),
+                cfg.get("patch_size"),
+                cfg.get("stem") or "-",
+                cfg.get("dtn_layers"),
+                cfg.get("rep_size") or "-",
+                f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}",
+            ]
+        )
     return rows
 
 
@@ -289,8 +468,9 @@ def _records_folder(out: Path) -> list[Path]:
         probe.unlink()
     except OSError as e:
         _remove_empty(made)
-        raise UserError(f"--out {out}: cannot write the records folder there ({e.strerror or e}); give a "
-                        "writable folder") from None
+        raise UserError(
+            f"--out {out}: cannot write the records folder there ({e.strerror or e}); give a writable folder"
+        ) from None
     return made
 
 
@@ -315,8 +495,11 @@ def cmd_run(args) -> int:
     executor = _check_execution_options(args)
     backbones, made = _prepare(task, names, args.out, args)
     summary = _run(task, backbones, args.out, args, executor, made)
-    records = [r for r in load_records([args.out / task.name]) if r["backbone"] in names] \
-        if (args.out / task.name).is_dir() else []
+    records = (
+        [r for r in load_records([args.out / task.name]) if r["backbone"] in names]
+        if (args.out / task.name).is_dir()
+        else []
+    )
     if records:
         print(render(report_tables(records, reference=args.reference)))
     return 1 if summary.failed else 0
@@ -328,8 +511,10 @@ def _check_backbones(task, given: list[str] | None) -> list[str]:
 
     names = given or list(task.backbones or [])
     if not names:
-        raise UserError(f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
-                        f"{task.name!r} names no default backbones")
+        raise UserError(
+            f"give --backbone (e.g. --backbone b32,b32_dpn); suite {task.suite or 'all'!r} of task "
+            f"{task.name!r} names no default backbones"
+        )
     for name in names:
         check_backbone(name)
     return names
@@ -340,7 +525,6 @@ def _prepare(task, names: list[str], out: Path, args) -> tuple[list, list[Path]]
     backbones `names` (NAME@embedded may pretrain); returns their cell.BackboneRefs and the folders made."""
     from .adapters import resolve_backbone
     from .engine.runner import CellContext
-
     from .paths import check_home, clean_home
 
     check_home()  # before anything is generated or cached there
@@ -360,15 +544,32 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
     the executor cannot start (no Ray cluster there), the folders `made` for this run go again, being empty."""
     from .engine.runner import run_task
 
-    how = "" if args.executor == "local" and args.jobs == 1 else \
-        f" ({args.executor} executor{f', {args.jobs} jobs' if args.executor == 'local' else ''})"
-    print(f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
-          f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {out}{how}", file=sys.stderr)
+    how = (
+        ""
+        if args.executor == "local" and args.jobs == 1
+        else f" ({args.executor} executor{f', {args.jobs} jobs' if args.executor == 'local' else ''})"
+    )
+    print(
+        f"{task.name}: suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
+        f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {out}{how}",
+        file=sys.stderr,
+    )
     try:
-        summary = run_task(task, backbones, out, force=args.force, device=args.device, data_dir=args.data_dir,
-                           workers=args.workers, micro_batch=args.micro_batch, show_progress=not args.no_progress,
-                           executor=executor, retries=args.retries, check_data=False,
-                           log_samples=getattr(args, "log_samples", False))
+        summary = run_task(
+            task,
+            backbones,
+            out,
+            force=args.force,
+            device=args.device,
+            data_dir=args.data_dir,
+            workers=args.workers,
+            micro_batch=args.micro_batch,
+            show_progress=not args.no_progress,
+            executor=executor,
+            retries=args.retries,
+            check_data=False,
+            log_samples=getattr(args, "log_samples", False),
+        )
     except UserError:
         _remove_empty(made)
         raise
@@ -380,6 +581,7 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
 
 def cmd_pretrain(args) -> int:
     from .paths import cache
+
     args.task, args.datasets, args.seeds, args.reference = "pretrain", None, None, None
     args.out = cache("pretrain")
     return cmd_run(args)
@@ -389,6 +591,7 @@ def cmd_data(args) -> int:
     from tqdm.auto import tqdm
 
     from .data.vtab import export_vtab, task
+
     for name in args.tasks or []:
         task(name)  # unknown names fail before any work, with close matches
     progress = None if args.no_progress else (lambda it, **kw: tqdm(it, leave=False, **kw))
@@ -409,12 +612,16 @@ def cmd_report(args) -> int:
     check_reference(args.reference, {r["backbone"] for r in records}, "these records")
     failed = sum(r["status"] == "failed" for r in records)
     if failed:
-        print(f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "
-              "`transferbench run` retries them)", file=sys.stderr)
+        print(
+            f"note: {failed} failed cells have no metric and are not in the tables (a rerun of the same "
+            "`transferbench run` retries them)",
+            file=sys.stderr,
+        )
     if args.overview:
         if args.format != "md":
             raise UserError("--overview prints markdown; drop --format or drop --overview")
         from .reporting.leaderboard import overview
+
         text = "\n".join(overview(records, args.reference, correct=args.holm))
     else:
         # md, latex: one table per report-axis setting (few-shot shots), headline first; the rest: the wide form
@@ -433,8 +640,14 @@ def cmd_leaderboard(args) -> int:
     from .engine.runner import environment
     from .reporting.leaderboard import write_leaderboard
 
-    out = write_leaderboard(args.dirs, args.output, reference=args.reference, git_sha=environment()["git_sha"],
-                            correct=args.holm, strict=args.strict)
+    out = write_leaderboard(
+        args.dirs,
+        args.output,
+        reference=args.reference,
+        git_sha=environment()["git_sha"],
+        correct=args.holm,
+        strict=args.strict,
+    )
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -443,9 +656,12 @@ def cmd_regress(args) -> int:
     from .records.store import load_records
     from .reporting.regress import verdict
 
-    text, code = verdict(load_records([args.baseline], strict=args.strict),
-                         load_records([args.current], strict=args.strict), args.threshold,
-                         fail_on_missing=args.fail_on_missing)
+    text, code = verdict(
+        load_records([args.baseline], strict=args.strict),
+        load_records([args.current], strict=args.strict),
+        args.threshold,
+        fail_on_missing=args.fail_on_missing,
+    )
     print(text)
     if args.output:
         args.output.write_text(text)
@@ -457,8 +673,8 @@ def cmd_nightly(args) -> int:
 
     from .adapters import prepare_task
     from .engine.runner import environment
-    from .reporting.leaderboard import write_leaderboard
     from .records.store import load_records
+    from .reporting.leaderboard import write_leaderboard
     from .reporting.regress import verdict
 
     executor = _check_execution_options(args)
@@ -468,8 +684,10 @@ def cmd_nightly(args) -> int:
     baseline = [r for r in load_records([args.baseline]) if (r.get("suite") or "") == args.suite]
     names = args.tasks or sorted({r["task"] for r in baseline})
     if not names:
-        raise UserError(f"--baseline {args.baseline} holds no records of suite {args.suite!r}: give a records folder "
-                        f"of a `transferbench run TASK --suite {args.suite}` (or --tasks to run without a baseline)")
+        raise UserError(
+            f"--baseline {args.baseline} holds no records of suite {args.suite!r}: give a records folder "
+            f"of a `transferbench run TASK --suite {args.suite}` (or --tasks to run without a baseline)"
+        )
     # every task, suite, backbone and data set is checked before the first cell runs
     tasks = [prepare_task(t, suite=args.suite, seeds=args.seeds) for t in names]
     current = args.out / date
@@ -479,9 +697,14 @@ def cmd_nightly(args) -> int:
         refs, made = resolved[task.name]
         _run(task, refs, current, args, executor, made)
     ran = {(t.spec.task, b) for t in tasks for b in backbones[t.name]}
-    text, code = verdict([r for r in baseline if (r["task"], r["backbone"]) in ran], load_records([current]),
-                         args.threshold, fail_on_missing=args.fail_on_missing, fail_on_failed=True,
-                         title=f"Nightly {date}: {current} vs {args.baseline}")
+    text, code = verdict(
+        [r for r in baseline if (r["task"], r["backbone"]) in ran],
+        load_records([current]),
+        args.threshold,
+        fail_on_missing=args.fail_on_missing,
+        fail_on_failed=True,
+        title=f"Nightly {date}: {current} vs {args.baseline}",
+    )
     (current / "REGRESSION.md").write_text(text)
     board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
     print(text)
@@ -492,9 +715,16 @@ def cmd_nightly(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = {"list": cmd_list, "run": cmd_run, "pretrain": cmd_pretrain, "data": cmd_data, "report": cmd_report,
-                "leaderboard": cmd_leaderboard, "regress": cmd_regress,
-                "nightly": cmd_nightly}[args.command](args)
+        code = {
+            "list": cmd_list,
+            "run": cmd_run,
+            "pretrain": cmd_pretrain,
+            "data": cmd_data,
+            "report": cmd_report,
+            "leaderboard": cmd_leaderboard,
+            "regress": cmd_regress,
+            "nightly": cmd_nightly,
+        }[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return code
     except BrokenPipeError:
@@ -508,8 +738,7 @@ def main(argv=None) -> int:
         print(f"transferbench: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("transferbench: interrupted; finished cells are saved, rerun the same command to resume",
-              file=sys.stderr)
+        print("transferbench: interrupted; finished cells are saved, rerun the same command to resume", file=sys.stderr)
         return 130
 
 

@@ -8,5 +8,6 @@ class UserError(ValueError):
 def close_matches(word: str, choices, n: int = 3) -> str:
     """'; did you mean a, b?' or '' — for one-line errors about unknown names."""
     import difflib
+
     close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
     return f"; did you mean {', '.join(close)}?" if close else ""

@@ -1,4 +1,5 @@
 """Content keys and file digests: what every cell key and every cache key is made of."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,7 @@
 """Where transferbench writes besides --out: every cache folder under $TRANSFERBENCH_HOME, named here once,
 the one way a file or folder is written there (aside, then renamed into place), and how a cache entry is
 trusted: each carries its size and checksum, checked before it is read; a damaged one is set aside, never read."""
+
 from __future__ import annotations
 
 import errno
@@ -12,9 +13,9 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from .errors import UserError
 
@@ -25,7 +26,7 @@ CACHES = {
     "features": "frozen features per backbone, weights, transform, dataset and split (engine.features)",
     "bf16-probe": "bf16-or-fp32 decisions per device kind and step shape (engine.precision)",
     "checkpoints": "pretrained embedded checkpoints, and checkpoints a Ray worker received (adapters.pretrain, "
-                   "engine.executors)",
+    "engine.executors)",
     "pretrain": "the records of on-demand embedded pretraining (adapters.pretrain)",
     "corruptions": "generated corrupted test images (data.corruptions)",
     "classifiers": "fine-tuned classifiers under test for robustness (adapters.corruption)",
@@ -54,8 +55,11 @@ def cache(name: str) -> Path:
 
 
 def _home_words() -> str:
-    where = f"${HOME_VARIABLE}={os.environ[HOME_VARIABLE]}" if os.environ.get(HOME_VARIABLE) else \
-        f"${HOME_VARIABLE} (unset: {DEFAULT_HOME})"
+    where = (
+        f"${HOME_VARIABLE}={os.environ[HOME_VARIABLE]}"
+        if os.environ.get(HOME_VARIABLE)
+        else f"${HOME_VARIABLE} (unset: {DEFAULT_HOME})"
+    )
     return where
 
 
@@ -69,8 +73,10 @@ def check_home() -> Path:
         probe.write_bytes(b"x")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"{_home_words()}: cannot write to {root} ({e.strerror or e}); it holds the embedded data "
-                        f"and every cache: set {HOME_VARIABLE} to a writable folder with a few GB free") from None
+        raise UserError(
+            f"{_home_words()}: cannot write to {root} ({e.strerror or e}); it holds the embedded data "
+            f"and every cache: set {HOME_VARIABLE} to a writable folder with a few GB free"
+        ) from None
     return root
 
 
@@ -117,8 +123,11 @@ def write_error(e: OSError, path, needed: int = 0, *, what: str = "", exact: boo
     path = Path(path)
     folder = path.parent
     under_home = home() in (path, *path.parents)
-    fix = (f"free space there or set {HOME_VARIABLE} to a folder on a bigger disk" if under_home else
-           "free space there or write to another folder (--out)")
+    fix = (
+        f"free space there or set {HOME_VARIABLE} to a folder on a bigger disk"
+        if under_home
+        else "free space there or write to another folder (--out)"
+    )
     if e.errno in DISK_FULL:
         try:
             free = human(shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free)
@@ -128,10 +137,12 @@ def write_error(e: OSError, path, needed: int = 0, *, what: str = "", exact: boo
         why = f"{(e.strerror or 'no space left on device').lower()}: it {need}, {free} free there"
     else:
         why = (e.strerror or "not writable").lower()
-        fix = (f"set {HOME_VARIABLE} to a writable folder" if under_home else "give a writable folder (--out)")
+        fix = f"set {HOME_VARIABLE} to a writable folder" if under_home else "give a writable folder (--out)"
     where = f"{_home_words()}: " if under_home else ""
-    return UserError(f"{where}cannot write {what + ' ' if what else ''}{path}: {why}; {fix}, then rerun the same "
-                     "command: finished cells are kept and the unfinished ones are computed again")
+    return UserError(
+        f"{where}cannot write {what + ' ' if what else ''}{path}: {why}; {fix}, then rerun the same "
+        "command: finished cells are kept and the unfinished ones are computed again"
+    )
 
 
 @contextmanager
@@ -155,8 +166,7 @@ def _aside(path: Path, suffix: str, directory: bool, needed: int = 0, what: str 
 
 
 @contextmanager
-def atomic_path(path, *, suffix: str = "", directory: bool = False, needed: int = 0,
-                what: str = "") -> Iterator[Path]:
+def atomic_path(path, *, suffix: str = "", directory: bool = False, needed: int = 0, what: str = "") -> Iterator[Path]:
     """Write `path` aside and rename it into place: a reader sees the old content or the new, never a torn one,
     and a killed writer leaves only a dot-named temporary (`remove_stale_temps`). Yields the temporary path (a
     new empty folder with `directory`; `suffix` keeps an extension that a writer insists on, as numpy's savez
@@ -203,10 +213,12 @@ def _alive(pid: int) -> bool:
 
 # --- verified cache entries -----------------------------------------------------------------------------
 
+
 def entry_lock(path):
     """The lock under which a cache entry is put in place or set aside (`.NAME.lock` beside it; the kernel
     releases it if its holder is killed)."""
     from filelock import FileLock
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(path.with_name(f".{path.name}.lock")))
@@ -236,7 +248,7 @@ def checksum(path) -> str:
                 crcs = [zlib.crc32(view)]
             else:  # zlib releases the GIL on large buffers; a pool per call: none survives into a fork
                 with ThreadPoolExecutor(min(8, os.cpu_count() or 1, len(starts))) as pool:
-                    crcs = list(pool.map(lambda i: zlib.crc32(view[i:i + BLOCK]), starts))
+                    crcs = list(pool.map(lambda i: zlib.crc32(view[i : i + BLOCK]), starts))
         finally:
             view.release()
     return hashlib.sha256(b"".join(c.to_bytes(4, "big") for c in crcs)).hexdigest()
@@ -328,8 +340,9 @@ def quarantine(path, why: str, what: str = "cache entry") -> Path | None:
     if side.exists():
         os.replace(side, digest_path(dest))
     _WHOLE.pop(str(path), None)
-    log.warning("transferbench: warning: damaged %s %s (%s): set aside as %s; computing it again", what, path, why,
-                dest)
+    log.warning(
+        "transferbench: warning: damaged %s %s (%s): set aside as %s; computing it again", what, path, why, dest
+    )
     return dest
 
 

@@ -1,13 +1,14 @@
 """Entry-point plugins. Built-in adapters, backbones and task specs register the same way (pyproject)."""
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import entry_points
 
 from .errors import UserError
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_group(group: str) -> dict[str, object]:
     """name -> loaded object for every installed entry point of `group` (first one wins on clashes)."""
     found = {}
@@ -16,9 +17,9 @@ def load_group(group: str) -> dict[str, object]:
             try:
                 found[ep.name] = ep.load()
             except Exception as e:  # noqa: BLE001 - a broken plugin must say which one it is
-                raise UserError(f"plugin {ep.name!r} ({group} = {ep.value}) failed to load: "
-                                f"{type(e).__name__}: {e}") from e
+                raise UserError(
+                    f"plugin {ep.name!r} ({group} = {ep.value}) failed to load: {type(e).__name__}: {e}"
+                ) from e
     if group != "transferbench.adapters" and not found:
         raise UserError(f"no {group} entry points: transferbench is not installed; run `pip install -e .`")
     return found
-

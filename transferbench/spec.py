@@ -5,6 +5,7 @@ hyper-parameters (`hparams`), swept ones (`sweep`; those in `select` are chosen 
 metric, the others become report axes such as few-shot `shots`), datasets, and suites (a dataset
 subset and a hyper-parameter profile, e.g. `embedded`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -175,8 +176,10 @@ def load_task(name_or_path: str) -> TaskSpec:
             return load_task(aliases[name_or_path])
         known = ", ".join(sorted(specs)) or "none installed"
         known += "".join(f" ({a} = {t})" for a, t in sorted(aliases.items()))
-        raise UserError(f"unknown task {name_or_path!r}{close_matches(name_or_path, [*specs, *aliases])}; tasks: {known} "
-                        "(or give a path to a spec .yaml)")
+        raise UserError(
+            f"unknown task {name_or_path!r}{close_matches(name_or_path, [*specs, *aliases])}; tasks: {known} "
+            "(or give a path to a spec .yaml)"
+        )
     spec = load_spec_file(specs[name_or_path])
     if spec.task != name_or_path:
         raise SpecError(f"{specs[name_or_path]}: task is {spec.task!r} but the file is named {name_or_path!r}")
@@ -186,6 +189,7 @@ def load_task(name_or_path: str) -> TaskSpec:
 @dataclass(frozen=True)
 class Task:
     """A spec resolved against a suite and overrides: what a run plans cells from."""
+
     spec: TaskSpec
     suite: str
     datasets: tuple[DatasetSpec, ...]
@@ -202,7 +206,9 @@ class Task:
     def grid(self) -> list[dict]:
         """Every hyper-parameter setting: fixed values merged with one combination of the sweep."""
         keys = sorted(self.sweep)
-        return [{**self.hparams, **dict(zip(keys, combo))} for combo in itertools.product(*(self.sweep[k] for k in keys))]
+        return [
+            {**self.hparams, **dict(zip(keys, combo))} for combo in itertools.product(*(self.sweep[k] for k in keys))
+        ]
 
     def select_keys(self) -> tuple[str, ...]:
         return tuple(k for k in self.spec.select if k in self.sweep)
@@ -222,6 +228,7 @@ def parse_override(key: str, text: str, like, *, nullable: bool = False):
     written 1e-3 is a float, `256` for a float is 256.0 (the same cell key as the spec's 256.0), `on` for
     a text setting stays 'on'. Anything else is one UserError naming the key, what it got and what it
     takes; `null` is accepted where the spec itself has null for that key."""
+
     def bad(expected: str):
         return UserError(f"--set {key}={text}: expected {expected} (the spec has {key}: {like!r})")
 
@@ -264,7 +271,9 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         suite = "default" if "default" in spec.suites else ""
     if suite and suite not in spec.suites:
         known = ", ".join(spec.suites) or "none"
-        raise UserError(f"task {spec.task!r} has no suite {suite!r}{close_matches(suite, spec.suites)}; suites: {known}")
+        raise UserError(
+            f"task {spec.task!r} has no suite {suite!r}{close_matches(suite, spec.suites)}; suites: {known}"
+        )
     s = spec.suites.get(suite, SuiteSpec())
     by_name = {d.name: d for d in spec.datasets}
     chosen = [by_name[n] for n in s.datasets] if s.datasets else list(spec.datasets)
@@ -272,8 +281,10 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         names = [d.name for d in chosen]
         for n in datasets:
             if n not in names:
-                raise UserError(f"task {spec.task!r} (suite {suite or 'all'}) has no dataset {n!r}"
-                                f"{close_matches(n, names)}; datasets: {', '.join(names)}")
+                raise UserError(
+                    f"task {spec.task!r} (suite {suite or 'all'}) has no dataset {n!r}"
+                    f"{close_matches(n, names)}; datasets: {', '.join(names)}"
+                )
         chosen = [d for d in chosen if d.name in datasets]
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
@@ -295,12 +306,11 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
             hparams[key] = parse_override(key, text, like, nullable=nullable)
         else:
             known = sorted(set(hparams) | set(sweep))
-            raise UserError(f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
-                            f"{close_matches(key, known)}; known: {', '.join(known)}")
+            raise UserError(
+                f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
+                f"{close_matches(key, known)}; known: {', '.join(known)}"
+            )
     seeds = seeds if seeds is not None else (s.seeds or spec.seeds)
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds):
-        raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} "
-                        "(e.g. --seeds 0,1,2)")
-    return Task(spec, suite, tuple(chosen), tuple(seeds),
-                hparams, sweep, tuple(s.backbones) if s.backbones else None)
-
+        raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} (e.g. --seeds 0,1,2)")
+    return Task(spec, suite, tuple(chosen), tuple(seeds), hparams, sweep, tuple(s.backbones) if s.backbones else None)

@@ -14,8 +14,16 @@ train -> val, then the chosen setting on trainval -> test) yields its second sta
 `results.best(first_stage_cells)` has an answer. The contract lives in `adapters.base`, the fine-tuning recipe
 that several protocols share in `adapters.classify`.
 """
+
 from ..backbones.weights import resolve_backbone
 from .base import Adapter, check_backbone, get_adapter, list_adapters, plan_select_then_final, prepare_task
 
-__all__ = ["Adapter", "check_backbone", "get_adapter", "list_adapters", "plan_select_then_final", "prepare_task",
-           "resolve_backbone"]
+__all__ = [
+    "Adapter",
+    "check_backbone",
+    "get_adapter",
+    "list_adapters",
+    "plan_select_then_final",
+    "prepare_task",
+    "resolve_backbone",
+]

@@ -1,9 +1,11 @@
 """The adapter contract, the registry of installed adapters, and the steps every run shares: resolving a
 task for its adapter, checking backbone references, and the select-then-final plan."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Iterable
+from collections.abc import Iterable
+from typing import ClassVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -86,8 +88,9 @@ def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, se
         for value in ([task.hparams[key]] if key in task.hparams else []) + list(task.sweep.get(key, [])):
             if value not in choices:
                 shown = ", ".join(str(c) for c in choices if not isinstance(c, bool))
-                raise UserError(f"task {spec.task!r}: {key} = {value!r} is not one of {shown} "
-                                f"(set it with --set {key}=VALUE)")
+                raise UserError(
+                    f"task {spec.task!r}: {key} = {value!r} is not one of {shown} (set it with --set {key}=VALUE)"
+                )
     for value in ([task.hparams["pixels"]] if "pixels" in task.hparams else []) + list(task.sweep.get("pixels", [])):
         try:
             pixels.check(value)

@@ -4,6 +4,7 @@ sets), the data check before a run, and `finetune`, the recipe itself (DPN App. 
 head, SGD with momentum, warm-up then cosine, clipping, per-task augmentation, position embeddings resized to
 the resolution's grid). Each protocol's adapter is its own module; this one holds what they have in common.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,7 +17,8 @@ import torch
 
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes
-from ..data import pixels, sources, vtab as vtab_data
+from ..data import pixels, sources
+from ..data import vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
@@ -36,6 +38,7 @@ class VtabDataset(DatasetEntry):
 class ClassificationDataset(VtabDataset):
     """A VTAB-style entry for protocols without selection (high-res fine-tune, diagnostics): `val` unused;
     `minival`, a held-out part of the training data evaluated as well (high-res ImageNet: train[99%:])."""
+
     val: str | None = None  # type: ignore[assignment]
     minival: str | None = None
 
@@ -57,8 +60,10 @@ def validate_entries(spec, source: str) -> None:
         d = ds.model_dump()
         sources.require_tfds_name(source, i, {"source": "tfds", **d})
         if d.get("label", "label") not in vtab_data.LABEL_RULES:
-            raise SpecError(f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
-                            f"{', '.join(vtab_data.LABEL_RULES)} (dataset {ds.name!r})")
+            raise SpecError(
+                f"{source}: datasets.{i}.label: unknown rule {d['label']!r}; rules: "
+                f"{', '.join(vtab_data.LABEL_RULES)} (dataset {ds.name!r})"
+            )
 
 
 def require_splits(task, ctx, what: str, roles=("train", "test"), *, entry=None, unit: str = "datasets") -> None:
@@ -76,6 +81,7 @@ class ClassificationAdapter(Adapter):
     """An adapter on VTAB-style entries (VTAB, high-res, diagnostics): the entries are validated (a tfds dataset
     names its builder, the label rule exists), and before a run the protocol's own hyper-parameter checks
     (`check_hparams`) and then every dataset's `roles` open, or one line says what is missing and where."""
+
     dataset_schema = ClassificationDataset
     data_name = ""  # what the missing-data message calls the data ('VTAB', 'high-res', ...)
     roles: tuple = ("train", "test")
@@ -90,8 +96,14 @@ class ClassificationAdapter(Adapter):
 
     def check_data(self, task, ctx) -> None:
         self.check_hparams(task)
-        require_splits(task, ctx, self.data_name, self.roles, unit=self.unit,
-                       entry=functools.partial(schema_entry, self.dataset_schema))
+        require_splits(
+            task,
+            ctx,
+            self.data_name,
+            self.roles,
+            unit=self.unit,
+            entry=functools.partial(schema_entry, self.dataset_schema),
+        )
 
 
 class Joined(torch.utils.data.Dataset):
@@ -133,8 +145,18 @@ def open_split(ds: dict, role: str, data_dir=None):
     return parts[0] if len(parts) == 1 else Joined(parts)
 
 
-def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, keep_head: bool = False,
-             on_step=None, posemb: str | None = None):
+def finetune(
+    cell,
+    train,
+    classes: int,
+    augment: str,
+    ctx,
+    desc: str = "",
+    *,
+    keep_head: bool = False,
+    on_step=None,
+    posemb: str | None = None,
+):
     """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
     optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, loss, pixels, bf16):
     a new zero-initialised head of `classes` on the checkpoint's representation layer (with `keep_head`, the
@@ -148,8 +170,13 @@ def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, ke
     hp = cell.hparams
     torch.manual_seed(cell.seed)
     head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
-    model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"], checkpoint=cell.checkpoint,
-                            num_classes=classes if head_kept else 0, **({"posemb": posemb} if posemb else {}))
+    model = create_backbone(
+        cell.backbone.partition("@")[0],
+        img_size=hp["resolution"],
+        checkpoint=cell.checkpoint,
+        num_classes=classes if head_kept else 0,
+        **({"posemb": posemb} if posemb else {}),
+    )
     if not head_kept:
         model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
     model.to(ctx.device)
@@ -159,16 +186,39 @@ def finetune(cell, train, classes: int, augment: str, ctx, desc: str = "", *, ke
     if loss not in LOSSES:
         raise UserError(f"loss={loss!r}: choose one of {', '.join(LOSSES)}")
     opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
-    batches = train_batches(train, train_transform(hp["resolution"], augment, pixels=pixels.of(hp)), batch=hp["batch"],
-                            steps=hp["steps"], seed=cell.seed, workers=ctx.workers)
+    batches = train_batches(
+        train,
+        train_transform(hp["resolution"], augment, pixels=pixels.of(hp)),
+        batch=hp["batch"],
+        steps=hp["steps"],
+        seed=cell.seed,
+        workers=ctx.workers,
+    )
     started = time.time()
-    out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-              loss_fn=LOSSES[loss], device=ctx.device, bf16=hp.get("bf16", "auto"), micro_batch=ctx.micro_batch,
-              progress=ctx.progress, desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
-              on_step=None if on_step is None else (lambda step: on_step(model, step)))
+    out = fit(
+        model,
+        batches,
+        opt,
+        steps=hp["steps"],
+        base_lr=hp["lr"],
+        warmup=hp["warmup_steps"],
+        clip=hp["clip"],
+        loss_fn=LOSSES[loss],
+        device=ctx.device,
+        bf16=hp.get("bf16", "auto"),
+        micro_batch=ctx.micro_batch,
+        progress=ctx.progress,
+        desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
+        on_step=None if on_step is None else (lambda step: on_step(model, step)),
+    )
     train_seconds = time.time() - started
-    return model, {**out, "train_examples": len(train), "head": "checkpoint" if head_kept else "new",
-                   "loss": loss, "rep_size": int(getattr(model, "config", {}).get("rep_size", 0)),
-                   "posemb_resample": getattr(model, "posemb_resample", None),
-                   "train_seconds": round(train_seconds, 2),
-                   "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}
+    return model, {
+        **out,
+        "train_examples": len(train),
+        "head": "checkpoint" if head_kept else "new",
+        "loss": loss,
+        "rep_size": int(getattr(model, "config", {}).get("rep_size", 0)),
+        "posemb_resample": getattr(model, "posemb_resample", None),
+        "train_seconds": round(train_seconds, 2),
+        "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
+    }

@@ -21,6 +21,7 @@ The clean error of a released set comes from the clean split with the same geome
 resolution / crop_pct, centre crop); of a generated set, from the rendered clean images themselves, so that
 clean and corrupted differ by the corruption alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ import torch
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes, save_checkpoint
 from ..cell import make_cell
-from ..data import corruptions as C, pixels
-from ..data.corruptions import INSTALL, ImageNetCFolder, LAYOUT, NpyCorrupted, check_name, generator_identity
+from ..data import corruptions as C
+from ..data import pixels
+from ..data.corruptions import INSTALL, LAYOUT, ImageNetCFolder, NpyCorrupted, check_name, generator_identity
 from ..data.folder import DataMissingError
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
 from ..data.sources import DatasetEntry, open_split, require_tfds_name
@@ -53,13 +55,24 @@ from .base import Adapter
 from .classify import finetune
 
 CLASSIFIER_VERSION = "1"
-TRAIN_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "clip", "batch", "steps", "warmup_steps", "resolution",
-              "bf16")
+TRAIN_KEYS = (
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "clip",
+    "batch",
+    "steps",
+    "warmup_steps",
+    "resolution",
+    "bf16",
+)
 
 
 class CorruptionDataset(DatasetEntry):
     """A clean dataset (tfds or embedded: `test`, and `train` for fine-tuning a head) and where its corrupted
     copies come from."""
+
     train: str | None = None  # type: ignore[assignment]  # clean training split; None: the checkpoint's head only
     classes: int
     augment: Literal[AUGMENTATIONS] = "crop_flip"  # type: ignore[valid-type]
@@ -85,6 +98,7 @@ def corruption_list(value) -> list[str]:
 
 
 # --- data -------------------------------------------------------------------------------------------------
+
 
 def open_clean(ds: dict, split: str, data_dir=None):
     data = open_split(ds, split, data_dir)
@@ -125,11 +139,16 @@ def rendered(ds: dict, version: str, hp: dict, ctx):
 
     def compute():
         data = open_clean(ds, ds["test"], ctx.data_dir)
-        it = ctx.progress(range(len(data)), desc=f"{ds['name']} rendering clean images") if ctx.progress else \
-            range(len(data))
+        it = (
+            ctx.progress(range(len(data)), desc=f"{ds['name']} rendering clean images")
+            if ctx.progress
+            else range(len(data))
+        )
         pairs = [data[i] for i in it]
-        return (np.stack([C.render(im, size, ds["crop_pct"]) for im, _ in pairs]),
-                np.asarray([y for _, y in pairs], dtype=np.int64))
+        return (
+            np.stack([C.render(im, size, ds["crop_pct"]) for im, _ in pairs]),
+            np.asarray([y for _, y in pairs], dtype=np.int64),
+        )
 
     return C.cached(C.cache_key(data=data_identity(ds, version), render=size, crop_pct=ds["crop_pct"]), compute)
 
@@ -143,8 +162,9 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
     ident = data_identity(ds, version)
     geometry = {"render": size, "crop_pct": ds["crop_pct"], "out": res}
     gen = C.generator_identity() if severity else None
-    key = C.cache_key(data=ident, geometry=geometry, corruption=corruption if severity else "clean", severity=severity,
-                      generator=gen)
+    key = C.cache_key(
+        data=ident, geometry=geometry, corruption=corruption if severity else "clean", severity=severity, generator=gen
+    )
 
     def compute():
         clean = rendered(ds, version, hp, ctx)[0]
@@ -154,8 +174,16 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
         base = int(C.cache_key(data=ident)[:8], 16)
         seeds = [C.image_seed(base, i, corruption, severity) for i in range(len(images))]
         processes = ctx.workers or os.cpu_count() or 1
-        return C.generate(images, corruption, severity, seeds, res, processes=processes, progress=ctx.progress,
-                          desc=f"{ds['name']} {corruption} {severity}"), labels
+        return C.generate(
+            images,
+            corruption,
+            severity,
+            seeds,
+            res,
+            processes=processes,
+            progress=ctx.progress,
+            desc=f"{ds['name']} {corruption} {severity}",
+        ), labels
 
     return C.cached(key, compute)
 
@@ -164,11 +192,20 @@ def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int 
     res = int(hp["resolution"])
     fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
     transform = None if fast else eval_transform(res, resize_small=resize_small, pixels=pixels.of(hp))
-    return 100.0 - accuracy(model, data, transform, ctx.device, use_bf16, batch=int(hp.get("eval_batch", 256)),
-                            workers=ctx.workers, pixels=pixels.of(hp))
+    return 100.0 - accuracy(
+        model,
+        data,
+        transform,
+        ctx.device,
+        use_bf16,
+        batch=int(hp.get("eval_batch", 256)),
+        workers=ctx.workers,
+        pixels=pixels.of(hp),
+    )
 
 
 # --- the classifier under test ----------------------------------------------------------------------------
+
 
 def home_dir() -> Path:
     return cache("classifiers")
@@ -178,9 +215,15 @@ def classifier_key(cell) -> str:
     """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
     hyper-parameters and the seed (not the corruption nor how the test images are made)."""
     ds = entry(cell)
-    ident = {"v": CLASSIFIER_VERSION, "backbone": cell.backbone.partition("@")[0], "weights": cell.checkpoint_sha256,
-             "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
-             "data_version": cell.data_version, "hp": {k: cell.hparams.get(k) for k in TRAIN_KEYS}, "seed": cell.seed}
+    ident = {
+        "v": CLASSIFIER_VERSION,
+        "backbone": cell.backbone.partition("@")[0],
+        "weights": cell.checkpoint_sha256,
+        "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
+        "data_version": cell.data_version,
+        "hp": {k: cell.hparams.get(k) for k in TRAIN_KEYS},
+        "seed": cell.seed,
+    }
     return digest(ident)
 
 
@@ -196,13 +239,17 @@ def classifier(cell, ctx):
         model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)
         return model.to(ctx.device).eval(), {"classifier": "checkpoint head"}
     if mode == "checkpoint":
-        raise UserError(f"backbone {cell.backbone!r}: classifier=checkpoint needs a checkpoint whose head has "
-                        f"{ds['classes']} classes (dataset {cell.dataset!r}); it has "
-                        f"{'none' if head is None else head}: use --set classifier=auto to fine-tune one")
+        raise UserError(
+            f"backbone {cell.backbone!r}: classifier=checkpoint needs a checkpoint whose head has "
+            f"{ds['classes']} classes (dataset {cell.dataset!r}); it has "
+            f"{'none' if head is None else head}: use --set classifier=auto to fine-tune one"
+        )
     if not ds["train"]:
-        raise UserError(f"dataset {cell.dataset!r} has no training split to fine-tune a head on and backbone "
-                        f"{cell.backbone!r} has no head of {ds['classes']} classes: give NAME@CHECKPOINT with an "
-                        f"{ds['classes']}-class head (e.g. an ImageNet-1k fine-tuned file)")
+        raise UserError(
+            f"dataset {cell.dataset!r} has no training split to fine-tune a head on and backbone "
+            f"{cell.backbone!r} has no head of {ds['classes']} classes: give NAME@CHECKPOINT with an "
+            f"{ds['classes']}-class head (e.g. an ImageNet-1k fine-tuned file)"
+        )
     folder = home_dir()
     folder.mkdir(parents=True, exist_ok=True)
     key = classifier_key(cell)
@@ -210,13 +257,15 @@ def classifier(cell, ctx):
     with FileLock(str(folder / f"{key}.lock")):
         if verified(path, "classifier cache entry"):
             from safetensors import safe_open
+
             model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=path)
             with safe_open(str(path), "pt") as f:  # the header only
                 info = json.loads((f.metadata() or {}).get("info", "{}"))
             return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
         train = open_clean(ds, ds["train"], ctx.data_dir)
-        model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx,
-                               desc=f"{cell.dataset} fine-tune seed={cell.seed}")
+        model, info = finetune(
+            cell, train, ds["classes"], ds["augment"], ctx, desc=f"{cell.dataset} fine-tune seed={cell.seed}"
+        )
         info = {**info, "classifier": "fine-tuned", "classifier_key": key}
         with sealed(path, suffix=".safetensors") as tmp:
             save_checkpoint(model, tmp, info=info)
@@ -224,6 +273,7 @@ def classifier(cell, ctx):
 
 
 # --- the adapter ------------------------------------------------------------------------------------------
+
 
 class CorruptionAdapter(Adapter):
     name = "corruption"
@@ -236,10 +286,14 @@ class CorruptionAdapter(Adapter):
             ds = CorruptionDataset.model_validate(d.model_dump())
             require_tfds_name(source, i, ds.model_dump())
             if ds.corrupted in ("folder", "npy") and not ds.path:
-                raise SpecError(f"{source}: datasets.{i}.path: released {ds.corrupted} data needs its folder under "
-                                f"--data-dir (dataset {ds.name!r})")
+                raise SpecError(
+                    f"{source}: datasets.{i}.path: released {ds.corrupted} data needs its folder under "
+                    f"--data-dir (dataset {ds.name!r})"
+                )
             if not 0 < ds.crop_pct <= 1:
-                raise SpecError(f"{source}: datasets.{i}.crop_pct: {ds.crop_pct} is not in (0, 1] (dataset {ds.name!r})")
+                raise SpecError(
+                    f"{source}: datasets.{i}.crop_pct: {ds.crop_pct} is not in (0, 1] (dataset {ds.name!r})"
+                )
         try:
             corruption_list(spec.hparams.get("corruptions"))
         except UserError as e:
@@ -274,16 +328,22 @@ class CorruptionAdapter(Adapter):
                 for c, s in ((CORRUPTIONS[0], 1), (CORRUPTIONS[-1], 5)):
                     open_released(ds, c, s, ctx.data_dir)
             except DataMissingError as e:
-                how = {"folder": f"download ImageNet-C (https://zenodo.org/record/2235448) and untar it so that "
-                                 f"{released_path(ds, ctx.data_dir)} follows {LAYOUT}",
-                       "npy": f"download CIFAR-10-C (https://zenodo.org/record/2535967) into "
-                              f"{released_path(ds, ctx.data_dir)}",
-                       "tfds": f"prepare {ds['tfds_corrupted']} with tfds under {data_dir(ctx.data_dir)}"}[ds["corrupted"]]
-                problems.append(f"{ds['name']}: {str(e).split(';')[0]}; {how} (or score corruptions generated here: "
-                                f"a dataset entry with `corrupted: generate`, e.g. imagenet2012_generated)")
+                how = {
+                    "folder": f"download ImageNet-C (https://zenodo.org/record/2235448) and untar it so that "
+                    f"{released_path(ds, ctx.data_dir)} follows {LAYOUT}",
+                    "npy": f"download CIFAR-10-C (https://zenodo.org/record/2535967) into "
+                    f"{released_path(ds, ctx.data_dir)}",
+                    "tfds": f"prepare {ds['tfds_corrupted']} with tfds under {data_dir(ctx.data_dir)}",
+                }[ds["corrupted"]]
+                problems.append(
+                    f"{ds['name']}: {str(e).split(';')[0]}; {how} (or score corruptions generated here: "
+                    f"a dataset entry with `corrupted: generate`, e.g. imagenet2012_generated)"
+                )
         if problems:
-            raise UserError(f"robustness data missing: {' | '.join(problems)}; or try `--suite embedded`, which "
-                            f"needs no download (generating corruptions needs {INSTALL})")
+            raise UserError(
+                f"robustness data missing: {' | '.join(problems)}; or try `--suite embedded`, which "
+                f"needs no download (generating corruptions needs {INSTALL})"
+            )
 
     def plan(self, task, backbone, results):
         cells = []
@@ -296,8 +356,10 @@ class CorruptionAdapter(Adapter):
                     cells.append(clf)
                     rec = results.store.get(clf)
                     if rec is not None and rec["status"] == "ok":
-                        cells += [make_cell(task, ds, backbone, {**base, "corruption": c}, seed, "corruption",
-                                            report=REPORT) for c in names]
+                        cells += [
+                            make_cell(task, ds, backbone, {**base, "corruption": c}, seed, "corruption", report=REPORT)
+                            for c in names
+                        ]
         return cells
 
     def run(self, cell, ctx):
@@ -317,9 +379,15 @@ class CorruptionAdapter(Adapter):
             else:
                 data, hit = open_clean(ds, ds["test"], ctx.data_dir), None
                 err = top1_error(model, data, hp, ctx, use_bf16, resize_small=round(res / ds["crop_pct"]))
-            return {"test": {"error": err, "accuracy": 100.0 - err},
-                    "info": {**info, "eval_examples": len(data), "image_cache_hit": hit,
-                             "seconds_total": round(time.time() - started, 2)}}
+            return {
+                "test": {"error": err, "accuracy": 100.0 - err},
+                "info": {
+                    **info,
+                    "eval_examples": len(data),
+                    "image_cache_hit": hit,
+                    "seconds_total": round(time.time() - started, 2),
+                },
+            }
         corruption = hp["corruption"]
         errors, hits, n = {}, [], 0
         gen_seconds = 0.0
@@ -334,8 +402,15 @@ class CorruptionAdapter(Adapter):
             errors[f"error_{s}"] = top1_error(model, data, hp, ctx, use_bf16)
             n = len(data)
         mean = float(np.mean(list(errors.values())))
-        return {"test": {"error": mean, "accuracy": 100.0 - mean, **errors},
-                "info": {**{k: v for k, v in info.items() if k.startswith("classifier")}, "bf16": use_bf16,
-                         "bf16_choice": choice.info,
-                         "eval_examples_per_severity": n, "image_cache_hits": hits,
-                         "image_seconds": round(gen_seconds, 2), "seconds_total": round(time.time() - started, 2)}}
+        return {
+            "test": {"error": mean, "accuracy": 100.0 - mean, **errors},
+            "info": {
+                **{k: v for k, v in info.items() if k.startswith("classifier")},
+                "bf16": use_bf16,
+                "bf16_choice": choice.info,
+                "eval_examples_per_severity": n,
+                "image_cache_hits": hits,
+                "image_seconds": round(gen_seconds, 2),
+                "seconds_total": round(time.time() - started, 2),
+            },
+        }

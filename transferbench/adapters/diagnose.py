@@ -21,6 +21,7 @@ Cells, per dataset and seed:
 The per-layer arrays live in the record's info["diagnostics"] as {"mean", "sd", "n"}; reporting/diagnostics.py makes
 the tables (one per measure) and the figures.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,7 +39,8 @@ from ..engine.precision import for_forward
 from ..engine.train import BF16_SETTINGS, autocast, eval_batches
 from ..errors import UserError
 from ..reporting.diagnostics import REPORT
-from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
+from .classify import ClassificationAdapter, finetune, open_split
+from .classify import classification_entry as entry
 
 STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "min")}
 
@@ -46,8 +48,9 @@ STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "
 def backbone_for(cell, ctx):
     """The backbone under study at the cell's resolution: its checkpoint, or random-init seeded by the cell's seed."""
     torch.manual_seed(cell.seed)
-    model = create_backbone(cell.backbone.partition("@")[0], img_size=int(cell.hparams["resolution"]),
-                            checkpoint=cell.checkpoint)
+    model = create_backbone(
+        cell.backbone.partition("@")[0], img_size=int(cell.hparams["resolution"]), checkpoint=cell.checkpoint
+    )
     return model.to(ctx.device).eval()
 
 
@@ -74,15 +77,19 @@ def forward_diagnostics(model, data, hp: dict, ctx, seed: int = 0) -> dict:
     batch = int(hp.get("eval_batch", 64))
     probe = Probe(model, hp.get("attn_std_tokens", "all"))
     use_bf16 = for_forward(hp.get("bf16", "auto"), ctx.device, model, batch, int(hp["resolution"])).bf16
-    batches = eval_batches(subset, eval_transform(int(hp["resolution"]), pixels=pixels.of(hp)), batch=batch, workers=ctx.workers)
+    batches = eval_batches(
+        subset, eval_transform(int(hp["resolution"]), pixels=pixels.of(hp)), batch=batch, workers=ctx.workers
+    )
     for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))
     summary = probe.summary()
     patch = float(model.patch_size)
-    summary["attn_distance_patches"] = {"mean": (np.asarray(summary["attn_distance"]["mean"]) / patch).tolist(),
-                                        "sd": (np.asarray(summary["attn_distance"]["sd"]) / patch).tolist(),
-                                        "n": summary["attn_distance"]["n"]}
+    summary["attn_distance_patches"] = {
+        "mean": (np.asarray(summary["attn_distance"]["mean"]) / patch).tolist(),
+        "sd": (np.asarray(summary["attn_distance"]["sd"]) / patch).tolist(),
+        "n": summary["attn_distance"]["n"],
+    }
     return summary
 
 
@@ -96,26 +103,36 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
         layers.append(per_layer)
         embed.append(e)
 
-    _, info = finetune(cell, data, classes, augment, ctx, on_step=record,
-                       desc=f"{cell.dataset} gradients seed={cell.seed}")
+    _, info = finetune(
+        cell, data, classes, augment, ctx, on_step=record, desc=f"{cell.dataset} gradients seed={cell.seed}"
+    )
     k = max(1, min(int(cell.hparams["grad_last"]), len(layers)))
-    return {"grad_norm": summarise(layers[-k:]),  # (k steps, depth)
-            "embed_grad_norm_steps": embed,
-            "train": {k2: info[k2] for k2 in ("final_loss", "bf16", "train_seconds", "head") if k2 in info}}
+    return {
+        "grad_norm": summarise(layers[-k:]),  # (k steps, depth)
+        "embed_grad_norm_steps": embed,
+        "train": {k2: info[k2] for k2 in ("final_loss", "bf16", "train_seconds", "head") if k2 in info},
+    }
 
 
 class DiagnoseAdapter(ClassificationAdapter):
     name = "diagnose"
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "image_sample": IMAGE_SAMPLES,
-                      "attn_std_tokens": ATTN_STD_TOKENS, "image_split": ("train", "test")}
+    hparam_choices = {
+        "optimizer": ("sgd",),
+        "bf16": BF16_SETTINGS,
+        "image_sample": IMAGE_SAMPLES,
+        "attn_std_tokens": ATTN_STD_TOKENS,
+        "image_split": ("train", "test"),
+    }
 
     data_name = "diagnostics"
 
     def check_hparams(self, task) -> None:
         for hp in task.grid():
             if int(hp["images"]) < 1 or int(hp["steps"]) < 1 or int(hp["grad_last"]) < 1:
-                raise UserError(f"images={hp['images']}, steps={hp['steps']}, grad_last={hp['grad_last']}: each must "
-                                "be at least 1 (set them with --set KEY=N)")
+                raise UserError(
+                    f"images={hp['images']}, steps={hp['steps']}, grad_last={hp['grad_last']}: each must "
+                    "be at least 1 (set them with --set KEY=N)"
+                )
 
     def plan(self, task, backbone, results):
         cells = []
@@ -123,8 +140,9 @@ class DiagnoseAdapter(ClassificationAdapter):
             for hp in task.grid():
                 for seed in task.seeds:
                     for stage, (metric, mode) in STAGES.items():
-                        cells.append(make_cell(task, ds, backbone, hp, seed, stage, metric=metric, mode=mode,
-                                               report=REPORT))
+                        cells.append(
+                            make_cell(task, ds, backbone, hp, seed, stage, metric=metric, mode=mode, report=REPORT)
+                        )
         return cells
 
     def run(self, cell, ctx):
@@ -135,18 +153,29 @@ class DiagnoseAdapter(ClassificationAdapter):
             model = backbone_for(cell, ctx)
             data = open_split(ds, hp.get("image_split", "test"), ctx.data_dir)
             summary = forward_diagnostics(model, data, hp, ctx, seed=cell.seed)
-            diag = {**summary, **weight_measures(model), "depth": len(model.blocks), "heads": model.blocks[0].attn.num_heads,
-                    "patch_size": model.patch_size, "grid": list(model.grid_size), "dtn_layers": model.dtn_layers,
-                    "upstream": read_training_log(cell.checkpoint)}
-            metrics = {"patch_cosine": summary["patch_cosine"]["mean"][-1],
-                       "attn_std": summary["attn_std"]["mean"][-1],
-                       "token_norm": summary["token_norm"]["mean"][-1],
-                       "attn_distance": float(np.mean(summary["attn_distance"]["mean"])),
-                       "attn_distance_patches": float(np.mean(summary["attn_distance_patches"]["mean"]))}
+            diag = {
+                **summary,
+                **weight_measures(model),
+                "depth": len(model.blocks),
+                "heads": model.blocks[0].attn.num_heads,
+                "patch_size": model.patch_size,
+                "grid": list(model.grid_size),
+                "dtn_layers": model.dtn_layers,
+                "upstream": read_training_log(cell.checkpoint),
+            }
+            metrics = {
+                "patch_cosine": summary["patch_cosine"]["mean"][-1],
+                "attn_std": summary["attn_std"]["mean"][-1],
+                "token_norm": summary["token_norm"]["mean"][-1],
+                "attn_distance": float(np.mean(summary["attn_distance"]["mean"])),
+                "attn_distance_patches": float(np.mean(summary["attn_distance_patches"]["mean"])),
+            }
         else:
             data = open_split(ds, "train", ctx.data_dir)
             diag = gradient_diagnostics(cell, data, ds["classes"], ds["augment"], ctx)
             k = diag["grad_norm"]["n"]
-            metrics = {"embed_grad_norm": float(np.mean(diag["embed_grad_norm_steps"][-k:])),
-                       "grad_norm": float(np.mean(diag["grad_norm"]["mean"]))}
+            metrics = {
+                "embed_grad_norm": float(np.mean(diag["embed_grad_norm_steps"][-k:])),
+                "grad_norm": float(np.mean(diag["grad_norm"]["mean"])),
+            }
         return {"test": metrics, "info": {"diagnostics": diag, "seconds_total": round(time.time() - started, 2)}}

@@ -17,6 +17,7 @@ on the shots themselves, in closed form from the same eigendecomposition (predic
 score wins, ties going to the earlier candidate. With 1 shot a left-out example has no class mate, so
 the default l2 is kept and the record says so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,15 +25,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backbones import create_backbone
-from ..data.sources import DatasetEntry, missing as find_missing, missing_data, open_split
 from ..data import pixels
+from ..data.sources import DatasetEntry, missing_data, open_split
+from ..data.sources import missing as find_missing
 from ..data.transforms import eval_transform
 from ..engine.features import cache_key, cached, extract, precision
 from ..engine.train import BF16_SETTINGS
 from .base import Adapter, plan_select_then_final
 
 BIAS = 100.0
-DEFAULT_L2 = 2.0 ** 10
+DEFAULT_L2 = 2.0**10
 
 
 def fewshot_indices(labels, shots: int, seed: int) -> np.ndarray:
@@ -68,6 +70,7 @@ def _targets(train_y, num_classes: int) -> np.ndarray:
 @dataclass
 class Probe:
     """A fitted linear probe: weights `w` (D + 1, K) on the standardised design of `mean` / `std`."""
+
     mean: np.ndarray
     std: np.ndarray
     w: np.ndarray
@@ -103,6 +106,7 @@ def ridge_probe(train_x, train_y, num_classes: int, l2: float = DEFAULT_L2) -> P
 @dataclass
 class Ridge:
     """One eigendecomposition of a standardised few-shot problem; solve for any l2 cheaply."""
+
     mean: np.ndarray
     std: np.ndarray
     eigs: np.ndarray
@@ -132,7 +136,7 @@ class Ridge:
         square and basisᵀY do not depend on l2 and are built once per fit."""
         if self._loo is None:
             basis = self.x @ self.q if self.primal else self.q
-            self._loo = basis, basis ** 2, basis.T @ self.y
+            self._loo = basis, basis**2, basis.T @ self.y
         basis, basis_sq, basis_y = self._loo
         scale = 1.0 / (self.eigs + l2) if self.primal else self.eigs / (self.eigs + l2)
         fitted = basis @ (scale[:, None] * basis_y)
@@ -163,8 +167,9 @@ def ridge_sweep_accuracy(train_x, train_y, test_x, test_y, num_classes: int, l2s
     the weights of all l2 values are folded and stacked, so the test set goes through one matrix product."""
     ridge = ridge_fit(train_x, train_y, num_classes)
     folded = [ridge.probe(float(l2)).folded() for l2 in l2s]
-    scores = _affine(test_x, np.concatenate([w for w, _ in folded], axis=1),
-                     np.concatenate([b for _, b in folded], axis=-1)).reshape(len(test_x), len(folded), num_classes)
+    scores = _affine(
+        test_x, np.concatenate([w for w, _ in folded], axis=1), np.concatenate([b for _, b in folded], axis=-1)
+    ).reshape(len(test_x), len(folded), num_classes)
     return [float(a) for a in (scores.argmax(-1) == np.asarray(test_y)[:, None]).mean(0)]
 
 
@@ -226,12 +231,22 @@ class FewshotAdapter(Adapter):
                 # features are shared by every (shots, seed) cell and cached under the weights' identity;
                 # without weights that identity is 'random-init', so the initialisation must be one fixed draw
                 torch.manual_seed(0)
-                model = create_backbone(cell.backbone.partition("@")[0], img_size=hp["resolution"],
-                                        checkpoint=cell.checkpoint, **({} if pool == "model" else {"pool": pool}))
+                model = create_backbone(
+                    cell.backbone.partition("@")[0],
+                    img_size=hp["resolution"],
+                    checkpoint=cell.checkpoint,
+                    **({} if pool == "model" else {"pool": pool}),
+                )
             return model
 
-        choice = precision(hp.get("bf16", "auto"), ctx.device, backbone=cell.backbone.partition("@")[0],
-                           resolution=hp["resolution"], pool=pool, build=build)
+        choice = precision(
+            hp.get("bf16", "auto"),
+            ctx.device,
+            backbone=cell.backbone.partition("@")[0],
+            resolution=hp["resolution"],
+            pool=pool,
+            build=build,
+        )
         use_bf16 = choice.bf16
         mode = hp.get("resize_mode", "short_side")  # specs written before the option resized the short side
         sizes = {("resize_square" if mode == "square" else "resize_small"): hp.get("resize")}
@@ -241,11 +256,25 @@ class FewshotAdapter(Adapter):
             data = open_split(ds, ds[role], ctx.data_dir)
 
             def compute():
-                return extract(build(), data, eval_transform(hp["resolution"], **sizes, pixels=pixels.of(hp)), device=ctx.device,
-                               bf16=use_bf16, workers=ctx.workers, progress=ctx.progress,
-                               desc=f"features {cell.dataset} {role}")
-            key = cache_key(backbone=cell.backbone.partition("@")[0], weights_sha256=cell.checkpoint_sha256,
-                            transform=transform, dataset=identity, split=ds[role], pool=pool)
+                return extract(
+                    build(),
+                    data,
+                    eval_transform(hp["resolution"], **sizes, pixels=pixels.of(hp)),
+                    device=ctx.device,
+                    bf16=use_bf16,
+                    workers=ctx.workers,
+                    progress=ctx.progress,
+                    desc=f"features {cell.dataset} {role}",
+                )
+
+            key = cache_key(
+                backbone=cell.backbone.partition("@")[0],
+                weights_sha256=cell.checkpoint_sha256,
+                transform=transform,
+                dataset=identity,
+                split=ds[role],
+                pool=pool,
+            )
             x, y, hits[role] = cached(key, compute)
             return x, y, getattr(data, "num_classes", 0)
 
@@ -261,8 +290,17 @@ class FewshotAdapter(Adapter):
         else:
             probe = ridge_probe(train_x[idx], train_y[idx], num_classes, l2)
         acc = float((probe.predict(test_x) == test_y).mean())
-        return {"test": {"accuracy": 100.0 * acc},
-                "info": {"train_examples": int(len(idx)), "test_examples": int(len(test_y)),
-                         "feature_dim": int(train_x.shape[1]), "l2": l2, "l2_rule": rule,
-                         "solver": "primal" if len(idx) > train_x.shape[1] else "dual", "cache_hit": hits, "bf16": use_bf16,
-                         "bf16_choice": choice.info}}
+        return {
+            "test": {"accuracy": 100.0 * acc},
+            "info": {
+                "train_examples": int(len(idx)),
+                "test_examples": int(len(test_y)),
+                "feature_dim": int(train_x.shape[1]),
+                "l2": l2,
+                "l2_rule": rule,
+                "solver": "primal" if len(idx) > train_x.shape[1] else "dual",
+                "cache_hit": hits,
+                "bf16": use_bf16,
+                "bf16_choice": choice.info,
+            },
+        }

@@ -18,20 +18,21 @@ Datasets: imagenet2012 (train / validation) and every dataset of the VTAB spec (
 the embedded sets; the report (reporting/hires.py) shows base and high accuracy side by side with their
 paired gain.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from functools import lru_cache
 
-from ..backbones.checkpoint import checkpoint_resolution
+from ..backbones.checkpoint import POSEMB_METHODS, checkpoint_resolution
 from ..cell import make_cell
 from ..data import pixels
 from ..data.transforms import AUGMENTATIONS, eval_transform
-from ..backbones.checkpoint import POSEMB_METHODS
 from ..engine.train import BF16_SETTINGS, LOSSES, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
-from .classify import ClassificationAdapter, classification_entry as entry, finetune, open_split
+from .classify import ClassificationAdapter, finetune, open_split
+from .classify import classification_entry as entry
 
 STAGES = ("base", "high")
 
@@ -42,8 +43,10 @@ def _checkpoint_resolution(path: str) -> int | None:
     if size is None:
         return None
     if size[0] != size[1]:
-        raise UserError(f"checkpoint {path} was trained at {size[0]}x{size[1]} px; high-res fine-tune starts from "
-                        "square inputs: set --set base_resolution=N")
+        raise UserError(
+            f"checkpoint {path} was trained at {size[0]}x{size[1]} px; high-res fine-tune starts from "
+            "square inputs: set --set base_resolution=N"
+        )
     return int(size[0])
 
 
@@ -56,8 +59,10 @@ def base_resolution(hp: dict, backbone) -> int:
         except (TypeError, ValueError):
             raise UserError(f"base_resolution={value!r}: give a number of pixels or 'checkpoint'") from None
     if backbone.checkpoint is None:
-        raise UserError(f"backbone {backbone.spec!r} has no checkpoint, so no resolution of its own: give "
-                        "NAME@CHECKPOINT or set --set base_resolution=N")
+        raise UserError(
+            f"backbone {backbone.spec!r} has no checkpoint, so no resolution of its own: give "
+            "NAME@CHECKPOINT or set --set base_resolution=N"
+        )
     res = _checkpoint_resolution(str(backbone.checkpoint))
     if res is None:
         raise UserError(f"checkpoint {backbone.checkpoint} does not say its resolution: set --set base_resolution=N")
@@ -72,16 +77,24 @@ def eval_resize_small(hp: dict, resolution: int) -> int:
 
 class HiresAdapter(ClassificationAdapter):
     name = "hires"
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "head": ("new", "auto"),
-                      "augment": (*AUGMENTATIONS, "dataset"), "loss": tuple(LOSSES), "posemb": POSEMB_METHODS}
+    hparam_choices = {
+        "optimizer": ("sgd",),
+        "bf16": BF16_SETTINGS,
+        "head": ("new", "auto"),
+        "augment": (*AUGMENTATIONS, "dataset"),
+        "loss": tuple(LOSSES),
+        "posemb": POSEMB_METHODS,
+    }
 
     data_name = "high-res"
 
     def check_hparams(self, task) -> None:
         for hp in task.grid():
             if int(hp["resolution"]) < 1 or float(hp["eval_resize_small"]) < float(hp["resolution"]):
-                raise UserError(f"resolution={hp['resolution']}, eval_resize_small={hp['eval_resize_small']}: the "
-                                "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)")
+                raise UserError(
+                    f"resolution={hp['resolution']}, eval_resize_small={hp['eval_resize_small']}: the "
+                    "resize before the centre crop must be at least the resolution (protocol: 418 -> 384)"
+                )
 
     def plan(self, task, backbone, results):
         cells = []
@@ -89,8 +102,10 @@ class HiresAdapter(ClassificationAdapter):
             for hp in task.grid():
                 base = base_resolution(hp, backbone)
                 if base >= int(hp["resolution"]):
-                    raise UserError(f"base_resolution {base} is not below resolution {hp['resolution']}: high-res "
-                                    "fine-tune goes up (set --set resolution=N or base_resolution=N)")
+                    raise UserError(
+                        f"base_resolution {base} is not below resolution {hp['resolution']}: high-res "
+                        "fine-tune goes up (set --set resolution=N or base_resolution=N)"
+                    )
                 fixed = {**hp, "base_resolution": base}
                 for seed in task.seeds:
                     for stage in STAGES:
@@ -105,18 +120,36 @@ class HiresAdapter(ClassificationAdapter):
         train, test = open_split(ds, "train", ctx.data_dir), open_split(ds, "test", ctx.data_dir)
         augment = ds["augment"] if hp["augment"] == "dataset" else hp["augment"]
         at = dataclasses.replace(cell, hparams={**hp, "resolution": res})  # finetune builds the model at `res`
-        model, info = finetune(at, train, ds["classes"], augment, ctx, keep_head=hp.get("head", "auto") == "auto",
-                               desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}", posemb=hp.get("posemb"))
+        model, info = finetune(
+            at,
+            train,
+            ds["classes"],
+            augment,
+            ctx,
+            keep_head=hp.get("head", "auto") == "auto",
+            desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}",
+            posemb=hp.get("posemb"),
+        )
         resize = eval_resize_small(hp, res)
         evaluate = eval_transform(res, resize_small=resize, pixels=pixels.of(hp))
         acc = accuracy(model, test, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
         extra = {}
         if ds.get("minival"):
             minival = open_split({**ds, "test": ds["minival"]}, "test", ctx.data_dir)
-            extra["minival"] = {"accuracy": accuracy(model, minival, evaluate, ctx.device, info["bf16"],
-                                                     workers=ctx.workers)}
-        return {"test": {"accuracy": acc}, **extra,
-                "info": {**info, "trained_resolution": res, "eval_resize_small": resize, "augment": augment,
-                         "base_resolution": int(hp["base_resolution"]), "high_resolution": int(hp["resolution"]),
-                         "checkpoint_resolution": _checkpoint_resolution(str(cell.checkpoint)) if cell.checkpoint
-                         else None, "eval_examples": len(test)}}
+            extra["minival"] = {
+                "accuracy": accuracy(model, minival, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
+            }
+        return {
+            "test": {"accuracy": acc},
+            **extra,
+            "info": {
+                **info,
+                "trained_resolution": res,
+                "eval_resize_small": resize,
+                "augment": augment,
+                "base_resolution": int(hp["base_resolution"]),
+                "high_resolution": int(hp["resolution"]),
+                "checkpoint_resolution": _checkpoint_resolution(str(cell.checkpoint)) if cell.checkpoint else None,
+                "eval_examples": len(test),
+            },
+        }

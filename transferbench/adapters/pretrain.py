@@ -11,6 +11,7 @@ centre crop 224. The record's info holds the checkpoint path and sha256; the che
 normalisation. `NAME@embedded` backbones resolve to it (`embedded_checkpoint`, the `embedded` weights provider of
 backbones.weights) and pretrain on demand.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from ..backbones import create_backbone, parse_name, save_checkpoint
 from ..backbones.checkpoint import training_log_path
 from ..backbones.measures import TrainingLog
-from ..cell import BackboneRef, RANDOM_INIT
+from ..cell import RANDOM_INIT, BackboneRef
 from ..data import pixels
 from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
@@ -72,8 +73,10 @@ def recipe(name: str, hp: dict) -> dict:
     aug = hp.get("aug", "none")
     if aug == "auto":
         if size not in augreg.AUG:
-            raise UserError(f"aug=auto: DPN App. C gives no augmentation for {name!r} (it covers "
-                            f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}")
+            raise UserError(
+                f"aug=auto: DPN App. C gives no augmentation for {name!r} (it covers "
+                f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}"
+            )
         aug = augreg.AUG[size]
     rep = hp.get("rep_size", "off")
     if rep == "auto":
@@ -81,17 +84,25 @@ def recipe(name: str, hp: dict) -> dict:
     else:
         rep = rep in ("on", True)
     big = bool(parsed) and size[0] in augreg.BIG
-    return {"aug": aug, "randaug": augreg.RANDAUG[aug], "mixup": augreg.MIXUP[aug],
-            "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
-            "dropout": float(hp["dropout_b_l"]) if big else 0.0}
+    return {
+        "aug": aug,
+        "randaug": augreg.RANDAUG[aug],
+        "mixup": augreg.MIXUP[aug],
+        "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
+        "dropout": float(hp["dropout_b_l"]) if big else 0.0,
+    }
 
 
 class PretrainAdapter(Adapter):
     name = "pretrain"
     dataset_schema = PretrainDataset
-    hparam_choices = {"loss": tuple(LOSSES), "augment": AUGMENTATIONS, "bf16": BF16_SETTINGS,
-                      "aug": ("auto", *augreg.RANDAUG),
-                      "rep_size": ("auto", "on", "off", True, False)}
+    hparam_choices = {
+        "loss": tuple(LOSSES),
+        "augment": AUGMENTATIONS,
+        "bf16": BF16_SETTINGS,
+        "aug": ("auto", *augreg.RANDAUG),
+        "rep_size": ("auto", "on", "off", True, False),
+    }
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)
@@ -104,44 +115,79 @@ class PretrainAdapter(Adapter):
         name = cell.backbone.partition("@")[0]  # the spec may name a checkpoint to continue from
         r = recipe(name, hp)
         reg = dict(drop_rate=r["dropout"], drop_path_rate=r["dropout"]) if r["dropout"] else {}
-        model = create_backbone(name, img_size=hp["resolution"], checkpoint=cell.checkpoint,
-                                **({"rep_size": r["rep_size"]} if cell.checkpoint is None else {}), **reg)
+        model = create_backbone(
+            name,
+            img_size=hp["resolution"],
+            checkpoint=cell.checkpoint,
+            **({"rep_size": r["rep_size"]} if cell.checkpoint is None else {}),
+            **reg,
+        )
         model.reset_classifier(train.num_classes, bias=float(hp.get("init_head_bias", 0.0)))
         model.to(ctx.device)
         opt = augreg.adamw(model, lr=hp["lr"], wd=hp["wd"], betas=(0.9, hp["beta2"]))
         px = pixels.of(hp)
         transform = train_transform(hp["resolution"], hp["augment"], pixels=px, randaug=augreg.randaugment(r["aug"]))
-        batches = train_batches(train, transform, batch=hp["batch"], steps=hp["steps"], seed=cell.seed,
-                                workers=ctx.workers)
+        batches = train_batches(
+            train, transform, batch=hp["batch"], steps=hp["steps"], seed=cell.seed, workers=ctx.workers
+        )
         if r["mixup"]:
             batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
         started = time.time()
         log = TrainingLog(model, hp["steps"], last=GRAD_LOG_LAST)
-        out = fit(model, batches, opt, steps=hp["steps"], base_lr=hp["lr"], warmup=hp["warmup_steps"], clip=hp["clip"],
-                  loss_fn=LOSSES[hp["loss"]], device=ctx.device, bf16=hp["bf16"], micro_batch=ctx.micro_batch,
-                  progress=ctx.progress, desc=f"pretrain {cell.backbone}", on_step=log)
+        out = fit(
+            model,
+            batches,
+            opt,
+            steps=hp["steps"],
+            base_lr=hp["lr"],
+            warmup=hp["warmup_steps"],
+            clip=hp["clip"],
+            loss_fn=LOSSES[hp["loss"]],
+            device=ctx.device,
+            bf16=hp["bf16"],
+            micro_batch=ctx.micro_batch,
+            progress=ctx.progress,
+            desc=f"pretrain {cell.backbone}",
+            on_step=log,
+        )
         train_seconds = time.time() - started
         resize = hp.get("eval_resize_small")
         evaluate = eval_transform(hp["resolution"], resize_small=resize, pixels=px)
         metrics = {"test": {"accuracy": accuracy(model, test, evaluate, ctx.device, out["bf16"], workers=ctx.workers)}}
         if cell.dataset_config.get("minival"):
             minival = load_split(cell, "minival", ctx.data_dir)
-            metrics["minival"] = {"accuracy": accuracy(model, minival, evaluate, ctx.device, out["bf16"],
-                                                       workers=ctx.workers)}
+            metrics["minival"] = {
+                "accuracy": accuracy(model, minival, evaluate, ctx.device, out["bf16"], workers=ctx.workers)
+            }
         acc = metrics["test"]["accuracy"]
-        path = save_checkpoint(model.cpu(), checkpoint_path(cell), task="pretrain", dataset=cell.dataset,
-                               cell_key=cell.key, steps=hp["steps"], test_accuracy=acc, pixels=px)
+        path = save_checkpoint(
+            model.cpu(),
+            checkpoint_path(cell),
+            task="pretrain",
+            dataset=cell.dataset,
+            cell_key=cell.key,
+            steps=hp["steps"],
+            test_accuracy=acc,
+            pixels=px,
+        )
         log_file = write_training_log(path, log.to_dict())
-        return {**metrics,
-                "info": {**out, **{k: v for k, v in r.items() if k != "randaug"},
-                         "randaug": list(r["randaug"]) if r["randaug"] else None,
-                         "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])
-                         if r["randaug"] else None,
-                         "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
-                         "checkpoint": str(path), "checkpoint_sha256": file_sha256(path),
-                         "training_log": str(log_file),
-                         "train_seconds": round(train_seconds, 1),
-                         "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1)}}
+        return {
+            **metrics,
+            "info": {
+                **out,
+                **{k: v for k, v in r.items() if k != "randaug"},
+                "randaug": list(r["randaug"]) if r["randaug"] else None,
+                "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])
+                if r["randaug"]
+                else None,
+                "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
+                "checkpoint": str(path),
+                "checkpoint_sha256": file_sha256(path),
+                "training_log": str(log_file),
+                "train_seconds": round(train_seconds, 1),
+                "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
+            },
+        }
 
 
 def write_training_log(checkpoint, log: dict) -> Path:
@@ -181,14 +227,19 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
     if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
         why = damage(shipped)  # its size and checksum ship beside it (NAME.digest)
         if why:
-            raise UserError(f"shipped checkpoint {shipped} is damaged ({why}): reinstall transferbench "
-                            "(pip install --force-reinstall transferbench, or `git checkout` it in a clone)")
+            raise UserError(
+                f"shipped checkpoint {shipped} is damaged ({why}): reinstall transferbench "
+                "(pip install --force-reinstall transferbench, or `git checkout` it in a clone)"
+            )
         return shipped
-    for attempt in range(2):
+    for _attempt in range(2):
         store = RecordStore(out)  # read afresh: a record set aside below is not remembered
         if show_progress and not store.finished(cell):
-            print(f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
-                  f"(the record under {out} is reused afterwards)", file=sys.stderr)
+            print(
+                f"{name}@{source}: no shipped checkpoint for this pretraining profile; pretraining it now "
+                f"(the record under {out} is reused afterwards)",
+                file=sys.stderr,
+            )
         run_task(task, [ref], out, show_progress=show_progress)
         rec = store.get(cell)
         if rec is None or rec["status"] != "ok":
@@ -201,5 +252,7 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
         state = "damaged" if path.is_file() else "missing"
         quarantine(path, "its sha256 is not the one its pretraining record holds", "pretrained checkpoint")
         quarantine(store.path(cell), f"its checkpoint {path.name} is {state}", "pretraining record")
-    raise UserError(f"checkpoint {path} of {name}@{source} did not match its record after pretraining again; "
-                    f"is something else writing to {cache('checkpoints')}?")
+    raise UserError(
+        f"checkpoint {path} of {name}@{source} did not match its record after pretraining again; "
+        f"is something else writing to {cache('checkpoints')}?"
+    )

@@ -17,6 +17,7 @@ Data: tfds datasets through `tfds.data_source` (`--data-dir`, $TFDS_DATA_DIR, ~/
 or a folder written by `transferbench data export-vtab` when `--data-dir` points at one, or the
 embedded sets.
 """
+
 from __future__ import annotations
 
 from ..data import pixels

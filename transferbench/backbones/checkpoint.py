@@ -4,6 +4,7 @@ Every reader returns a `Checkpoint` in transferbench's state-dict names and layo
 never executed: `.pth` files load with `torch.load(weights_only=True)`. Keys a converter does not
 understand keep their original names, so the strict key check lists them as unexpected.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,14 @@ def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
     if path.suffix != ".safetensors":
         raise CheckpointError(f"save_checkpoint writes safetensors; name the file '{path.stem}.safetensors'")
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
-    meta.update(format=FORMAT, format_version="1", name=getattr(model, "name", None) or "",
-                img_size=json.dumps(list(model.img_size)), num_classes=str(model.num_classes),
-                config=json.dumps(model.config, sort_keys=True))
+    meta.update(
+        format=FORMAT,
+        format_version="1",
+        name=getattr(model, "name", None) or "",
+        img_size=json.dumps(list(model.img_size)),
+        num_classes=str(model.num_classes),
+        config=json.dumps(model.config, sort_keys=True),
+    )
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
@@ -81,11 +87,14 @@ def check_checkpoint_file(path) -> Path:
         with open(p, "rb") as f:
             head = f.read(2)
         if not zipfile.is_zipfile(p) and head[:1] != b"\x80":  # torch's zip format, or a legacy pickle
-            raise CheckpointError(f"checkpoint {p} is not a PyTorch checkpoint (neither torch's zip format "
-                                  f"nor a pickle)")
+            raise CheckpointError(
+                f"checkpoint {p} is not a PyTorch checkpoint (neither torch's zip format nor a pickle)"
+            )
     else:
-        raise CheckpointError(f"unsupported checkpoint type {p.suffix!r} for {p}; "
-                              f"use .safetensors, {'/'.join(_TORCH_SUFFIXES)} or big_vision .npz")
+        raise CheckpointError(
+            f"unsupported checkpoint type {p.suffix!r} for {p}; "
+            f"use .safetensors, {'/'.join(_TORCH_SUFFIXES)} or big_vision .npz"
+        )
     return p
 
 
@@ -108,18 +117,26 @@ def read_checkpoint(path) -> Checkpoint:
             meta = f.metadata() or {}
             sd = {k: f.get_tensor(k) for k in f.keys()}
         if meta.get("format") == FORMAT:
-            ckpt = Checkpoint(sd, FORMAT, config=json.loads(meta["config"]),
-                              img_size=tuple(json.loads(meta["img_size"])), name=meta.get("name") or None,
-                              metadata=meta, pixels=meta.get("pixels") or None)
+            ckpt = Checkpoint(
+                sd,
+                FORMAT,
+                config=json.loads(meta["config"]),
+                img_size=tuple(json.loads(meta["img_size"])),
+                name=meta.get("name") or None,
+                metadata=meta,
+                pixels=meta.get("pixels") or None,
+            )
         else:
             ckpt = convert_timm(sd)
     elif p.suffix in _TORCH_SUFFIXES:
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - the unpickler's message says which global it refused
-            raise CheckpointError(f"refusing to load {p}: it is not a plain tensor state dict "
-                                  f"(weights_only=True: {_first_line(e)}); re-save it as a state dict or "
-                                  "safetensors") from None
+            raise CheckpointError(
+                f"refusing to load {p}: it is not a plain tensor state dict "
+                f"(weights_only=True: {_first_line(e)}); re-save it as a state dict or "
+                "safetensors"
+            ) from None
         ckpt = convert_timm(obj)
     ckpt.path = str(p)
     return ckpt
@@ -169,15 +186,17 @@ def read_training_log(path) -> dict | None:
     try:
         return json.loads(log_file.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"training log {log_file} is unreadable ({e}); delete it (the checkpoint stays "
-                              "usable) or restore it") from None
+        raise CheckpointError(
+            f"training log {log_file} is unreadable ({e}); delete it (the checkpoint stays usable) or restore it"
+        ) from None
 
 
 POSEMB_METHODS = ("big_vision", "scenic", "timm")
 
 
-def resample_posemb(pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_tokens: int,
-                    method: str = "big_vision") -> torch.Tensor:
+def resample_posemb(
+    pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_tokens: int, method: str = "big_vision"
+) -> torch.Tensor:
     """The patch grid's table resized bilinearly, prefix (cls) positions unchanged.
 
     'big_vision': big_vision's `resample_posemb` (models/vit.py), `scipy.ndimage.zoom(order=1)`, which is
@@ -190,8 +209,9 @@ def resample_posemb(pos_embed: torch.Tensor, new_grid, old_grid, num_prefix_toke
     grid = grid.to(torch.promote_types(grid.dtype, torch.float32))
     if method == "scenic":
         shrink = any(n < o for n, o in zip(new_grid, old_grid))
-        grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=False,
-                                               antialias=shrink)
+        grid = torch.nn.functional.interpolate(
+            grid, size=tuple(new_grid), mode="bilinear", align_corners=False, antialias=shrink
+        )
     else:
         grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(pos_embed.dtype)
@@ -225,8 +245,11 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
     if posemb is not None and posemb not in POSEMB_METHODS:
         raise CheckpointError(f"posemb={posemb!r}: choose one of {', '.join(POSEMB_METHODS)}")
     where = f"checkpoint {ckpt.path or '(in memory)'}" + (f" (saved from {ckpt.name!r})" if ckpt.name else "")
-    differ = [f"{k}: checkpoint {v!r} vs backbone {model.config[k]!r}" for k, v in ckpt.config.items()
-              if k in model.config and k not in _UNCHECKED and model.config[k] != v]
+    differ = [
+        f"{k}: checkpoint {v!r} vs backbone {model.config[k]!r}"
+        for k, v in ckpt.config.items()
+        if k in model.config and k not in _UNCHECKED and model.config[k] != v
+    ]
     if differ:
         raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(differ)}")
     sd = dict(ckpt.state_dict)
@@ -243,28 +266,45 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
         method = posemb or ("timm" if ckpt.source == "timm" else "big_vision")
         log.info("resizing pos_embed from grid %s to %s (%s)", old_grid, list(model.grid_size), method)
         if method == "timm":
-            sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"].float(), list(model.grid_size), old_grid,
-                                                     num_prefix_tokens=model.num_prefix_tokens,
-                                                     interpolation="bicubic", antialias=True)
+            sd["pos_embed"] = resample_abs_pos_embed(
+                sd["pos_embed"].float(),
+                list(model.grid_size),
+                old_grid,
+                num_prefix_tokens=model.num_prefix_tokens,
+                interpolation="bicubic",
+                antialias=True,
+            )
         else:
-            sd["pos_embed"] = resample_posemb(sd["pos_embed"].float(), model.grid_size, old_grid,
-                                              model.num_prefix_tokens, method=method)
+            sd["pos_embed"] = resample_posemb(
+                sd["pos_embed"].float(), model.grid_size, old_grid, model.num_prefix_tokens, method=method
+            )
         model.posemb_resample = method
     head = [k for k in sd if k.startswith("head.")]
     drop_head = bool(head) and any(k not in own or own[k].shape != sd[k].shape for k in head)
     if drop_head:
-        log.info("not loading the checkpoint's head (%s): the backbone has num_classes=%d",
-                 tuple(sd["head.weight"].shape) if "head.weight" in sd else "?", model.num_classes)
+        log.info(
+            "not loading the checkpoint's head (%s): the backbone has num_classes=%d",
+            tuple(sd["head.weight"].shape) if "head.weight" in sd else "?",
+            model.num_classes,
+        )
         for k in head:
             del sd[k]
         own = {k: v for k, v in own.items() if not k.startswith("head.")}
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
-              if k in sd and sd[k].shape != own[k].shape]
+    shapes = [
+        f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape
+    ]
     if missing or unexpected or shapes:
-        parts = [f"{label} [{_few(items)}]" for label, items in
-                 (("missing", missing), ("unexpected", unexpected), ("shape checkpoint vs backbone", shapes)) if items]
+        parts = [
+            f"{label} [{_few(items)}]"
+            for label, items in (
+                ("missing", missing),
+                ("unexpected", unexpected),
+                ("shape checkpoint vs backbone", shapes),
+            )
+            if items
+        ]
         raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(parts)}")
     model.load_state_dict(sd, strict=not drop_head)  # keys checked above; only a dropped head may be absent
     return ckpt
@@ -275,6 +315,7 @@ def _few(items: list[str], n: int = 6) -> str:
 
 
 # --- timm ----------------------------------------------------------------------------------------
+
 
 def convert_timm(sd) -> Checkpoint:
     """timm VisionTransformer state dict -> ours. The only layout change is the conv stem:
@@ -318,14 +359,15 @@ def convert_timm(sd) -> Checkpoint:
 
 def _square_grid(tokens: int, cls: bool) -> int | None:
     """Grid side of a position table that may or may not hold a cls position."""
-    for n in ((tokens - 1, tokens) if cls else (tokens,)):
-        g = int(round(n ** 0.5))
+    for n in (tokens - 1, tokens) if cls else (tokens,):
+        g = int(round(n**0.5))
         if n > 0 and g * g == n:
             return g
     return None
 
 
 # --- big_vision ----------------------------------------------------------------------------------
+
 
 def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     """big_vision ViT `.npz` (flax names joined by '/') -> ours.
@@ -339,7 +381,7 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     prefix = next((p for p in ("", "params/", "opt/target/", "params/img/") if f"{p}embedding/kernel" in arrays), None)
     if prefix is None:
         raise CheckpointError("not a big_vision ViT .npz: no 'embedding/kernel' array")
-    rest = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    rest = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
     take = rest.pop
     sd: dict[str, torch.Tensor] = {}
@@ -357,7 +399,8 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
         if f"{flax_name}/scale" in rest:
             sd[f"{ours}.weight"], sd[f"{ours}.bias"] = t(take(f"{flax_name}/scale")), t(take(f"{flax_name}/bias"))
     stem = {(True, True): "dpn", (True, False): "pre", (False, True): "post", (False, False): ""}[
-        ("patch_embed.norm_pre.weight" in sd, "patch_embed.norm.weight" in sd)]
+        ("patch_embed.norm_pre.weight" in sd, "patch_embed.norm.weight" in sd)
+    ]
 
     cls = "cls" in rest
     if cls:
@@ -385,14 +428,19 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
         get = (lambda n, b=blk, i=i: rest[b + n][i]) if scanned else (lambda n, b=blk: take(b + n))
         ln2 = "LayerNorm_1" if f"{blk}LayerNorm_1/scale" in rest else "LayerNorm_2"
         mlp = "MlpBlock_0" if f"{blk}MlpBlock_0/Dense_0/kernel" in rest else "MlpBlock_3"
-        att = "MultiHeadDotProductAttention_0" if f"{blk}MultiHeadDotProductAttention_0/out/bias" in rest \
+        att = (
+            "MultiHeadDotProductAttention_0"
+            if f"{blk}MultiHeadDotProductAttention_0/out/bias" in rest
             else "MultiHeadDotProductAttention_1"
+        )
         q, k, v = (get(f"{att}/{n}/kernel") for n in ("query", "key", "value"))  # (D, H, hd)
         num_heads = q.shape[1]
         o = f"blocks.{i}."
         sd[o + "norm1.weight"], sd[o + "norm1.bias"] = t(get("LayerNorm_0/scale")), t(get("LayerNorm_0/bias"))
         sd[o + "attn.qkv.weight"] = t(np.concatenate([a.reshape(width, -1).T for a in (q, k, v)]))
-        sd[o + "attn.qkv.bias"] = t(np.concatenate([get(f"{att}/{n}/bias").reshape(-1) for n in ("query", "key", "value")]))
+        sd[o + "attn.qkv.bias"] = t(
+            np.concatenate([get(f"{att}/{n}/bias").reshape(-1) for n in ("query", "key", "value")])
+        )
         sd[o + "attn.proj.weight"] = t(get(f"{att}/out/kernel").reshape(-1, width).T)  # (H, hd, D)
         sd[o + "attn.proj.bias"] = t(get(f"{att}/out/bias"))
         sd[o + "norm2.weight"], sd[o + "norm2.bias"] = t(get(f"{ln2}/scale")), t(get(f"{ln2}/bias"))
@@ -402,14 +450,29 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     if scanned:
         for key in [k for k in rest if k.startswith("Transformer/encoderblock/")]:
             del rest[key]
-    sd["norm.weight"], sd["norm.bias"] = t(take("Transformer/encoder_norm/scale")), t(take("Transformer/encoder_norm/bias"))
+    sd["norm.weight"], sd["norm.bias"] = (
+        t(take("Transformer/encoder_norm/scale")),
+        t(take("Transformer/encoder_norm/bias")),
+    )
     if "pre_logits/kernel" in rest:  # rep_size: Dense 'pre_logits' + tanh before the head
-        sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"] = t(take("pre_logits/kernel").T), t(take("pre_logits/bias"))
+        sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"] = (
+            t(take("pre_logits/kernel").T),
+            t(take("pre_logits/bias")),
+        )
     if "head/kernel" in rest:
         sd["head.weight"], sd["head.bias"] = t(take("head/kernel").T), t(take("head/bias"))
     sd.update({k: t(v) for k, v in rest.items()})  # unconverted (MAP head, ...): reported as unexpected
-    config = dict(embed_dim=width, depth=depth, num_heads=num_heads, patch_size=patch, in_chans=in_chans,
-                  stem=stem, class_token=cls, pool="tok" if cls else "gap", act="gelu_tanh")
+    config = dict(
+        embed_dim=width,
+        depth=depth,
+        num_heads=num_heads,
+        patch_size=patch,
+        in_chans=in_chans,
+        stem=stem,
+        class_token=cls,
+        pool="tok" if cls else "gap",
+        act="gelu_tanh",
+    )
     if depth:
         config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     if "pre_logits.fc.weight" in sd:

@@ -24,6 +24,7 @@ in cache-sized slices. benchmarks/dtn_layer.py measures it against the plain per
 Differences from the authors' released code, on purpose: that code l2-normalises each head before
 the statistics and uses the unbiased LN variance; we follow the paper's equations (see DESIGN.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -116,13 +117,22 @@ class DynamicTokenNorm(nn.Module):
         if T != gh * gw:
             raise ValueError(
                 f"DynamicTokenNorm got {T} tokens but its grid {self.grid} has {gh * gw}; "
-                "DTN sees patch tokens only (no cls) - rebuild the backbone with the right img_size")
+                "DTN sees patch tokens only (no cls) - rebuild the backbone with the right img_size"
+            )
         # Statistics in fp32 even under autocast, as LayerNorm does: eq. 6 subtracts two moments.
         with torch.autocast(device_type=x.device.type, enabled=False):
             f = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64 (tests)
             p_rows, p_cols = self.factored_weights(f)
-            return _DTN.apply(x.to(f), p_rows, p_cols, torch.sigmoid(self.mix_mean.to(f)),
-                              torch.sigmoid(self.mix_var.to(f)), self.weight.to(f), self.bias.to(f), self.eps)
+            return _DTN.apply(
+                x.to(f),
+                p_rows,
+                p_cols,
+                torch.sigmoid(self.mix_mean.to(f)),
+                torch.sigmoid(self.mix_var.to(f)),
+                self.weight.to(f),
+                self.bias.to(f),
+                self.eps,
+            )
 
     def extra_repr(self) -> str:
         return f"{self.dim}, num_heads={self.num_heads}, grid={self.grid}, eps={self.eps}"
@@ -143,8 +153,8 @@ def _token_major(t: torch.Tensor) -> torch.Tensor:
 def _moments(xh: torch.Tensor) -> torch.Tensor:
     """[x, x*x] head-major (H, gh, gw, B, 2d), contiguous, written in place (no x*x temporary)."""
     moments = xh.new_empty(*xh.shape[:-1], 2 * xh.shape[-1])
-    first = moments[..., :xh.shape[-1]].copy_(xh)
-    torch.mul(first, first, out=moments[..., xh.shape[-1]:])
+    first = moments[..., : xh.shape[-1]].copy_(xh)
+    torch.mul(first, first, out=moments[..., xh.shape[-1] :])
     return moments
 
 
@@ -261,8 +271,9 @@ class _DTN(torch.autograd.Function):
         x = x.contiguous()
         out = torch.empty_like(x)
         ctx.slices = _batch_slices(x)
-        ctx.per_slice = [_forward(x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, out[sl])
-                         for sl in ctx.slices]
+        ctx.per_slice = [
+            _forward(x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, out[sl]) for sl in ctx.slices
+        ]
         ctx.save_for_backward(x, p_rows, p_cols, lam_mu, lam_sig, weight)
         return out
 

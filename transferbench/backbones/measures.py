@@ -15,6 +15,7 @@
 `Probe` runs a backbone over image batches and keeps the per-image values of every layer: one forward through
 `forward_intermediates` with `attention_maps` reducing each layer's probabilities as they are made.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -61,8 +62,9 @@ def grid_distances(grid: tuple[int, int], patch_size: float = 1.0, device="cpu")
     return _grid_distances(int(grid[0]), int(grid[1]), float(patch_size), str(device))
 
 
-def attention_distance(probs: torch.Tensor, grid: tuple[int, int], patch_size: float = 1.0,
-                       prefix: int = 0) -> torch.Tensor:
+def attention_distance(
+    probs: torch.Tensor, grid: tuple[int, int], patch_size: float = 1.0, prefix: int = 0
+) -> torch.Tensor:
     """(B, H, prefix + N, prefix + N) probabilities on a grid of N patches -> (B, H) mean attention distance in
     pixels per head: over patch queries i, sum_j A_ij ||pos_i - pos_j|| / sum_j A_ij over patch keys j."""
     a = probs[..., prefix:, prefix:].float()
@@ -81,7 +83,7 @@ def stem_scale_maps(model: nn.Module) -> torch.Tensor | None:
     w = getattr(getattr(pe, "norm_pre", None), "weight", None)
     if w is None:
         return None
-    p, c = pe.patch_size, w.numel() // (pe.patch_size ** 2)
+    p, c = pe.patch_size, w.numel() // (pe.patch_size**2)
     return w.detach().float().cpu().reshape(p, p, c).permute(2, 0, 1)
 
 
@@ -89,14 +91,21 @@ def dtn_statistics(model: nn.Module) -> list[dict]:
     """Per DynamicTokenNorm of `model` (block order; norm1 then norm2): its name, sigmoid(mix_mean),
     sigmoid(mix_var) and the positional kernel's effective width in pixels, each per head."""
     from .dtn import DynamicTokenNorm
+
     patch = float(getattr(model, "patch_size", 1))
     out = []
     for name, m in model.named_modules():
         if isinstance(m, DynamicTokenNorm):
             with torch.no_grad():
                 width = attention_distance(m.positional_weights()[None], m.grid, patch)[0]
-            out.append({"name": name.removeprefix("blocks."), "lambda_mean": torch.sigmoid(m.mix_mean).tolist(),
-                        "lambda_var": torch.sigmoid(m.mix_var).tolist(), "width": width.tolist()})
+            out.append(
+                {
+                    "name": name.removeprefix("blocks."),
+                    "lambda_mean": torch.sigmoid(m.mix_mean).tolist(),
+                    "lambda_var": torch.sigmoid(m.mix_var).tolist(),
+                    "width": width.tolist(),
+                }
+            )
     return out
 
 
@@ -104,6 +113,7 @@ def dtn_kernel_maps(model: nn.Module) -> list[dict]:
     """Per DynamicTokenNorm: the positional kernel P^h of each head as an (h, w) map of the weights the
     centre token gives every position (DTN Figs. 7-8: how far and in which directions it mixes)."""
     from .dtn import DynamicTokenNorm
+
     out = []
     for name, m in model.named_modules():
         if isinstance(m, DynamicTokenNorm):
@@ -111,24 +121,39 @@ def dtn_kernel_maps(model: nn.Module) -> list[dict]:
             centre = (gh // 2) * gw + gw // 2
             with torch.no_grad():
                 maps = m.positional_weights()[:, centre].reshape(-1, gh, gw)
-            out.append({"name": name.removeprefix("blocks."), "centre": [gh // 2, gw // 2],
-                        "maps": maps.float().cpu().tolist()})
+            out.append(
+                {
+                    "name": name.removeprefix("blocks."),
+                    "centre": [gh // 2, gw // 2],
+                    "maps": maps.float().cpu().tolist(),
+                }
+            )
     return out
 
 
 def weight_measures(model: nn.Module) -> dict:
     """What the weights alone show: DPN's stem scale maps, DTN's mixing weights, kernel widths and kernels."""
     maps = stem_scale_maps(model)
-    return {"stem_scale_maps": None if maps is None else maps.tolist(), "dtn": dtn_statistics(model),
-            "dtn_kernels": dtn_kernel_maps(model)}
+    return {
+        "stem_scale_maps": None if maps is None else maps.tolist(),
+        "dtn": dtn_statistics(model),
+        "dtn_kernels": dtn_kernel_maps(model),
+    }
 
 
 def dtn_lambdas(model: nn.Module) -> list[dict]:
     """sigmoid(mix_mean) and sigmoid(mix_var) per head of every DynamicTokenNorm (the λ of DTN Fig. 4)."""
     from .dtn import DynamicTokenNorm
-    return [{"name": n.removeprefix("blocks."), "lambda_mean": torch.sigmoid(m.mix_mean.detach()).tolist(),
-             "lambda_var": torch.sigmoid(m.mix_var.detach()).tolist()}
-            for n, m in model.named_modules() if isinstance(m, DynamicTokenNorm)]
+
+    return [
+        {
+            "name": n.removeprefix("blocks."),
+            "lambda_mean": torch.sigmoid(m.mix_mean.detach()).tolist(),
+            "lambda_var": torch.sigmoid(m.mix_var.detach()).tolist(),
+        }
+        for n, m in model.named_modules()
+        if isinstance(m, DynamicTokenNorm)
+    ]
 
 
 class TrainingLog:
@@ -171,13 +196,18 @@ class TrainingLog:
             self._close_bin()
         k = self.last_n
         last = (self.last_sum / k).tolist() if k else []
-        return {"steps": self.steps, "last": k,
-                "grad_norm_last": last[:-1],
-                "embed_grad_norm_last": last[-1] if k else None,
-                "embed_grad_norm": {"step": [i * self.every for i in range(len(self.embed_bins))],
-                                    "value": self.embed_bins},
-                "dtn_lambda": self.lambdas + ([{"step": self.steps, "norms": dtn_lambdas(self.model)}]
-                                              if self.has_dtn else [])}
+        return {
+            "steps": self.steps,
+            "last": k,
+            "grad_norm_last": last[:-1],
+            "embed_grad_norm_last": last[-1] if k else None,
+            "embed_grad_norm": {
+                "step": [i * self.every for i in range(len(self.embed_bins))],
+                "value": self.embed_bins,
+            },
+            "dtn_lambda": self.lambdas
+            + ([{"step": self.steps, "norms": dtn_lambdas(self.model)}] if self.has_dtn else []),
+        }
 
 
 class Probe:
@@ -202,6 +232,7 @@ class Probe:
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor) -> None:
         from .vit import attention_maps
+
         with attention_maps(self.model, self._attention):
             layers = self.model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
         for i, tokens in enumerate(layers):
@@ -210,8 +241,10 @@ class Probe:
 
     def summary(self) -> dict:
         """measure -> {"mean": per layer (per head for attn_distance), "sd": same, "n": images}."""
-        return {k: summarise(np.stack([torch.cat(v).double().numpy() for v in per_layer], axis=1))
-                for k, per_layer in self.values.items()}
+        return {
+            k: summarise(np.stack([torch.cat(v).double().numpy() for v in per_layer], axis=1))
+            for k, per_layer in self.values.items()
+        }
 
 
 def summarise(samples) -> dict:
@@ -230,6 +263,7 @@ def grad_norms(model: nn.Module) -> torch.Tensor:
     def norm(module):
         gs = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
         return torch.stack(gs).sum().sqrt() if gs else torch.zeros((), device=device)
+
     return torch.stack([*(norm(b) for b in model.blocks), norm(model.patch_embed)])
 
 

@@ -6,6 +6,7 @@ Sizes are the ViT paper's (Dosovitskiy et al. Table 1; ti from DeiT) plus `mu`, 
 embedded offline suite. Backbones come in families found through the `transferbench.backbones` entry
 point (this grammar is the built-in family `vit`); `register_backbone` adds one name in-process.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,7 @@ SIZES: dict[str, Size] = {
 GRAMMAR = "{size}{patch}[_{stem}][_dtn][_rep]"
 _NAME = re.compile(r"(?P<size>[a-z]+?)(?P<patch>\d+)(?:_(?P<stem>[a-z]+))?")
 _LISTED = ["ti16", "s16", "s32", "b16", "b32", "l16", "mu4", "mu8"]
-_EXTRA: dict[str, "_Single"] = {}
+_EXTRA: dict[str, _Single] = {}
 
 
 class UnknownBackboneError(UserError):
@@ -82,25 +83,31 @@ class _Single:
 
     def create(self, name, *, img_size=None, num_classes=0, checkpoint=None, **overrides):
         if checkpoint is not None:
-            raise UserError(f"backbone {name!r} is a plugin without checkpoint support; "
-                            "load weights with load_checkpoint(model, path)")
+            raise UserError(
+                f"backbone {name!r} is a plugin without checkpoint support; "
+                "load weights with load_checkpoint(model, path)"
+            )
         return self.fn(img_size=img_size, num_classes=num_classes, **overrides)
 
 
 def register_backbone(name: str):
     """Decorator registering `fn(*, img_size=None, num_classes=0, **overrides) -> nn.Module` as `name`
     in this process. Packages register families through the `transferbench.backbones` entry point."""
+
     def wrap(fn):
         if name in _EXTRA or any(f.accepts(name) for f in _families()):
             raise ValueError(f"backbone {name!r} is registered twice")
         _EXTRA[name] = _Single(name, fn)
         return fn
+
     return wrap
 
 
 def _families() -> list:
     """Installed families (entry points; the built-in grammar among them), then in-process ones."""
-    return [f() if isinstance(f, type) else f for f in load_group("transferbench.backbones").values()] + list(_EXTRA.values())
+    return [f() if isinstance(f, type) else f for f in load_group("transferbench.backbones").values()] + list(
+        _EXTRA.values()
+    )
 
 
 def list_backbones() -> list[str]:
@@ -124,16 +131,24 @@ def parse_name(name: str, _raise: bool = True) -> dict:
     if not m or m["size"] not in SIZES or int(m["patch"]) < 1 or (m["stem"] or "") not in STEMS:
         raise _unknown(name) if _raise else KeyError(name)
     size = SIZES[m["size"]]
-    return dict(img_size=size.img_size, patch_size=int(m["patch"]), embed_dim=size.embed_dim,
-                depth=size.depth, num_heads=size.num_heads, mlp_dim=size.mlp_dim, stem=m["stem"] or "",
-                dtn_layers=size.depth - 2 if dtn else 0,  # DTN paper: LN kept in the last 2 blocks
-                rep_size=size.embed_dim if rep else 0)  # big_vision rep_size=True: the model width
+    return dict(
+        img_size=size.img_size,
+        patch_size=int(m["patch"]),
+        embed_dim=size.embed_dim,
+        depth=size.depth,
+        num_heads=size.num_heads,
+        mlp_dim=size.mlp_dim,
+        stem=m["stem"] or "",
+        dtn_layers=size.depth - 2 if dtn else 0,  # DTN paper: LN kept in the last 2 blocks
+        rep_size=size.embed_dim if rep else 0,
+    )  # big_vision rep_size=True: the model width
 
 
 def _unknown(name: str) -> UnknownBackboneError:
     return UnknownBackboneError(
         f"unknown backbone {name!r}{close_matches(name, list_backbones())}; names follow {GRAMMAR} with size in "
-        f"{'/'.join(SIZES)}, stem in {'/'.join(s for s in STEMS if s)} (see `transferbench list backbones`)")
+        f"{'/'.join(SIZES)}, stem in {'/'.join(s for s in STEMS if s)} (see `transferbench list backbones`)"
+    )
 
 
 def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoint=None, **overrides) -> nn.Module:
@@ -144,8 +159,9 @@ def create_backbone(name: str, *, img_size=None, num_classes: int = 0, checkpoin
     attn_drop_rate, dtn_layers, act ('gelu'|'gelu_tanh'), in_chans, rep_size, ...; and `posemb` ('big_vision' |
     'timm') to the loader: how the checkpoint's position embeddings are resampled (default: as its own code does).
     """
-    return find_family(name).create(name, img_size=img_size, num_classes=num_classes, checkpoint=checkpoint,
-                                    **overrides)
+    return find_family(name).create(
+        name, img_size=img_size, num_classes=num_classes, checkpoint=checkpoint, **overrides
+    )
 
 
 def _create_vit(name, *, img_size=None, num_classes=0, checkpoint=None, **overrides) -> nn.Module:

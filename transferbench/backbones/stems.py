@@ -3,6 +3,7 @@
 Dual PatchNorm (Kumar et al. 2023, eq. 3): x = LN(Dense(LN(patches))). Table 6 ablates where the
 norms go and what they learn; each row is one entry of STEMS below.
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,12 +3,13 @@
 Module names and the timm API (`forward_features`, `forward_head`, `reset_classifier`) match
 timm's VisionTransformer, so its state dicts load after one reshape of the conv stem.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +19,10 @@ from torch import nn
 from .dtn import DynamicTokenNorm
 from .stems import NORM_EPS, STEMS, PatchEmbed
 
-ACTIVATIONS = {"gelu": partial(nn.GELU, approximate="none"),  # timm
-               "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # flax's nn.gelu, so big_vision weights
+ACTIVATIONS = {
+    "gelu": partial(nn.GELU, approximate="none"),  # timm
+    "gelu_tanh": partial(nn.GELU, approximate="tanh"),
+}  # flax's nn.gelu, so big_vision weights
 
 
 def to_2tuple(v: int | tuple[int, int]) -> tuple[int, int]:
@@ -96,16 +99,37 @@ class VisionTransformer(nn.Module):
     token and the head, named `pre_logits`, as old timm checkpoints name it too); 0: none.
     """
 
-    def __init__(self, *, img_size=224, patch_size=16, in_chans=3, num_classes=0, embed_dim=768,
-                 depth=12, num_heads=12, mlp_dim=None, stem="", dtn_layers=0, pool="tok",
-                 class_token=True, act="gelu", drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0,
-                 dtn_eps=1e-5, rep_size=0, name=None):
+    def __init__(
+        self,
+        *,
+        img_size=224,
+        patch_size=16,
+        in_chans=3,
+        num_classes=0,
+        embed_dim=768,
+        depth=12,
+        num_heads=12,
+        mlp_dim=None,
+        stem="",
+        dtn_layers=0,
+        pool="tok",
+        class_token=True,
+        act="gelu",
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=0.0,
+        dtn_eps=1e-5,
+        rep_size=0,
+        name=None,
+    ):
         super().__init__()
         img_size = to_2tuple(img_size)
         if img_size[0] % patch_size or img_size[1] % patch_size:
             fit = tuple(-(-s // patch_size) * patch_size for s in img_size)
-            raise ValueError(f"img_size {img_size} is not a multiple of patch size {patch_size}; "
-                             f"pass img_size={fit if fit[0] != fit[1] else fit[0]}")
+            raise ValueError(
+                f"img_size {img_size} is not a multiple of patch size {patch_size}; "
+                f"pass img_size={fit if fit[0] != fit[1] else fit[0]}"
+            )
         if stem not in STEMS:
             raise ValueError(f"unknown stem {stem!r}; choose one of {sorted(STEMS)}")
         if pool not in ("tok", "gap"):
@@ -118,9 +142,21 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"unknown act {act!r}; choose one of {sorted(ACTIVATIONS)}")
         mlp_dim = mlp_dim or 4 * embed_dim
         self.name = name
-        self.config = dict(patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, depth=depth,
-                           num_heads=num_heads, mlp_dim=mlp_dim, stem=stem, dtn_layers=dtn_layers,
-                           pool=pool, class_token=class_token, act=act, dtn_eps=dtn_eps, rep_size=int(rep_size))
+        self.config = dict(
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_dim=mlp_dim,
+            stem=stem,
+            dtn_layers=dtn_layers,
+            pool=pool,
+            class_token=class_token,
+            act=act,
+            dtn_eps=dtn_eps,
+            rep_size=int(rep_size),
+        )
         self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_classes, self.pool, self.dtn_layers = num_classes, pool, dtn_layers
@@ -136,12 +172,27 @@ class VisionTransformer(nn.Module):
         ln = partial(nn.LayerNorm, eps=NORM_EPS)
         dtn = partial(DynamicTokenNorm, num_heads=num_heads, grid=self.grid_size, eps=dtn_eps)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth grows with depth
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, mlp_dim, dtn if i < dtn_layers else ln, act=act, drop=drop_rate,
-                  attn_drop=attn_drop_rate, drop_path=dpr[i]) for i in range(depth)])
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim,
+                    num_heads,
+                    mlp_dim,
+                    dtn if i < dtn_layers else ln,
+                    act=act,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[i],
+                )
+                for i in range(depth)
+            ]
+        )
         self.norm = ln(embed_dim)
-        self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, int(rep_size)), act=nn.Tanh())) \
-            if rep_size else nn.Identity()
+        self.pre_logits = (
+            nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, int(rep_size)), act=nn.Tanh()))
+            if rep_size
+            else nn.Identity()
+        )
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
         self.init_weights()
@@ -163,8 +214,11 @@ class VisionTransformer(nn.Module):
         (AugReg pretraining: `init_head_bias = -6.9`). The representation layer stays."""
         self.num_classes = num_classes
         ref = self.pos_embed
-        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes \
+        self.head = (
+            nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
+            if num_classes
             else nn.Identity()
+        )
         if num_classes:
             nn.init.zeros_(self.head.weight)
             nn.init.constant_(self.head.bias, float(bias))
@@ -175,9 +229,11 @@ class VisionTransformer(nn.Module):
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         if tuple(x.shape[-2:]) != self.img_size:
-            raise ValueError(f"input is {tuple(x.shape[-2:])} px but this backbone was built for {self.img_size}; "
-                             f"resize the input or create_backbone(..., img_size={tuple(x.shape[-2:])})")
-        x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens:]
+            raise ValueError(
+                f"input is {tuple(x.shape[-2:])} px but this backbone was built for {self.img_size}; "
+                f"resize the input or create_backbone(..., img_size={tuple(x.shape[-2:])})"
+            )
+        x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens :]
         if self.patch_embed.norm_after_pos:  # 'postpos' stem: LN after adding the position embedding
             x = self.patch_embed.norm(x)
         return self.pos_drop(x)
@@ -200,13 +256,20 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W), pixels as the checkpoint was trained (big_vision: [-1, 1]) ->
         tokens (B, prefix + N, D) after the final norm."""
-        for x in self._run_blocks(self._embed(x)):
+        for x in self._run_blocks(self._embed(x)):  # noqa: B007, B020 - keeps the last block's output only
             pass
         return self.norm(x)
 
-    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
-                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ):
         """timm's API: the outputs of the blocks in `indices` (None: all; an int n: the last n; a list: those
         indices, negative from the end), optionally through the final norm (`norm`), as (B, D, h, w) maps
         ('NCHW') or (B, N, D) patch tokens ('NLC'); with `return_prefix_tokens` each is (patch, prefix) where
@@ -222,7 +285,7 @@ class VisionTransformer(nn.Module):
         B = x.shape[0]
         gh, gw = self.grid_size
         out = []
-        for i, x in enumerate(self._run_blocks(self._embed(x), last if stop_early else None)):
+        for i, x in enumerate(self._run_blocks(self._embed(x), last if stop_early else None)):  # noqa: B020 - x is read once, first
             if i not in take:
                 continue
             y = self.norm(x) if norm else x
@@ -244,7 +307,7 @@ class VisionTransformer(nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pooled token -> representation layer (where there is one) -> head; `pre_logits`: the representation
         (big_vision's `out['pre_logits']`, what its few-shot evaluator probes)."""
-        x = x[:, 0] if self.pool == "tok" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = x[:, 0] if self.pool == "tok" else x[:, self.num_prefix_tokens :].mean(dim=1)
         x = self.head_drop(self.pre_logits(x))
         return x if pre_logits else self.head(x)
 

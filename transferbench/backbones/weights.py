@@ -2,6 +2,7 @@
 or `NAME@WORD` where an installed weights provider knows WORD. Providers register under the entry-point group
 `transferbench.weights` as `WORD = "module:function"`, `function(name) -> Path` of a checkpoint (the pretrain
 adapter provides `embedded`: it pretrains on demand, or uses the checkpoint that ships with the package)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,9 +41,11 @@ def resolve_backbone(spec: str) -> BackboneRef:
         path = Path(words[checkpoint](name))
         return BackboneRef(spec, name, str(path), file_sha256(path), _pixels(path))
     if not Path(checkpoint).is_file():
-        raise UserError(f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
-                        ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
-                        f"{', '.join(sorted(words)) or 'none installed'})")
+        raise UserError(
+            f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
+            ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
+            f"{', '.join(sorted(words)) or 'none installed'})"
+        )
     return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint), _pixels(checkpoint))
 
 

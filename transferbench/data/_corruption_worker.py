@@ -1,5 +1,6 @@
 """Preloaded by the corruption process pool's fork server: imports the generator and compiles glass_blur's
 numba kernel once, so that every worker forked from the server starts warm."""
+
 import numpy as np
 
 try:

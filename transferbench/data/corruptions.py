@@ -16,6 +16,7 @@ identity, image index, corruption, severity), so the output does not depend on b
 processes, and the result is cached under $TRANSFERBENCH_HOME/corruptions by content (dataset identity,
 split, geometry, corruption, severity, generator version): a rerun reads it instead of generating it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,8 +42,11 @@ CHUNK = 64  # images per task sent to a worker process
 def check_name(corruption: str) -> str:
     if corruption not in CORRUPTIONS:
         from ..errors import close_matches
-        raise UserError(f"unknown corruption {corruption!r}{close_matches(corruption, CORRUPTIONS)}; the 15 are: "
-                        f"{', '.join(CORRUPTIONS)}")
+
+        raise UserError(
+            f"unknown corruption {corruption!r}{close_matches(corruption, CORRUPTIONS)}; the 15 are: "
+            f"{', '.join(CORRUPTIONS)}"
+        )
     return corruption
 
 
@@ -52,6 +56,7 @@ def generator_identity() -> dict:
     The original `imagecorruptions` 1.1.2 is refused: with numpy 2 / scikit-image 0.26 its glass_blur
     and fog fail."""
     from importlib import metadata
+
     try:
         version = metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:
@@ -59,9 +64,11 @@ def generator_identity() -> dict:
             old = metadata.version("imagecorruptions")
         except metadata.PackageNotFoundError:
             raise UserError(f"generating corruptions needs the {PACKAGE} package: {INSTALL}") from None
-        raise UserError(f"imagecorruptions {old} is installed, whose glass_blur and fog fail with numpy 2 and "
-                        f"scikit-image 0.26; install its maintained fork instead: pip uninstall -y imagecorruptions "
-                        f"&& {INSTALL}") from None
+        raise UserError(
+            f"imagecorruptions {old} is installed, whose glass_blur and fog fail with numpy 2 and "
+            f"scikit-image 0.26; install its maintained fork instead: pip uninstall -y imagecorruptions "
+            f"&& {INSTALL}"
+        ) from None
     return {"package": PACKAGE, "version": version, "v": GENERATOR_VERSION}
 
 
@@ -90,6 +97,7 @@ class _KeptImread:
 
 def _keep_frost_reads() -> None:
     import imagecorruptions.corruptions as module
+
     if not isinstance(module.cv2, _KeptImread):
         module.cv2 = _KeptImread(module.cv2)
 
@@ -99,6 +107,7 @@ def corrupt(image: np.ndarray, corruption: str, severity: int, seed: int) -> np.
     numpy's global generator is seeded (the package draws from it) and the two functions that take a seed
     (glass_blur's jitted pixel shuffle, impulse_noise's scikit-image noise) get it."""
     from imagecorruptions import corrupt as apply
+
     _keep_frost_reads()
     np.random.seed(seed)
     extra = {"seed": seed} if corruption in ("glass_blur", "impulse_noise") else {}
@@ -109,6 +118,7 @@ def render(image, size: int, crop_pct: float = 1.0) -> np.ndarray:
     """An image (PIL or uint8 array) as ImageNet-C's inputs were made: short side to round(size / crop_pct),
     centre crop size x size (crop_pct 0.875: ImageNet's 256 -> 224); uint8 (size, size, 3)."""
     from torchvision.transforms import v2
+
     pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, dtype=np.uint8))
     out = v2.CenterCrop(size)(v2.Resize(round(size / crop_pct))(pil.convert("RGB")))
     return np.asarray(out, dtype=np.uint8)
@@ -134,6 +144,7 @@ def pool(processes: int):
     compilation are paid once per worker). forkserver: workers fork from a clean server that never ran torch."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+
     if processes not in _POOL:
         for p in list(_POOL.values()):
             p.shutdown()
@@ -155,8 +166,17 @@ def _shutdown() -> None:
     _POOL.clear()
 
 
-def generate(clean: np.ndarray, corruption: str, severity: int, seeds, size: int, *, processes: int = 1,
-             progress=None, desc: str = "corrupting") -> np.ndarray:
+def generate(
+    clean: np.ndarray,
+    corruption: str,
+    severity: int,
+    seeds,
+    size: int,
+    *,
+    processes: int = 1,
+    progress=None,
+    desc: str = "corrupting",
+) -> np.ndarray:
     """Corrupt every image of `clean` (uint8 (N, R, R, 3), R >= 32) with its seed, then resize to `size`.
     `processes` > 1 spreads chunks of images over a process pool; the output is the same either way."""
     check_name(corruption)
@@ -164,10 +184,14 @@ def generate(clean: np.ndarray, corruption: str, severity: int, seeds, size: int
         raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
     generator_identity()
     if clean.shape[1] < 32 or clean.shape[2] < 32:
-        raise ValueError(f"the corruption functions need images of at least 32 x 32, got {clean.shape[1:3]}: "
-                         "render them larger (--set render=64)")
+        raise ValueError(
+            f"the corruption functions need images of at least 32 x 32, got {clean.shape[1:3]}: "
+            "render them larger (--set render=64)"
+        )
     seeds = np.asarray(seeds)
-    tasks = [(clean[i:i + CHUNK], seeds[i:i + CHUNK], corruption, severity, size) for i in range(0, len(clean), CHUNK)]
+    tasks = [
+        (clean[i : i + CHUNK], seeds[i : i + CHUNK], corruption, severity, size) for i in range(0, len(clean), CHUNK)
+    ]
     results = pool(processes).map(_work, tasks) if processes > 1 and len(tasks) > 1 else map(_work, tasks)
     if progress is not None:
         results = progress(results, total=len(tasks), desc=desc)
@@ -176,12 +200,14 @@ def generate(clean: np.ndarray, corruption: str, severity: int, seeds, size: int
 
 # --- the content-addressed cache ----------------------------------------------------------------------
 
+
 def cache_dir() -> Path:
     return cache("corruptions")
 
 
 def cache_key(**identity) -> str:
     from ..hashing import digest
+
     return digest(identity)
 
 
@@ -209,6 +235,7 @@ def cached(key: str, compute) -> tuple[ArraySet, bool]:
     concurrent runs generate an entry once. An entry is verified before it is read: a damaged one is set aside
     and generated again (paths.verified)."""
     from filelock import FileLock
+
     folder = cache_dir() / key
     folder.parent.mkdir(parents=True, exist_ok=True)
 
@@ -240,14 +267,17 @@ class ImageNetCFolder(torch.utils.data.Dataset):
 
     def __init__(self, root, corruption: str, severity: int, num_classes: int | None = None, transform=None):
         from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
         self.dir = Path(root).expanduser() / corruption / str(severity)
         self.transform = transform
         if not self.dir.is_dir():
             raise DataMissingError(f"ImageNet-C folder {self.dir} not found (layout {LAYOUT})")
         classes = sorted(e.name for e in os.scandir(self.dir) if e.is_dir())
         if num_classes and len(classes) != num_classes:
-            raise DataMissingError(f"{self.dir} has {len(classes)} class folders, expected {num_classes} (one per "
-                                   f"wnid, layout {LAYOUT}): is the download complete?")
+            raise DataMissingError(
+                f"{self.dir} has {len(classes)} class folders, expected {num_classes} (one per "
+                f"wnid, layout {LAYOUT}): is the download complete?"
+            )
         samples = make_dataset(str(self.dir), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS)
         self.paths = [p for p, _ in samples]
         self.labels = np.array([y for _, y in samples], dtype=np.int64)
@@ -271,12 +301,16 @@ class NpyCorrupted(ArraySet):
         path, labels_path = root / f"{corruption}.npy", root / "labels.npy"
         for p in (path, labels_path):
             if not p.is_file():
-                raise DataMissingError(f"{p} not found (CIFAR-10-C layout: <root>/<corruption>.npy with the 5 "
-                                       "severities one after another, and <root>/labels.npy)")
+                raise DataMissingError(
+                    f"{p} not found (CIFAR-10-C layout: <root>/<corruption>.npy with the 5 "
+                    "severities one after another, and <root>/labels.npy)"
+                )
         images, labels = np.load(path, mmap_mode="r"), np.load(labels_path, mmap_mode="r")
         if len(images) != len(labels) or len(images) % len(SEVERITIES):
-            raise DataMissingError(f"{path} holds {len(images)} images and {labels_path} {len(labels)} labels; "
-                                   "expected equal counts, a multiple of 5 (one block per severity)")
+            raise DataMissingError(
+                f"{path} holds {len(images)} images and {labels_path} {len(labels)} labels; "
+                "expected equal counts, a multiple of 5 (one block per severity)"
+            )
         n = len(images) // len(SEVERITIES)
         rows = slice((severity - 1) * n, severity * n)
         super().__init__(images[rows], np.asarray(labels[rows]), num_classes)

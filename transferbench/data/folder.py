@@ -10,11 +10,12 @@
 
 Opening a split verifies the sha256 of its list and of every image it names.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -81,8 +82,9 @@ def verify_files(folder: Path, name: str, rel_paths) -> None:
     """Each file (relative to the dataset folder) is in the manifest, exists and has its sha256."""
     manifest = folder / MANIFEST
     if not manifest.is_file():
-        raise CorruptDataError(f"{manifest} is missing: cannot verify dataset {name!r}; re-export it",
-                               f"{MANIFEST} missing")
+        raise CorruptDataError(
+            f"{manifest} is missing: cannot verify dataset {name!r}; re-export it", f"{MANIFEST} missing"
+        )
     expected = dict(reversed(line.split("  ", 1)) for line in manifest.read_text().splitlines() if line)
     for rel in dict.fromkeys(rel_paths):
         p = folder / rel
@@ -91,8 +93,10 @@ def verify_files(folder: Path, name: str, rel_paths) -> None:
         if not p.is_file():
             raise CorruptDataError(f"{p} listed in {manifest} is missing; re-export dataset {name!r}", f"{rel} missing")
         if sha256_file(p) != expected[rel]:
-            raise CorruptDataError(f"{p} does not match its sha256 in {manifest}: the file changed; "
-                                   f"re-export dataset {name!r}", f"{rel}: sha256 differs from {MANIFEST}")
+            raise CorruptDataError(
+                f"{p} does not match its sha256 in {manifest}: the file changed; re-export dataset {name!r}",
+                f"{rel}: sha256 differs from {MANIFEST}",
+            )
 
 
 def read_info(root, name: str) -> dict:
@@ -109,15 +113,25 @@ def read_info(root, name: str) -> dict:
 class FolderDataset(torch.utils.data.Dataset):
     """(image, label) pairs of one split; images as RGB PIL passed through `transform`."""
 
-    def __init__(self, root, name: str, split: str, transform: Callable | None = None, *, verify: bool = True,
-                 prepare_hint: str = ""):
+    def __init__(
+        self,
+        root,
+        name: str,
+        split: str,
+        transform: Callable | None = None,
+        *,
+        verify: bool = True,
+        prepare_hint: str = "",
+    ):
         self.dir = Path(root) / name
         self.name, self.split, self.transform = name, split, transform
         lst = self.dir / f"{split}.txt"
         if not lst.is_file():
             where = self.dir if not self.dir.is_dir() else lst
-            raise DataMissingError(f"dataset {name!r} split {split!r} not found: looked for {where}"
-                                   + (f"; prepare it with `{prepare_hint}`" if prepare_hint else ""))
+            raise DataMissingError(
+                f"dataset {name!r} split {split!r} not found: looked for {where}"
+                + (f"; prepare it with `{prepare_hint}`" if prepare_hint else "")
+            )
         if verify:  # the list and info first: a damaged one is not parsed
             self.verify([lst.name, *([INFO] if (self.dir / INFO).is_file() else [])])
         rows = [line.rsplit(" ", 1) for line in lst.read_text().splitlines() if line.strip()]

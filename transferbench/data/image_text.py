@@ -10,12 +10,13 @@ so the frozen image tower's features can be computed once and cached in that ord
 and a held-out tail of `heldout` pairs means the same pairs on every run. A missing or malformed file is
 one UserError naming it and what was expected.
 """
+
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from PIL import Image
 
@@ -37,8 +38,10 @@ class CsvPairs:
     def __init__(self, path, img_key: str = "filepath", caption_key: str = "title", sep: str = "\t"):
         self.path = Path(path)
         if not self.path.is_file():
-            raise DataMissingError(f"image-text CSV {self.path} does not exist (expected a {sep_name(sep)}-separated "
-                                   f"file with columns {img_key!r} and {caption_key!r})")
+            raise DataMissingError(
+                f"image-text CSV {self.path} does not exist (expected a {sep_name(sep)}-separated "
+                f"file with columns {img_key!r} and {caption_key!r})"
+            )
         with open(self.path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f, delimiter=sep)
             columns = reader.fieldnames or []
@@ -48,17 +51,21 @@ class CsvPairs:
                 raise MalformedPairsError(
                     f"{self.path}: no column {' or '.join(repr(m) for m in missing)} in the header (found {shown}); "
                     f"expected {img_key!r} and {caption_key!r}, {sep_name(sep)}-separated "
-                    "(set csv_img_key / csv_caption_key / csv_separator with --set)")
+                    "(set csv_img_key / csv_caption_key / csv_separator with --set)"
+                )
             rows = []
             for line, row in enumerate(reader, start=2):
                 img, cap = row.get(img_key), row.get(caption_key)
                 if not img or cap is None:
-                    raise MalformedPairsError(f"{self.path}:{line}: empty {img_key!r} or missing {caption_key!r} "
-                                              f"(expected {len(columns)} {sep_name(sep)}-separated fields)")
+                    raise MalformedPairsError(
+                        f"{self.path}:{line}: empty {img_key!r} or missing {caption_key!r} "
+                        f"(expected {len(columns)} {sep_name(sep)}-separated fields)"
+                    )
                 rows.append((img, cap))
         if not rows:
-            raise MalformedPairsError(f"{self.path}: a header but no rows; expected one {img_key!r},{caption_key!r} "
-                                      "row per image-text pair")
+            raise MalformedPairsError(
+                f"{self.path}: a header but no rows; expected one {img_key!r},{caption_key!r} row per image-text pair"
+            )
         self.files = [r[0] for r in rows]
         self.captions = [r[1] for r in rows]
 
@@ -89,6 +96,7 @@ def sep_name(sep: str) -> str:
 def expand_shards(spec: str) -> list[Path]:
     """`a/{000..009}.tar` (brace ranges, webdataset's notation), a folder (its *.tar, sorted) or one file."""
     from braceexpand import braceexpand
+
     p = Path(spec)
     if p.is_dir():
         shards = sorted(p.glob("*.tar"))
@@ -113,6 +121,7 @@ class ShardPairs:
         import tarfile
 
         import webdataset as wds
+
         urls = [str(s) for s in self.shards]
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False, nodesplitter=None, workersplitter=None)
         try:
@@ -131,8 +140,10 @@ class ShardPairs:
         except (OSError, ValueError, tarfile.TarError) as e:  # a truncated or non-tar shard
             if isinstance(e, UserError):
                 raise
-            raise MalformedPairsError(f"webdataset shards {urls[0]}..: cannot be read as tar ({e}); "
-                                      "expected tar files of KEY.jpg|png + KEY.txt") from None
+            raise MalformedPairsError(
+                f"webdataset shards {urls[0]}..: cannot be read as tar ({e}); "
+                "expected tar files of KEY.jpg|png + KEY.txt"
+            ) from None
 
 
 def pairs_identity(spec: str) -> dict:
@@ -143,14 +154,19 @@ def pairs_identity(spec: str) -> dict:
     import hashlib
 
     from ..hashing import file_sha256
+
     if str(spec).lower().endswith(CSV_SUFFIXES):
         path = Path(spec)
         if not path.is_file():
             raise DataMissingError(f"image-text CSV {path} does not exist")
         return {"format": "csv", "path": str(path.resolve()), "sha256": file_sha256(path)}
     stats = [(str(s.resolve()), s.stat().st_size, s.stat().st_mtime_ns) for s in expand_shards(spec)]
-    return {"format": "webdataset", "shards": len(stats), "first": stats[0][0],
-            "stats": hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}
+    return {
+        "format": "webdataset",
+        "shards": len(stats),
+        "first": stats[0][0],
+        "stats": hashlib.sha256(repr(stats).encode()).hexdigest()[:16],
+    }
 
 
 def open_pairs(spec: str, *, img_key: str = "filepath", caption_key: str = "title", sep: str = "\t"):
@@ -158,8 +174,10 @@ def open_pairs(spec: str, *, img_key: str = "filepath", caption_key: str = "titl
     if str(spec).lower().endswith(CSV_SUFFIXES):
         return CsvPairs(spec, img_key, caption_key, sep)
     if not (str(spec).endswith(".tar") or "{" in str(spec) or Path(spec).is_dir()):
-        raise UserError(f"image-text data {spec!r}: give a .csv/.tsv of {img_key},{caption_key} rows, webdataset "
-                        "shards as 'DIR/{00000..00099}.tar', a folder of .tar shards, or `embedded`")
+        raise UserError(
+            f"image-text data {spec!r}: give a .csv/.tsv of {img_key},{caption_key} rows, webdataset "
+            "shards as 'DIR/{00000..00099}.tar', a folder of .tar shards, or `embedded`"
+        )
     return ShardPairs(spec)
 
 
@@ -190,9 +208,9 @@ def write_shards(root, name: str, pairs, info: dict, shard_size: int = 1024) -> 
             n += 1
         if writer is not None:
             writer.close()
-        (tmp / INFO).write_text(json.dumps({**info, "name": name, "pairs": n, "shard_size": shard_size},
-                                           indent=1, sort_keys=True))
+        (tmp / INFO).write_text(
+            json.dumps({**info, "name": name, "pairs": n, "shard_size": shard_size}, indent=1, sort_keys=True)
+        )
         files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
         (tmp / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in files))
     return final
-

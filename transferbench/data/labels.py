@@ -2,10 +2,11 @@
 
 The embedded suite's procedural sets use the same functions, so their labels follow VTAB's exactly.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 CLEVR_DIST_THRESHOLDS = (0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0)  # 6 classes
 KITTI_DIST_THRESHOLDS = (-100.0, 8.0, 20.0, 999.0)  # 4 classes

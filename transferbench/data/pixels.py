@@ -11,6 +11,7 @@ checkpoints record it in their header; big_vision `.npz` files are `inception`),
 state nothing; any other value is used as given (`--set pixels=imagenet` for a timm file). The resolved value is
 in every cell's hyper-parameters, hence in its key, its record and the report header.
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ Every reader yields (image, mask): image an RGB PIL image, mask a uint8 (H, W) a
 - `SegFolderDataset`: the folder format of `transferbench.data.folder` with a mask per image (the
   embedded `scenes` set), sha256-verified like every folder dataset.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,10 @@ from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
 IGNORE = 255
 ADE_ROOT = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "training": "training", "validation": "validation", "val": "validation"}
-OBTAIN_ADE = ("download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ "
-              "(mmsegmentation's docs/en/user_guides/2_dataset_prepare.md) and unzip it there")
+OBTAIN_ADE = (
+    "download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ "
+    "(mmsegmentation's docs/en/user_guides/2_dataset_prepare.md) and unzip it there"
+)
 
 
 def reduce_zero_label(mask: np.ndarray) -> np.ndarray:
@@ -46,6 +49,7 @@ def _as_labels(mask: np.ndarray, reduce_zero: bool) -> np.ndarray:
 
 class SegDataset(torch.utils.data.Dataset):
     """Common surface: len, (PIL image, uint8 mask) items, `num_classes`."""
+
     num_classes: int = 0
     reduce_zero: bool = False
 
@@ -83,16 +87,19 @@ class AdeFolder(SegDataset):
         images = self.root / "images" / self.split
         masks = self.root / "annotations" / self.split
         if not images.is_dir() or not masks.is_dir():
-            raise DataMissingError(f"ADE20K split {self.split!r} not found: looked for {images} and {masks} "
-                                   f"(the layout {ADE_ROOT}/{{images,annotations}}/{{training,validation}}); "
-                                   + OBTAIN_ADE)
+            raise DataMissingError(
+                f"ADE20K split {self.split!r} not found: looked for {images} and {masks} "
+                f"(the layout {ADE_ROOT}/{{images,annotations}}/{{training,validation}}); " + OBTAIN_ADE
+            )
         self.images = sorted(p for p in images.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
         self.masks = [masks / f"{p.stem}.png" for p in self.images]
         lacking = [p.name for p in self.masks if not p.is_file()]
         if lacking or not self.images:
             what = f"{len(lacking)} annotations are missing (first: {lacking[0]})" if lacking else "no images"
-            raise DataMissingError(f"ADE20K split {self.split!r} under {self.root} is incomplete: {what}; "
-                                   "every images/<split>/NAME.jpg needs annotations/<split>/NAME.png")
+            raise DataMissingError(
+                f"ADE20K split {self.split!r} under {self.root} is incomplete: {what}; "
+                "every images/<split>/NAME.jpg needs annotations/<split>/NAME.png"
+            )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -111,6 +118,7 @@ class TfdsSegmentation(SegDataset):
 
     def __init__(self, name: str, split: str, *, data_dir=None, num_classes: int, reduce_zero: bool = True):
         from .tfds_source import TfdsDataset
+
         self.base = TfdsDataset(name, split, label_fn=lambda ex: 0, data_dir_=data_dir)
         self.num_classes, self.reduce_zero = num_classes, reduce_zero
 
@@ -132,14 +140,17 @@ class SegFolderDataset(SegDataset):
         self.dir, self.name, self.split = Path(root) / name, name, split
         lst = self.dir / f"{split}.txt"
         if not lst.is_file():
-            raise DataMissingError(f"segmentation set {name!r} split {split!r} not found: looked for "
-                                   f"{self.dir if not self.dir.is_dir() else lst}")
+            raise DataMissingError(
+                f"segmentation set {name!r} split {split!r} not found: looked for "
+                f"{self.dir if not self.dir.is_dir() else lst}"
+            )
         if verify:  # the list first: a damaged one is not parsed
             verify_files(self.dir, name, [lst.name, INFO])
         rows = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
         if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in rows):
-            raise DataMissingError(f"{lst} is not a segmentation list (lines 'images/... masks/...'); "
-                                   "regenerate the set")
+            raise DataMissingError(
+                f"{lst} is not a segmentation list (lines 'images/... masks/...'); regenerate the set"
+            )
         self.paths, self.mask_paths = [r[0] for r in rows], [r[1] for r in rows]
         self.info = read_info(root, name)
         self.num_classes = int(self.info.get("num_classes", 0))
@@ -173,6 +184,7 @@ class SegFolderDataset(SegDataset):
 
 # --- transforms ------------------------------------------------------------------------------------
 
+
 def _cat_max_crop_class():
     from torchvision import tv_tensors
     from torchvision.transforms import v2
@@ -195,18 +207,28 @@ def _cat_max_crop_class():
             for _ in range(10):
                 pad_left, pad_top = params["padding"][0], params["padding"][1]
                 r0, c0 = params["top"] - pad_top, params["left"] - pad_left
-                region = mask[..., max(r0, 0):max(r0 + params["height"], 0), max(c0, 0):max(c0 + params["width"], 0)]
+                region = mask[
+                    ..., max(r0, 0) : max(r0 + params["height"], 0), max(c0, 0) : max(c0 + params["width"], 0)
+                ]
                 counts = torch.bincount(region[region != self.ignore_index].reshape(-1).long())
                 counts = counts[counts > 0]
                 if len(counts) > 1 and counts.max() / counts.sum() < self.cat_max_ratio:
                     break
                 params = super().make_params(flat_inputs)
             return params
+
     return CatMaxRandomCrop
 
 
-def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, photometric: bool = True,
-                    cat_max_ratio: float = 0.75, pixels: str = DEFAULT_PIXELS):
+def train_transform(
+    crop: int,
+    *,
+    ratio=(0.5, 2.0),
+    base: int | None = None,
+    photometric: bool = True,
+    cat_max_ratio: float = 0.75,
+    pixels: str = DEFAULT_PIXELS,
+):
     """mmseg's ADE20K training pipeline with torchvision v2 on (Image, Mask) pairs: random resize of the
     short side to base·r, r uniform in `ratio` (base: the crop size; mmseg's scale (2048, 512) with
     ratio 0.5-2.0 does the same for images of aspect below 4), random crop (padded with 0 / the ignore
@@ -222,22 +244,34 @@ def train_transform(crop: int, *, ratio=(0.5, 2.0), base: int | None = None, pho
 
     base = base or crop
     lo, hi = int(round(base * ratio[0])), int(round(base * ratio[1]))
-    ops = [v2.RandomResize(lo, hi + 1),
-           _cat_max_crop_class()(crop, cat_max_ratio=cat_max_ratio, pad_if_needed=True,
-                                 fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
-           v2.RandomHorizontalFlip()]
+    ops = [
+        v2.RandomResize(lo, hi + 1),
+        _cat_max_crop_class()(
+            crop, cat_max_ratio=cat_max_ratio, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}
+        ),
+        v2.RandomHorizontalFlip(),
+    ]
     if photometric:  # mmseg's PhotoMetricDistortion: each with p = 0.5; hue +-18 of OpenCV's 180 = 0.1 of the circle
-        ops += [v2.RandomApply([v2.ColorJitter(**{name: span})], p=0.5)
-                for name, span in (("brightness", (0.875, 1.125)), ("contrast", (0.5, 1.5)),
-                                   ("saturation", (0.5, 1.5)), ("hue", (-0.1, 0.1)))]
+        ops += [
+            v2.RandomApply([v2.ColorJitter(**{name: span})], p=0.5)
+            for name, span in (
+                ("brightness", (0.875, 1.125)),
+                ("contrast", (0.5, 1.5)),
+                ("saturation", (0.5, 1.5)),
+                ("hue", (-0.1, 0.1)),
+            )
+        ]
     mean, std = stats(pixels)
-    ops += [v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
-            v2.Normalize(list(mean), list(std))]
+    ops += [
+        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        v2.Normalize(list(mean), list(std)),
+    ]
     pipeline = v2.Compose(ops)
 
     def apply(image, mask):
         img = tv_tensors.Image(v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else image)
         return pipeline(img, tv_tensors.Mask(torch.as_tensor(np.asarray(mask))))
+
     apply.pipeline = pipeline
     return apply
 
@@ -256,6 +290,7 @@ def eval_image(image, short: int, device=None, pixels: str = DEFAULT_PIXELS) -> 
     uint8, as mmcv's cv2 resize: no antialiasing), then normalised as `pixels` says: (3, h, w) float on `device`
     (moved there as uint8, before resizing)."""
     from torchvision.transforms import v2
+
     x = v2.functional.pil_to_tensor(image) if isinstance(image, Image.Image) else torch.as_tensor(image)
     if device is not None and torch.device(device).type == "cuda" and x.device.type == "cpu":
         # pinned and asynchronous: a pageable copy would make the host wait for the GPU's queued windows

@@ -1,8 +1,10 @@
 """One way to open a split of a task's dataset entry, for every adapter: an embedded set (the split is
 a folder split name such as train800) or a tfds dataset (the split is a tfds split string)."""
+
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -14,6 +16,7 @@ from .folder import FolderDataset
 
 class DatasetEntry(BaseModel):
     """The fields every transfer adapter's dataset entry has; adapters add their own (val, classes, ...)."""
+
     model_config = ConfigDict(extra="forbid")
     name: str
     group: str | None = None
@@ -31,19 +34,25 @@ def require_tfds_name(where: str, i: int, entry: dict) -> None:
         raise SpecError(f"{where}: datasets.{i}.tfds: a tfds dataset needs its tfds name (dataset {entry['name']!r})")
 
 
-def missing_data(what: str, names: list[str], total: int, data_dir=None, *, unit: str = "datasets",
-                 export: bool = False) -> UserError:
+def missing_data(
+    what: str, names: list[str], total: int, data_dir=None, *, unit: str = "datasets", export: bool = False
+) -> UserError:
     """The one-line error for tfds datasets that are not prepared: which, where they were looked for, how to
     prepare them (with `export`, an export-vtab folder is looked for too), and the embedded suite."""
     from .tfds_source import data_dir as searched
-    also = (" or run `transferbench data export-vtab --out DIR` where they are prepared and pass --data-dir DIR"
-            if export else "")
+
+    also = (
+        " or run `transferbench data export-vtab --out DIR` where they are prepared and pass --data-dir DIR"
+        if export
+        else ""
+    )
     return UserError(
         f"{what} data missing for {len(names)} of {total} {unit} ({', '.join(names)}): searched {searched(data_dir)} "
         "(from --data-dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) for prepared tfds data"
         f"{' and for an export-vtab folder' if export else ''}; prepare them with tfds (pip install "
         "'transferbench[tfds]'; tfds.builder(NAME).download_and_prepare(); imagenet2012 needs the manual download: "
-        f"the tars in its manual dir){also}; or try `--suite embedded`, which needs no download")
+        f"the tars in its manual dir){also}; or try `--suite embedded`, which needs no download"
+    )
 
 
 def with_generator_version(ds):
@@ -53,8 +62,10 @@ def with_generator_version(ds):
         return ds
     name = getattr(ds, "set", None) or ds.name  # `set:` names the embedded set when the dataset's name differs
     if name not in embedded.VERSIONS:
-        raise UserError(f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no set {name!r}; "
-                        f"sets: {', '.join(embedded.VERSIONS)}")
+        raise UserError(
+            f"dataset {ds.name!r} has source 'embedded' but the embedded suite has no set {name!r}; "
+            f"sets: {', '.join(embedded.VERSIONS)}"
+        )
     return ds.model_copy(update={"version": embedded.version(name)})
 
 
@@ -65,12 +76,14 @@ def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None
         name = entry.get("set") or entry["name"]
         return embedded.open_set(name, lambda root: FolderDataset(root, name, split))
     from .tfds_source import TfdsDataset
+
     return TfdsDataset(entry["tfds"], split, label_fn=label_fn, data_dir_=data_dir)
 
 
 def missing(entries: list[dict], splits: Callable[[dict], list[str]], data_dir=None, opener=None) -> list[str]:
     """Names of the entries whose splits (`splits(entry)`) do not open."""
     from .folder import DataMissingError
+
     opener = opener or (lambda e, s: open_split(e, s, data_dir))
     out = []
     for e in entries:

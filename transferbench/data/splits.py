@@ -6,6 +6,7 @@ Percent bounds round to the closest example as tfds does by default: int(round(p
 We resolve on indices because `tfds.data_source` gives random access and `tfds.testing.mock_data`
 ignores slicing.
 """
+
 from __future__ import annotations
 
 import re

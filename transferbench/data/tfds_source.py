@@ -1,11 +1,12 @@
 """tfds datasets through `tfds.data_source`: random access over prepared ArrayRecord files, no TensorFlow
 at run time. Split strings are resolved by transferbench (data.splits) on indices."""
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -14,8 +15,10 @@ from PIL import Image
 from .folder import DataMissingError
 from .splits import resolve_split
 
-PREPARE = ("prepare it once with TensorFlow installed: pip install 'transferbench[tfds]' tensorflow && "
-           "python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='{dir}').download_and_prepare()\"")
+PREPARE = (
+    "prepare it once with TensorFlow installed: pip install 'transferbench[tfds]' tensorflow && "
+    "python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='{dir}').download_and_prepare()\""
+)
 
 
 def data_dir(explicit=None) -> str:
@@ -33,8 +36,16 @@ class TfdsDataset(torch.utils.data.Dataset):
     label_fn maps the example dict (numpy values) to an int; default `example['label']`.
     """
 
-    def __init__(self, name: str, split: str, transform: Callable | None = None, *,
-                 label_fn: Callable[[dict], int] | None = None, image_key: str = "image", data_dir_=None):
+    def __init__(
+        self,
+        name: str,
+        split: str,
+        transform: Callable | None = None,
+        *,
+        label_fn: Callable[[dict], int] | None = None,
+        image_key: str = "image",
+        data_dir_=None,
+    ):
         import tensorflow_datasets as tfds
 
         self.name, self.split, self.transform = name, split, transform
@@ -52,8 +63,8 @@ class TfdsDataset(torch.utils.data.Dataset):
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 raise DataMissingError(
                     f"tfds dataset {name!r} split {s!r} cannot be read from {where} (searched --data-dir, "
-                    f"TFDS_DATA_DIR, ~/tensorflow_datasets; tfds says: {why}); "
-                    + PREPARE.format(name=name, dir=where)) from None
+                    f"TFDS_DATA_DIR, ~/tensorflow_datasets; tfds says: {why}); " + PREPARE.format(name=name, dir=where)
+                ) from None
             finally:
                 absl_log.setLevel(level)
         parts = resolve_split(split, {s: len(src) for s, src in self.sources.items()})

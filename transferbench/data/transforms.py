@@ -11,6 +11,7 @@ In-memory sets (every embedded set, export folders of equal-size images) are tra
 (`ImageTransform.batch`) from the same per-example draws as the per-example path: the resize runs once per
 set, crops are a gather, flips a select, and the scaling one tensor operation.
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,16 +85,32 @@ class ImageTransform:
                 left = torch.tensor([b[1] for b in boxes])[:, None] + torch.arange(size)
                 x = x[torch.arange(n)[:, None, None], :, top[:, :, None], left[:, None, :]].permute(0, 3, 1, 2)
             elif self.crop is not None:  # boxes of every size, each resized to the output
-                x = torch.stack([F.resized_crop(x[i], *boxes[i], self.crop.size, interpolation=self.crop.interpolation,
-                                                antialias=self.crop.antialias) for i in range(n)])
+                x = torch.stack(
+                    [
+                        F.resized_crop(
+                            x[i],
+                            *boxes[i],
+                            self.crop.size,
+                            interpolation=self.crop.interpolation,
+                            antialias=self.crop.antialias,
+                        )
+                        for i in range(n)
+                    ]
+                )
             if self.flip is not None:
                 flips = torch.tensor([d[1] for d in draws])
                 x = torch.where(flips[:, None, None, None], x.flip(-1), x)
         return v2.Compose(self.suffix)(x.contiguous()).as_subclass(torch.Tensor)
 
 
-def eval_transform(resolution: int, resize_small: int | None = None, resize_square: int | None = None, *,
-                   pixels: str = DEFAULT_PIXELS, flip: bool = False) -> ImageTransform:
+def eval_transform(
+    resolution: int,
+    resize_small: int | None = None,
+    resize_square: int | None = None,
+    *,
+    pixels: str = DEFAULT_PIXELS,
+    flip: bool = False,
+) -> ImageTransform:
     """`resize_small`: short side to that size, then a central crop; `resize_square`: both sides to that size,
     then a central crop (big_vision's `resize(256)|central_crop(224)`: few-shot, LiT's zero-shot images).
     `flip`: every image mirrored left-right (a deterministic second view)."""
@@ -108,8 +125,9 @@ def eval_transform(resolution: int, resize_small: int | None = None, resize_squa
     return ImageTransform([v2.ToImage(), *size], pixels=pixels)
 
 
-def train_transform(resolution: int, augment: str = "crop_flip", *, pixels: str = DEFAULT_PIXELS,
-                    randaug=None) -> ImageTransform:
+def train_transform(
+    resolution: int, augment: str = "crop_flip", *, pixels: str = DEFAULT_PIXELS, randaug=None
+) -> ImageTransform:
     """`augment` (the crop and flip), then `randaug` (a torchvision RandAugment, AugReg pretraining's
     `randaug(2, m)` after `flip_lr`), then the pixel normalisation."""
     if augment not in AUGMENTATIONS:
@@ -123,5 +141,6 @@ def train_transform(resolution: int, augment: str = "crop_flip", *, pixels: str 
         crop = v2.RandomCrop(resolution)
     else:
         prefix.append(v2.Resize((resolution, resolution)))
-    return ImageTransform(prefix, crop, v2.RandomHorizontalFlip() if "flip" in augment else None, pixels=pixels,
-                          post=randaug)
+    return ImageTransform(
+        prefix, crop, v2.RandomHorizontalFlip() if "flip" in augment else None, pixels=pixels, post=randaug
+    )

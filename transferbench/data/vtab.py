@@ -5,6 +5,7 @@ reads it and implements the rules it names). Pure functions, testable on tfds mo
                           "trainval": "train[:800]+train[16200:16400]", "test": "train[21600:]"}
     label("clevr_dist", example) -> int       # example: the tfds feature dict as numpy values
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -12,8 +13,15 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import UserError, close_matches
-from .labels import (DSPRITES_ORIENTATIONS, DSPRITES_POSITIONS, KITTI_DIST_THRESHOLDS, binned, clevr_count_label,
-                     clevr_dist_label, threshold_class)
+from .labels import (
+    DSPRITES_ORIENTATIONS,
+    DSPRITES_POSITIONS,
+    KITTI_DIST_THRESHOLDS,
+    binned,
+    clevr_count_label,
+    clevr_dist_label,
+    threshold_class,
+)
 
 # tfds folder split (train800 ...) <- role in the protocol
 FOLDER_SPLITS = {"train800": "train", "val200": "val", "test": "test"}
@@ -23,6 +31,7 @@ FOLDER_SPLITS = {"train800": "train", "val200": "val", "test": "test"}
 def tasks() -> dict:
     """task name -> its dataset entry in tasks/vtab.yaml (the 19 tfds tasks, not the embedded sets)."""
     from ..spec import load_task
+
     return {d.name: d for d in load_task("vtab").datasets if getattr(d, "source", "tfds") == "tfds"}
 
 
@@ -80,7 +89,12 @@ def export_vtab(out, names=None, data_dir=None, limit: int | None = None, progre
             # a generator: images stream to disk one by one (a test split can be gigabytes)
             items = ((np.asarray(img), y) for img, y in (ds[i] for i in range(n)))
             parts[folder_split] = progress(items, total=n, desc=f"{name} {folder_split}") if progress else items
-        info = {"num_classes": t.classes, "source": f"tfds {t.tfds}", "splits": roles, "label_rule": t.label,
-                "version": f"vtab-{name}-{t.tfds}" + (f"-limit{limit}" if limit else "")}
+        info = {
+            "num_classes": t.classes,
+            "source": f"tfds {t.tfds}",
+            "splits": roles,
+            "label_rule": t.label,
+            "version": f"vtab-{name}-{t.tfds}" + (f"-limit{limit}" if limit else ""),
+        }
         written.append(write_folder_dataset(out, name, parts, info))
     return written

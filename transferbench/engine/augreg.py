@@ -13,6 +13,7 @@
   of dense and conv layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits);
 - `decay_groups`: the two AdamW parameter groups (decayed, not) that every rule above feeds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,15 @@ import torch
 from torch import nn
 
 # big_vision configs/vit_i1k.py RANDAUG_DEF / MIXUP_DEF: randaug(num_ops, magnitude) and the mixup concentration
-RANDAUG = {"none": None, "light1": (2, 0), "light2": (2, 10), "medium1": (2, 15), "medium2": (2, 15),
-           "strong1": (2, 20), "strong2": (2, 20)}
+RANDAUG = {
+    "none": None,
+    "light1": (2, 0),
+    "light2": (2, 10),
+    "medium1": (2, 15),
+    "medium2": (2, 15),
+    "strong1": (2, 20),
+    "strong2": (2, 20),
+}
 MIXUP = {"none": 0.0, "light1": 0.0, "light2": 0.2, "medium1": 0.2, "medium2": 0.5, "strong1": 0.5, "strong2": 0.8}
 # DPN App. C's table: the augmentation strength per model (big_vision's vit_i1k.py default differs for S/32:
 # light2 there, medium1 in the paper; the paper wins)
@@ -34,8 +42,9 @@ def size_key(parsed: dict, name: str) -> str:
     """'b16' for any backbone of ViT-B/16 (stem, DTN or `_rep` variants alike)."""
     from ..backbones.registry import SIZES
 
-    size = next((k for k, s in SIZES.items() if s.embed_dim == parsed["embed_dim"] and s.depth == parsed["depth"]),
-                name)
+    size = next(
+        (k for k, s in SIZES.items() if s.embed_dim == parsed["embed_dim"] and s.depth == parsed["depth"]), name
+    )
     return f"{size}{parsed['patch_size']}"
 
 
@@ -86,8 +95,11 @@ def kernel_names(model: nn.Module) -> list[str]:
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             names.append(f"{dot}weight")
         elif isinstance(m, nn.MultiheadAttention):
-            names += [f"{dot}{k}" for k in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
-                      if getattr(m, k, None) is not None]
+            names += [
+                f"{dot}{k}"
+                for k in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+                if getattr(m, k, None) is not None
+            ]
     return names
 
 
@@ -102,8 +114,10 @@ def decay_groups(model: nn.Module, decayed, weight_decay: float) -> list[dict]:
     each in `named_parameters` order."""
     decayed = set(decayed)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for n, p in named if n in decayed], "weight_decay": float(weight_decay)},
-            {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0}]
+    return [
+        {"params": [p for n, p in named if n in decayed], "weight_decay": float(weight_decay)},
+        {"params": [p for n, p in named if n not in decayed], "weight_decay": 0.0},
+    ]
 
 
 def scale_and_bias(model: nn.Module) -> list[str]:
@@ -114,8 +128,9 @@ def scale_and_bias(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad and p.ndim == 1]
 
 
-def scenic_adamw(model: nn.Module, *, lr: float, weight_decay: float, skip_scale_and_bias: bool = True,
-                 betas=(0.9, 0.999)) -> torch.optim.AdamW:
+def scenic_adamw(
+    model: nn.Module, *, lr: float, weight_decay: float, skip_scale_and_bias: bool = True, betas=(0.9, 0.999)
+) -> torch.optim.AdamW:
     """optax.adamw as scenic configures it: decay lr_t * weight_decay * param (torch AdamW's semantics, which
     optax.adamw shares), not on `scale_and_bias(model)` with `skip_scale_and_bias`."""
     skip = set(scale_and_bias(model)) if skip_scale_and_bias else set()

@@ -1,6 +1,7 @@
 """The worker side of one cell: where and how it computes (CellContext), running the adapter and turning what
 happens into an outcome (compute_cell), and what a record says about the machine (environment). The runner, the
 executors' workers and the training loop (Diverged, check_finite) all import it; it imports none of them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,10 +11,10 @@ import platform
 import subprocess
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 from tqdm.auto import tqdm
 
@@ -37,6 +38,7 @@ class CellContext:
     data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
     batch), progress bars and whether per-example results are kept (`log_samples`: an adapter that can returns
     them under "samples", {split: bool array in the split's order}; the record's file beside it holds them)."""
+
     device: str | None
     show_progress: bool = True
     data_dir: str | None = None
@@ -45,35 +47,54 @@ class CellContext:
     log_samples: bool = False
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
-        return tqdm(iterable, total=total, desc=desc, leave=False, position=1, dynamic_ncols=True,
-                    disable=None if self.show_progress else True)
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            leave=False,
+            position=1,
+            dynamic_ncols=True,
+            disable=None if self.show_progress else True,
+        )
 
 
 @lru_cache(maxsize=1)
 def environment() -> dict:
+    from importlib.metadata import version
+
     import numpy
     import timm
     import torch
 
-    from importlib.metadata import version
-    env = {"python": platform.python_version(), "platform": platform.platform(), "transferbench": version("transferbench"),
-           "torch": torch.__version__, "timm": timm.__version__, "numpy": numpy.__version__,
-           "device": _device_name(), "git_sha": _git_sha(), "host": platform.node()}
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "transferbench": version("transferbench"),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "numpy": numpy.__version__,
+        "device": _device_name(),
+        "git_sha": _git_sha(),
+        "host": platform.node(),
+    }
     return env
 
 
 def _device_name() -> str:
     import torch
+
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     from .precision import cpu_model
+
     return f"cpu: {cpu_model() or platform.processor() or 'unknown'} x{os.cpu_count()}"
 
 
 def _git_sha() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -81,6 +102,7 @@ def _git_sha() -> str | None:
 
 def default_device() -> str:
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -110,9 +132,16 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
-    return {"status": status, "reason": reason, "metrics": metrics, "info": info,
-            "seconds": round(time.time() - started, 3), "environment": environment(), "traceback": tb,
-            **({"samples": samples} if status == "ok" and samples else {})}
+    return {
+        "status": status,
+        "reason": reason,
+        "metrics": metrics,
+        "info": info,
+        "seconds": round(time.time() - started, 3),
+        "environment": environment(),
+        "traceback": tb,
+        **({"samples": samples} if status == "ok" and samples else {}),
+    }
 
 
 KILLED_WORKER = ("DataLoader worker", "killed by signal", "exited unexpectedly")
@@ -135,24 +164,36 @@ def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
         if isinstance(e, FileNotFoundError) and e.filename:
             missing = Path(str(e.filename))
             for root, name, fix in (
-                    (ctx.data_dir, "--data-dir", "restore the data there (or give --data-dir where it is now)"),
-                    (str(home()), "$TRANSFERBENCH_HOME", "keep the folder in place while cells run (embedded data is "
-                                                         "generated again on the rerun)")):
+                (ctx.data_dir, "--data-dir", "restore the data there (or give --data-dir where it is now)"),
+                (
+                    str(home()),
+                    "$TRANSFERBENCH_HOME",
+                    "keep the folder in place while cells run (embedded data is generated again on the rerun)",
+                ),
+            ):
                 if root and Path(root).expanduser().resolve() in (missing.resolve(), *missing.resolve().parents):
                     return f"{name} {root}: {missing} vanished while a cell was reading it; {fix}, {RESUME}"
     text = str(e)
     if isinstance(e, RuntimeError) and KILLED_WORKER[0] in text and any(k in text for k in KILLED_WORKER[1:]):
-        return (f"{text.splitlines()[0].strip()} (the system killed a data-loading process; the usual cause is the "
-                f"out-of-memory killer): rerun with fewer --workers (--workers 0 loads in the cell's own process) or "
-                f"with more memory; {RESUME.removeprefix('then ')}")
+        return (
+            f"{text.splitlines()[0].strip()} (the system killed a data-loading process; the usual cause is the "
+            f"out-of-memory killer): rerun with fewer --workers (--workers 0 loads in the cell's own process) or "
+            f"with more memory; {RESUME.removeprefix('then ')}"
+        )
     return None
 
 
 def lost_outcome(error: Exception, attempts: int) -> dict:
     """The outcome of a cell whose worker died on every attempt: failed, so that a rerun tries it again."""
-    return {"status": "failed", "reason": f"{type(error).__name__}: {error} ({attempts} attempt"
-                                          f"{'s' if attempts > 1 else ''})",
-            "metrics": {}, "info": {}, "seconds": 0.0, "environment": environment(), "traceback": None}
+    return {
+        "status": "failed",
+        "reason": f"{type(error).__name__}: {error} ({attempts} attempt{'s' if attempts > 1 else ''})",
+        "metrics": {},
+        "info": {},
+        "seconds": 0.0,
+        "environment": environment(),
+        "traceback": None,
+    }
 
 
 def _check_metrics(result: dict, cell) -> dict:

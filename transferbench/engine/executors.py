@@ -13,6 +13,7 @@ A future that fails with `WorkerLost` means that the process computing it died (
 killer, a lost node): the runner submits the cell again or records it failed. `slots` is how many cells
 may be in flight at once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,6 +45,7 @@ def _chain(inner: Future, translate, settle=lambda: None) -> Future:
             result, error = None, translate(e)
         settle()
         outer.set_result(result) if error is None else outer.set_exception(error)
+
     inner.add_done_callback(done)
     return outer
 
@@ -52,6 +54,7 @@ class InlineExecutor:
     """One cell at a time in this process, with its progress bars: transferbench's behaviour before executors.
     `threads` (--cpus-per-cell) sets torch's threads for the run, e.g. 1 to reproduce a pool's or Ray's records
     exactly: the threads per cell, not the executor, decide the floating-point reduction order."""
+
     slots = 1
 
     def __init__(self, threads: int | None = None):
@@ -62,11 +65,13 @@ class InlineExecutor:
         self.adapter, self.ctx = adapter, ctx
         if self.threads:
             import torch
+
             self._restore = torch.get_num_threads()
             torch.set_num_threads(self.threads)
 
     def submit(self, cell) -> Future:
         from .compute import compute_cell
+
         f: Future = Future()
         f.set_result(compute_cell(self.adapter, cell, self.ctx))  # a KeyboardInterrupt propagates from here
         return f
@@ -74,10 +79,12 @@ class InlineExecutor:
     def close(self, interrupted: bool = False) -> None:
         if self._restore:
             import torch
+
             torch.set_num_threads(self._restore)
 
 
 # --- a pool of worker processes on this machine ---------------------------------------------------------------
+
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -86,6 +93,7 @@ def usable_cores() -> int:
 def visible_gpus() -> list[str]:
     """The CUDA devices this process sees, as CUDA_VISIBLE_DEVICES entries."""
     import torch
+
     if not torch.cuda.is_available():
         return []
     listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -97,6 +105,7 @@ def _die_with_parent() -> None:
     computing a cell whose lock its dead driver no longer holds."""
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -109,6 +118,7 @@ def _init_worker(threads: int, gpu: str | None, pid) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
     from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(threads)
     threadpool_limits(threads)  # numpy's BLAS (few-shot solvers, statistics) too
     pid.value = os.getpid()
@@ -116,6 +126,7 @@ def _init_worker(threads: int, gpu: str | None, pid) -> None:
 
 def _compute_in_worker(adapter, cell, ctx) -> dict:
     from .compute import compute_cell
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return compute_cell(adapter, cell, ctx)
@@ -141,6 +152,7 @@ class PoolExecutor:
 
     def start(self, adapter, ctx) -> None:
         import multiprocessing
+
         self._mp = multiprocessing.get_context("spawn")
         self.adapter = adapter
         self.ctx = dataclasses.replace(ctx, show_progress=False)  # the driver's bar counts cells; workers stay quiet
@@ -150,14 +162,17 @@ class PoolExecutor:
 
     def _pool(self, slot: int):
         from concurrent.futures import ProcessPoolExecutor
+
         if self._pools[slot] is None:
             gpu = self._gpus[slot % len(self._gpus)] if self._gpus else None
-            self._pools[slot] = ProcessPoolExecutor(1, mp_context=self._mp, initializer=_init_worker,
-                                                    initargs=(self.threads, gpu, self._pids[slot]))
+            self._pools[slot] = ProcessPoolExecutor(
+                1, mp_context=self._mp, initializer=_init_worker, initargs=(self.threads, gpu, self._pids[slot])
+            )
         return self._pools[slot]
 
     def submit(self, cell) -> Future:
         from concurrent.futures.process import BrokenProcessPool
+
         with self._lock:
             slot = self._busy.index(False)  # the runner keeps at most `slots` cells in flight
             self._busy[slot] = True
@@ -173,8 +188,10 @@ class PoolExecutor:
                 return e
             self._pools[slot] = None  # the next cell in this slot gets a fresh process
             pool.shutdown(wait=False)
-            return WorkerLost(f"worker process {self._pids[slot].value} died while computing the cell (killed, or "
-                              "out of memory)")
+            return WorkerLost(
+                f"worker process {self._pids[slot].value} died while computing the cell (killed, or out of memory)"
+            )
+
         return _chain(inner, translate, settle=lambda: self._busy.__setitem__(slot, False))
 
     def close(self, interrupted: bool = False) -> None:
@@ -204,12 +221,15 @@ def _signal(pid: int, sig) -> None:
 
 # --- Ray ------------------------------------------------------------------------------------------------------
 
+
 def _ray():
     try:
         import ray
     except ImportError:
-        raise UserError("--executor ray needs Ray: pip install 'transferbench[scale]' (on the driver and on every "
-                        "node of the cluster)") from None
+        raise UserError(
+            "--executor ray needs Ray: pip install 'transferbench[scale]' (on the driver and on every "
+            "node of the cluster)"
+        ) from None
     return ray
 
 
@@ -219,6 +239,7 @@ def _ray_compute(adapter, cell, ctx, threads: int, checkpoint_ref) -> dict:
     import torch
 
     from .compute import compute_cell
+
     torch.set_num_threads(threads)
     if cell.checkpoint is not None:
         cell = dataclasses.replace(cell, checkpoint=str(local_checkpoint(cell, checkpoint_ref)))
@@ -229,8 +250,8 @@ def local_checkpoint(cell, checkpoint_ref) -> Path:
     """`cell.checkpoint` where this node has that file (same sha256), else the driver's copy from the object
     store written into $TRANSFERBENCH_HOME/checkpoints/<sha256><suffix> (atomically: tasks on one node may
     race)."""
-    from ..paths import atomic_path, cache, entry_lock, quarantine
     from ..hashing import file_sha256
+    from ..paths import atomic_path, cache, entry_lock, quarantine
 
     path = Path(cell.checkpoint)
     if path.is_file() and file_sha256(path) == cell.checkpoint_sha256:
@@ -256,6 +277,7 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
     if not host or not port.isdigit():
         raise ConnectionError("expected auto, HOST:PORT or ray://HOST:PORT")
     import socket
+
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
@@ -270,8 +292,14 @@ class RayExecutor:
     the progress bar's 'running' is what runs. Ray's own task retries are off: a lost worker comes back to the
     runner as WorkerLost, which counts attempts the same way for every executor."""
 
-    def __init__(self, address: str | None = None, cpus_per_cell: float = 1, gpus_per_cell: float | None = None,
-                 runtime_env: dict | None = None, init: dict | None = None):
+    def __init__(
+        self,
+        address: str | None = None,
+        cpus_per_cell: float = 1,
+        gpus_per_cell: float | None = None,
+        runtime_env: dict | None = None,
+        init: dict | None = None,
+    ):
         if cpus_per_cell <= 0:
             raise UserError(f"--cpus-per-cell must be > 0, got {cpus_per_cell}")
         if gpus_per_cell is not None and gpus_per_cell < 0:
@@ -293,8 +321,10 @@ class RayExecutor:
                 _reachable(self.address)
                 ray.init(address=self.address, **kwargs)
             except ConnectionError as e:
-                raise UserError(f"--address {self.address}: no Ray cluster there ({e}); start one with "
-                                "`ray start --head`, or leave --address out to run Ray on this machine") from None
+                raise UserError(
+                    f"--address {self.address}: no Ray cluster there ({e}); start one with "
+                    "`ray start --head`, or leave --address out to run Ray on this machine"
+                ) from None
             self._started_here = True
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         if self.gpus is None:
@@ -302,13 +332,16 @@ class RayExecutor:
         if not any(r.get("CPU", 0) >= self.cpus and r.get("GPU", 0) >= self.gpus for r in nodes):
             self.close()
             have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in nodes)
-            raise UserError(f"no node of the Ray cluster can hold a cell of {self.cpus:g} CPUs and {self.gpus:g} GPUs "
-                            f"(nodes: {have}); lower --cpus-per-cell / --gpus-per-cell")
+            raise UserError(
+                f"no node of the Ray cluster can hold a cell of {self.cpus:g} CPUs and {self.gpus:g} GPUs "
+                f"(nodes: {have}); lower --cpus-per-cell / --gpus-per-cell"
+            )
         self.ctx = dataclasses.replace(ctx, show_progress=False)
         self._adapter = ray.put(adapter)
         self._checkpoints: dict[str, list] = {}
-        self._remote = ray.remote(_ray_compute).options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=0,
-                                                        runtime_env=self.runtime_env)
+        self._remote = ray.remote(_ray_compute).options(
+            num_cpus=self.cpus, num_gpus=self.gpus, max_retries=0, runtime_env=self.runtime_env
+        )
 
     @property
     def slots(self) -> int:
@@ -335,11 +368,18 @@ class RayExecutor:
         self._inflight.add(task)
 
         def translate(e):
-            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
-                    ray.exceptions.OwnerDiedError, ray.exceptions.TaskCancelledError)
+            lost = (
+                ray.exceptions.WorkerCrashedError,
+                ray.exceptions.NodeDiedError,
+                ray.exceptions.ObjectLostError,
+                ray.exceptions.OwnerDiedError,
+                ray.exceptions.TaskCancelledError,
+            )
             if isinstance(e, lost):
-                return WorkerLost(f"Ray worker lost while computing the cell ({type(e).__name__}: "
-                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+                return WorkerLost(
+                    f"Ray worker lost while computing the cell ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})"
+                )
             return e
 
         return _chain(task.future(), translate, settle=lambda: self._inflight.discard(task))
@@ -354,19 +394,30 @@ class RayExecutor:
             self._started_here = False
 
 
-def make_executor(name: str = "local", *, jobs: int = 1, address: str | None = None, cpus_per_cell: float | None = None,
-                  gpus_per_cell: float | None = None):
+def make_executor(
+    name: str = "local",
+    *,
+    jobs: int = 1,
+    address: str | None = None,
+    cpus_per_cell: float | None = None,
+    gpus_per_cell: float | None = None,
+):
     """The executor that `transferbench run --executor NAME` asks for."""
     if name == "local":
         if address is not None or gpus_per_cell is not None:
-            raise UserError("--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
-                            "(each job gets its share of the cores and, with several GPUs, its own)")
+            raise UserError(
+                "--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
+                "(each job gets its share of the cores and, with several GPUs, its own)"
+            )
         threads = None if cpus_per_cell is None else max(1, int(cpus_per_cell))
         return InlineExecutor(threads) if jobs == 1 else PoolExecutor(jobs, threads)
     if name == "ray":
         if jobs != 1:
-            raise UserError("--jobs is for --executor local; with --executor ray the cluster's size sets how many "
-                            "cells run at once (--cpus-per-cell / --gpus-per-cell size each one)")
+            raise UserError(
+                "--jobs is for --executor local; with --executor ray the cluster's size sets how many "
+                "cells run at once (--cpus-per-cell / --gpus-per-cell size each one)"
+            )
         return RayExecutor(address, 1 if cpus_per_cell is None else cpus_per_cell, gpus_per_cell)
     from ..errors import close_matches
+
     raise UserError(f"--executor {name!r} is not one of {', '.join(EXECUTORS)}{close_matches(name, EXECUTORS)}")

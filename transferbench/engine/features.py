@@ -7,6 +7,7 @@ misses. Entries are `.npz` files (features float32, labels int64) under $TRANSFE
 written atomically with their size and checksum beside them (`KEY.npz.digest`), checked before a hit is
 read: a damaged entry is set aside and computed again (paths.verified).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,28 +31,55 @@ def precision(setting, device: str, *, backbone: str, resolution: int, pool: str
 
     def make_step():
         model = build().eval().to(device)
-        return forward_step(lambda b: model.forward_head(model.forward_features(b), pre_logits=True),
-                            probe_images(batch, resolution), device)
+        return forward_step(
+            lambda b: model.forward_head(model.forward_features(b), pre_logits=True),
+            probe_images(batch, resolution),
+            device,
+        )
 
-    return resolve(setting, device, {"mode": "features", "backbone": backbone, "resolution": resolution, "pool": pool,
-                                     "batch": batch}, make_step)
+    return resolve(
+        setting,
+        device,
+        {"mode": "features", "backbone": backbone, "resolution": resolution, "pool": pool, "batch": batch},
+        make_step,
+    )
 
 
-def cache_key(*, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str,
-              pool: str = "model") -> str:
+def cache_key(
+    *, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str, pool: str = "model"
+) -> str:
     """`pool`: the backbone's own pre-logits ('model') or the named pooling ('tok', 'gap')."""
     from ..hashing import digest
+
     representation = "pre_logits" if pool == "model" else f"pre_logits:{pool}"
-    ident = {"v": FEATURES_VERSION, "backbone": backbone, "weights": weights_sha256, "representation": representation,
-             "transform": transform, "dataset": dataset, "split": split}
+    ident = {
+        "v": FEATURES_VERSION,
+        "backbone": backbone,
+        "weights": weights_sha256,
+        "representation": representation,
+        "transform": transform,
+        "dataset": dataset,
+        "split": split,
+    }
     return digest(ident)
 
 
 @torch.inference_mode()
-def extract(model, dataset, transform, *, device: str, bf16: bool, batch: int = 256, workers: int = 0,
-            progress=None, desc: str = "features") -> tuple[np.ndarray, np.ndarray]:
+def extract(
+    model,
+    dataset,
+    transform,
+    *,
+    device: str,
+    bf16: bool,
+    batch: int = 256,
+    workers: int = 0,
+    progress=None,
+    desc: str = "features",
+) -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits features (B, D) and labels of every example, batched, in order."""
     from .train import eval_batches
+
     model.eval().to(device)
     batches = eval_batches(dataset, transform, batch=batch, workers=workers)
     total = (len(dataset) + batch - 1) // batch
@@ -60,13 +88,22 @@ def extract(model, dataset, transform, *, device: str, bf16: bool, batch: int = 
 
 
 @torch.inference_mode()
-def extract_pairs(model, pairs, transform, *, device: str, bf16: bool, batch: int = 256, workers: int = 0,
-                  progress=None, desc: str = "features") -> tuple[np.ndarray, np.ndarray]:
+def extract_pairs(
+    model,
+    pairs,
+    transform,
+    *,
+    device: str,
+    bf16: bool,
+    batch: int = 256,
+    workers: int = 0,
+    progress=None,
+    desc: str = "features",
+) -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits (N, D) and captions (a unicode array) of an ordered stream of (image, caption) pairs
     (data.image_text readers). Decoding runs in at most one worker, so the order is the reader's."""
     model.eval().to(device)
-    loader = torch.utils.data.DataLoader(_PairStream(pairs, transform), batch_size=batch,
-                                         num_workers=min(1, workers))
+    loader = torch.utils.data.DataLoader(_PairStream(pairs, transform), batch_size=batch, num_workers=min(1, workers))
     feats, captions = _forward(model, loader, device, bf16, progress, None, desc)
     return feats, np.array([c for cs in captions for c in cs], dtype=np.str_)
 
@@ -81,8 +118,9 @@ class _PairStream(torch.utils.data.IterableDataset):
 
 def _forward(model, batches, device, bf16, progress, total, desc) -> tuple[np.ndarray, list]:
     from .train import autocast
+
     feats, labels = [], []
-    for x, y in (progress(batches, total=total, desc=desc) if progress else batches):
+    for x, y in progress(batches, total=total, desc=desc) if progress else batches:
         with autocast(device, bf16):
             f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
         feats.append(f.float().cpu().numpy())

@@ -12,16 +12,17 @@ $TRANSFERBENCH_HOME/bf16-probe, so one machine decides once per shape; a damaged
 choice and its timings go into the record's `info` (not into the cell key: fp32 and bf16 are the same
 protocol).
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,6 +38,7 @@ PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one p
 @dataclass(frozen=True)
 class Precision:
     """The resolved choice: `bf16` for autocast, `info` for the record."""
+
     bf16: bool
     info: dict = field(default_factory=dict)
 
@@ -67,8 +69,9 @@ def _cpuinfo() -> str:
 
 def cpu_model() -> str | None:
     """The CPU's model name from /proc/cpuinfo, or None."""
-    return next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
-                 if line.startswith("model name")), None)
+    return next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")), None
+    )
 
 
 def cpu_bf16_units() -> bool:
@@ -108,8 +111,16 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
         timing = probe(make_step())
         _write(path, {**timing, "device": kind, "step": signature})
     bf16 = timing["bf16_ms"] < timing["fp32_ms"]
-    return Precision(bf16, {"setting": "auto", "decided_by": "probe", "probe_cached": cached,
-                            "fp32_ms": timing["fp32_ms"], "bf16_ms": timing["bf16_ms"]})
+    return Precision(
+        bf16,
+        {
+            "setting": "auto",
+            "decided_by": "probe",
+            "probe_cached": cached,
+            "fp32_ms": timing["fp32_ms"],
+            "bf16_ms": timing["bf16_ms"],
+        },
+    )
 
 
 def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float = PROBE_SECONDS) -> dict:
@@ -123,12 +134,15 @@ def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float
         times: dict[bool, list[float]] = {False: [], True: []}
         started = time.perf_counter()
         while len(times[True]) < pairs and (not times[True] or time.perf_counter() - started < seconds):
-            for bf16 in ((False, True) if len(times[True]) % 2 == 0 else (True, False)):
+            for bf16 in (False, True) if len(times[True]) % 2 == 0 else (True, False):
                 t = time.perf_counter()
                 step(bf16)
                 times[bf16].append(1000 * (time.perf_counter() - t))
-    return {"fp32_ms": round(statistics.median(times[False]), 3), "bf16_ms": round(statistics.median(times[True]), 3),
-            "pairs": len(times[True])}
+    return {
+        "fp32_ms": round(statistics.median(times[False]), 3),
+        "bf16_ms": round(statistics.median(times[True]), 3),
+        "pairs": len(times[True]),
+    }
 
 
 def _read(path: Path) -> dict | None:
@@ -150,8 +164,10 @@ def _write(path: Path, entry: dict) -> None:
 
 def shapes(model: torch.nn.Module) -> dict:
     """A model's architecture as far as speed goes: its class and every parameter's name and shape."""
-    return {"class": type(model).__name__,
-            "parameters": digest([(n, list(p.shape)) for n, p in model.named_parameters()], 16)}
+    return {
+        "class": type(model).__name__,
+        "parameters": digest([(n, list(p.shape)) for n, p in model.named_parameters()], 16),
+    }
 
 
 def _sync(device: str) -> None:
@@ -181,7 +197,9 @@ def probe_images(batch: int, resolution: int) -> torch.Tensor:
     return torch.rand(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(0)) * 2 - 1
 
 
-def forward_step(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: str) -> Callable[[bool], None]:
+def forward_step(
+    forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: str
+) -> Callable[[bool], None]:
     """One inference-mode forward of `forward` on `x`."""
     x = x.to(device)
 
@@ -195,7 +213,10 @@ def forward_step(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
 
 def for_forward(setting, device: str, model: torch.nn.Module, batch: int, resolution: int) -> Precision:
     """bf16 or fp32 for evaluating `model` (already on `device`) in batches of `batch` square images."""
+
     def make_step():
         return forward_step(model, probe_images(batch, resolution), device)
-    return resolve(setting, device, {"mode": "eval", "model": shapes(model), "x": [batch, 3, resolution, resolution]},
-                   make_step)
+
+    return resolve(
+        setting, device, {"mode": "eval", "model": shapes(model), "x": [batch, 3, resolution, resolution]}, make_step
+    )

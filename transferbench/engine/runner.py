@@ -1,5 +1,6 @@
 """Run a task's plan: in-process and sequential by default, resumable, safe against kill -9 and
 against a second run writing into the same folder."""
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,13 @@ from tqdm.auto import tqdm
 
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
-from .compute import (CellContext, Diverged, check_finite, compute_cell, default_device,  # noqa: F401 (public names)
-                      environment, lost_outcome)
 from ..records.aggregate import select_best
 from ..records.store import FINISHED, RecordStore, Timeout
+from .compute import (
+    CellContext,
+    default_device,  # noqa: F401 (public names)
+    lost_outcome,
+)
 
 log = logging.getLogger("transferbench")
 
@@ -49,14 +53,28 @@ class RunSummary:
     failures: list = field(default_factory=list)
 
     def line(self) -> str:
-        return (f"{self.ok} ok, {self.diverged} diverged, {self.failed} failed, "
-                f"{self.skipped} skipped (already finished)")
+        return (
+            f"{self.ok} ok, {self.diverged} diverged, {self.failed} failed, {self.skipped} skipped (already finished)"
+        )
 
 
-def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, executor=None,
-             show_progress: bool = True, device: str | None = None, data_dir: str | None = None, workers: int = 0,
-             micro_batch: int | None = None, retries: int = 1, check_data: bool = True,
-             log_samples: bool = False) -> RunSummary:
+def run_task(
+    task,
+    backbones: list,
+    out,
+    *,
+    adapter=None,
+    force: bool = False,
+    executor=None,
+    show_progress: bool = True,
+    device: str | None = None,
+    data_dir: str | None = None,
+    workers: int = 0,
+    micro_batch: int | None = None,
+    retries: int = 1,
+    check_data: bool = True,
+    log_samples: bool = False,
+) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
     An adapter with a `check_data(task, ctx)` method checks its data first (a UserError stops the run
@@ -71,8 +89,10 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
 
     adapter = adapter or task.adapter
     if adapter is None:
-        raise TypeError("run_task needs the task's adapter: resolve the task with transferbench.adapters.prepare_task "
-                        "or pass adapter=")
+        raise TypeError(
+            "run_task needs the task's adapter: resolve the task with transferbench.adapters.prepare_task "
+            "or pass adapter="
+        )
     store = RecordStore(out)
     store.remove_stale_temps()
     results = Results(store)
@@ -83,20 +103,33 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
     if task.hparams.get("pixels") == "auto":
         for b in backbones:
             if b.checkpoint and not b.pixels:  # said once per run and backbone
-                log.warning("%s: the checkpoint states no pixel normalisation; using %r (pixels in [-1, 1]); set "
-                            "another with --set pixels=imagenet|inception|mean=R,G,B/std=R,G,B", b.spec, DEFAULT_PIXELS)
+                log.warning(
+                    "%s: the checkpoint states no pixel normalisation; using %r (pixels in [-1, 1]); set "
+                    "another with --set pixels=imagenet|inception|mean=R,G,B/std=R,G,B",
+                    b.spec,
+                    DEFAULT_PIXELS,
+                )
     summary = RunSummary(uuid.uuid4().hex[:12])
     attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
     queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
     held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
     inflight: dict = {}  # future -> (cell, lock, attempt)
-    bar = tqdm(total=0, desc=f"{task.name} cells", unit="cell", position=0, dynamic_ncols=True,
-               disable=None if show_progress else True)
+    bar = tqdm(
+        total=0,
+        desc=f"{task.name} cells",
+        unit="cell",
+        position=0,
+        dynamic_ncols=True,
+        disable=None if show_progress else True,
+    )
     lines = CellLines(task.name, show_progress, axes=sorted(task.sweep))
 
     def show():
-        bar.set_postfix_str(f"running {len(inflight)}, failed {summary.failed}"
-                            + (f", waiting on another run {len(held)}" if held else ""), refresh=True)
+        bar.set_postfix_str(
+            f"running {len(inflight)}, failed {summary.failed}"
+            + (f", waiting on another run {len(held)}" if held else ""),
+            refresh=True,
+        )
 
     def replan():
         planned = list({c.key: c for b in backbones for c in adapter.plan(task, b, results)}.values())
@@ -186,7 +219,7 @@ def run_task(task, backbones: list, out, *, adapter=None, force: bool = False, e
         interrupted = False
     finally:
         executor.close(interrupted=interrupted)
-        for cell, lock, _ in inflight.values():  # interrupted: nothing of theirs was written
+        for _cell, lock, _ in inflight.values():  # interrupted: nothing of theirs was written
             lock.release()
         bar.close()
     return summary
@@ -236,23 +269,34 @@ class CellLines:
         stage = f" {cell.stage}" if cell.stage else ""
         stage += "".join(f" {k}={cell.hparams[k]}" for k in self.axes if k in cell.hparams)
         when = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{when} {self.task} {cell.dataset} {cell.backbone}{stage} seed {cell.seed}: {headline(cell, outcome)}"
-              f" | {done}/{total} cells, {_clock(elapsed)} elapsed, ETA {_clock(eta)}", file=self.stream, flush=True)
+        print(
+            f"{when} {self.task} {cell.dataset} {cell.backbone}{stage} seed {cell.seed}: {headline(cell, outcome)}"
+            f" | {done}/{total} cells, {_clock(elapsed)} elapsed, ETA {_clock(eta)}",
+            file=self.stream,
+            flush=True,
+        )
 
 
 def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) -> str:
     status = outcome["status"]
     if status == "failed":
         summary.failures.append(f"{cell.dataset} {cell.backbone} seed {cell.seed}: {outcome['reason']}")
-    record = {**cell.to_dict(), "key": cell.key, "status": status, "reason": outcome["reason"],
-              "metrics": outcome["metrics"], "info": outcome["info"], "seconds": outcome["seconds"],
-              "run_id": summary.run_id, "finished_at": datetime.now(timezone.utc).isoformat(),
-              "environment": outcome["environment"], "argv": sys.argv[1:]}
+    record = {
+        **cell.to_dict(),
+        "key": cell.key,
+        "status": status,
+        "reason": outcome["reason"],
+        "metrics": outcome["metrics"],
+        "info": outcome["info"],
+        "seconds": outcome["seconds"],
+        "run_id": summary.run_id,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "environment": outcome["environment"],
+        "argv": sys.argv[1:],
+    }
     if outcome.get("traceback"):
         record["traceback"] = outcome["traceback"]
     if outcome.get("samples"):  # written first: a record that names its samples always has them beside it
         record["samples"] = store.write_samples(record, outcome["samples"])
     store.write(record)
     return status
-
-

@@ -5,19 +5,20 @@ Determinism: every training example is transformed under its own seed, drawn fro
 position), so a cell's metrics are the same for any number of DataLoader workers and any micro-batch
 size (up to float summation order) on the same machine.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data.pixels import DEFAULT_PIXELS, normalise_uint8
-from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
 from .compute import check_finite
+from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
 
 
 def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
@@ -110,8 +111,17 @@ def batched(dataset, transform) -> bool:
     return hasattr(dataset, "array") and hasattr(transform, "batch") and getattr(transform, "batchable", True)
 
 
-def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, workers: int = 0,
-                  joint: bool = False, per_example: bool = False) -> Iterator:
+def train_batches(
+    dataset,
+    transform,
+    *,
+    batch: int,
+    steps: int,
+    seed: int,
+    workers: int = 0,
+    joint: bool = False,
+    per_example: bool = False,
+) -> Iterator:
     """`steps` batches of (images, labels) from the shuffled, repeated dataset; `joint`: the transform
     maps (image, target) pairs (segmentation). In-memory sets are transformed a batch at a time, from the
     same per-example seeds and draws (same tensors as the per-example path; `per_example` forces that path, for
@@ -119,9 +129,14 @@ def train_batches(dataset, transform, *, batch: int, steps: int, seed: int, work
     sampler = _EpochSampler(len(dataset), seed, batch * steps)
     if not joint and not per_example and batched(dataset, transform):
         return _array_train_batches(dataset, transform, sampler, batch)
-    loader = torch.utils.data.DataLoader(_Seeded(dataset, transform, joint), batch_size=batch, sampler=sampler,
-                                         num_workers=workers, persistent_workers=False,
-                                         prefetch_factor=4 if workers else None)
+    loader = torch.utils.data.DataLoader(
+        _Seeded(dataset, transform, joint),
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        persistent_workers=False,
+        prefetch_factor=4 if workers else None,
+    )
     return iter(loader)
 
 
@@ -158,25 +173,42 @@ class _InOrder(_Seeded):
 def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0, per_example: bool = False) -> Iterator:
     if not per_example and batched(dataset, transform):
         return _array_eval_batches(dataset, transform, batch)
-    return iter(torch.utils.data.DataLoader(_InOrder(dataset, transform), batch_size=batch, shuffle=False,
-                                            num_workers=workers))
+    return iter(
+        torch.utils.data.DataLoader(_InOrder(dataset, transform), batch_size=batch, shuffle=False, num_workers=workers)
+    )
 
 
 def _array_eval_batches(dataset, transform, batch: int) -> Iterator:
     images = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
     labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.int64)
     for i in range(0, len(images), batch):
-        yield transform.batch(transform.prepare(images[i:i + batch])), labels[i:i + batch]
+        yield transform.batch(transform.prepare(images[i : i + batch])), labels[i : i + batch]
 
 
 def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "can't allocate memory" in str(err)
 
 
-def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warmup: int, clip: float | None,
-        loss_fn: Callable, device: str, bf16: bool | str, micro_batch: int | None = None, progress=None,
-        desc: str = "train", schedule: str = "cosine", power: float = 0.9, splittable: bool = True,
-        on_step: Callable[[int], None] | None = None) -> dict:
+def fit(
+    model,
+    batches: Iterator,
+    optimizer,
+    *,
+    steps: int,
+    base_lr: float,
+    warmup: int,
+    clip: float | None,
+    loss_fn: Callable,
+    device: str,
+    bf16: bool | str,
+    micro_batch: int | None = None,
+    progress=None,
+    desc: str = "train",
+    schedule: str = "cosine",
+    power: float = 0.9,
+    splittable: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
     halves the micro-batch and retries the step, so a batch of 512 fits where it can. `schedule`:
@@ -195,10 +227,18 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
     if not isinstance(bf16, bool):
         first = next(batches)
         batches = chain([first], batches)
-        x, y = first[0][:micro_batch or None], first[1][:micro_batch or None]
-        choice = resolve(bf16, device, {"mode": "train", "model": shapes(model), "x": [list(x.shape), str(x.dtype)],
-                                        "y": [list(y.shape), str(y.dtype)]},
-                         lambda: training_step(model, x, y, loss_fn, device))
+        x, y = first[0][: micro_batch or None], first[1][: micro_batch or None]
+        choice = resolve(
+            bf16,
+            device,
+            {
+                "mode": "train",
+                "model": shapes(model),
+                "x": [list(x.shape), str(x.dtype)],
+                "y": [list(y.shape), str(y.dtype)],
+            },
+            lambda: training_step(model, x, y, loss_fn, device),
+        )
         bf16 = choice.bf16
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     loss_value, micro = float("nan"), micro_batch
@@ -213,7 +253,7 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
                 optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 for start in range(0, len(x), size):
-                    xb, yb = x[start:start + size].to(device), y[start:start + size].to(device)
+                    xb, yb = x[start : start + size].to(device), y[start : start + size].to(device)
                     with autocast(device, bf16):
                         logits = model(xb)
                     loss = loss_fn(logits.float(), yb)
@@ -226,8 +266,11 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
                     raise
                 if not splittable:
                     from ..errors import UserError
-                    raise UserError(f"out of memory at a batch of {len(x)} on {device}; this loss needs the whole "
-                                    "batch at once (no gradient accumulation): lower it with --set batch=N") from None
+
+                    raise UserError(
+                        f"out of memory at a batch of {len(x)} on {device}; this loss needs the whole "
+                        "batch at once (no gradient accumulation): lower it with --set batch=N"
+                    ) from None
                 micro = max(1, size // 2)
                 optimizer.zero_grad(set_to_none=True)
                 if device.startswith("cuda"):
@@ -238,8 +281,12 @@ def fit(model, batches: Iterator, optimizer, *, steps: int, base_lr: float, warm
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         loss_value = total
-    return {"final_loss": loss_value, "micro_batch": micro or 0, "bf16": bf16,
-            **({"bf16_choice": choice.info} if choice else {})}
+    return {
+        "final_loss": loss_value,
+        "micro_batch": micro or 0,
+        "bf16": bf16,
+        **({"bf16_choice": choice.info} if choice else {}),
+    }
 
 
 @torch.inference_mode()
@@ -259,20 +306,39 @@ def array_batches(images: np.ndarray, labels, *, batch: int = 256, pixels: str =
     normalises them (`pixels`, data.pixels), converted a batch at a time."""
     labels = np.asarray(labels)
     for i in range(0, len(images), batch):
-        x = torch.from_numpy(np.array(images[i:i + batch])).permute(0, 3, 1, 2)  # a copy: memmaps are read-only
-        yield normalise_uint8(x, pixels), labels[i:i + batch]
+        x = torch.from_numpy(np.array(images[i : i + batch])).permute(0, 3, 1, 2)  # a copy: memmaps are read-only
+        yield normalise_uint8(x, pixels), labels[i : i + batch]
 
 
-def accuracy(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0,
-             pixels: str = DEFAULT_PIXELS) -> float:
+def accuracy(
+    model,
+    dataset,
+    transform,
+    device: str,
+    bf16: bool,
+    *,
+    batch: int = 256,
+    workers: int = 0,
+    pixels: str = DEFAULT_PIXELS,
+) -> float:
     """Top-1 accuracy in percent. `transform=None`: the dataset's `array()` holds images at the model's input
     size, which are only normalised (`pixels`; batched, no per-image transform)."""
-    return 100.0 * float(hits(model, dataset, transform, device, bf16, batch=batch, workers=workers,
-                              pixels=pixels).mean())
+    return 100.0 * float(
+        hits(model, dataset, transform, device, bf16, batch=batch, workers=workers, pixels=pixels).mean()
+    )
 
 
-def hits(model, dataset, transform, device: str, bf16: bool, *, batch: int = 256, workers: int = 0,
-         pixels: str = DEFAULT_PIXELS) -> np.ndarray:
+def hits(
+    model,
+    dataset,
+    transform,
+    device: str,
+    bf16: bool,
+    *,
+    batch: int = 256,
+    workers: int = 0,
+    pixels: str = DEFAULT_PIXELS,
+) -> np.ndarray:
     """Per example of `dataset`, in its order: whether the top-1 prediction is right (what `accuracy` averages,
     and what --log-samples keeps for per-example paired tests)."""
     if transform is None:

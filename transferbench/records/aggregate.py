@@ -5,6 +5,7 @@ group, the setting of the `select` keys (e.g. the learning rate) with the best m
 over seeds wins, and the group's test metric at that setting, per seed, is the result. Hyper-parameters
 that vary across a task's records without being selected (few-shot `shots`) become report columns.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hashing import canon
-
 from .stats import Estimate, mean_ci
 from .store import read_samples
 
@@ -109,7 +109,9 @@ def aggregate(records: list[dict]) -> list[Entry]:
             select = tuple(first.get("select", []))
             counts = {s: sum(r["status"] == s for r in grp) for s in ("ok", "diverged", "failed")}
             axis_values = {k: first["hparams"][k] for k in axes if k in first["hparams"]}
-            column = dataset + (" (" + ", ".join(f"{k}={v}" for k, v in axis_values.items()) + ")" if axis_values else "")
+            column = dataset + (
+                " (" + ", ".join(f"{k}={v}" for k, v in axis_values.items()) + ")" if axis_values else ""
+            )
             chosen = select_best(grp, select, first["mode"]) if select else {}
             note = ""
             if chosen is None:
@@ -118,16 +120,36 @@ def aggregate(records: list[dict]) -> list[Entry]:
                 note = "" if chosen is not None else f"no validation metric to select {', '.join(select)}"
             per_seed, samples = {}, {}
             if chosen is not None:
-                finals = [r for r in grp if all(r["hparams"][k] == v for k, v in chosen.items())
-                          and _value(r, "test") is not None]
+                finals = [
+                    r
+                    for r in grp
+                    if all(r["hparams"][k] == v for k, v in chosen.items()) and _value(r, "test") is not None
+                ]
                 for r in sorted(finals, key=lambda r: r.get("finished_at", "")):
                     per_seed[int(r["seed"])] = float(_value(r, "test"))  # the latest record of a seed wins
                     if r.get("samples"):
                         got = read_samples(r, "test")
                         if got is not None:
                             samples[int(r["seed"])] = got
-            entries.append(Entry(task, first["protocol_version"], dataset, column, first.get("group"), first["order"],
-                                 axis_values, backbone, first["metric"], first["mode"], chosen or {}, per_seed,
-                                 mean_ci(list(per_seed.values())) if per_seed else None, counts, note,
-                                 str(first["hparams"].get("pixels", "")), samples))
+            entries.append(
+                Entry(
+                    task,
+                    first["protocol_version"],
+                    dataset,
+                    column,
+                    first.get("group"),
+                    first["order"],
+                    axis_values,
+                    backbone,
+                    first["metric"],
+                    first["mode"],
+                    chosen or {},
+                    per_seed,
+                    mean_ci(list(per_seed.values())) if per_seed else None,
+                    counts,
+                    note,
+                    str(first["hparams"].get("pixels", "")),
+                    samples,
+                )
+            )
     return entries

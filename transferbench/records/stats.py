@@ -13,11 +13,12 @@
 - Per-example predictions (records' samples, where a comparison has no seed-to-seed variation): the exact
   McNemar test on the discordant examples, and a percentile bootstrap over examples for the interval.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats as _scipy
@@ -123,8 +124,9 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> float:
     return float(_scipy.binomtest(only_a, only_a + only_b, 0.5).pvalue)
 
 
-def paired_bootstrap(correct_a: Sequence[bool], correct_b: Sequence[bool], *, n_boot: int = 10_000, seed: int = 0,
-                     level: float = LEVEL) -> Estimate:
+def paired_bootstrap(
+    correct_a: Sequence[bool], correct_b: Sequence[bool], *, n_boot: int = 10_000, seed: int = 0, level: float = LEVEL
+) -> Estimate:
     """100 · (accuracy of a − accuracy of b) on the same examples, with a percentile-bootstrap interval that
     resamples examples, and McNemar's p-value."""
     a, b = np.asarray(correct_a, dtype=np.float64), np.asarray(correct_b, dtype=np.float64)
@@ -135,14 +137,22 @@ def paired_bootstrap(correct_a: Sequence[bool], correct_b: Sequence[bool], *, n_
     boot = np.empty(n_boot)
     for i in range(0, n_boot, 1000):  # in chunks: n_boot x examples indices would not fit for big test sets
         k = min(1000, n_boot - i)
-        boot[i:i + k] = d[rng.integers(0, d.size, size=(k, d.size))].mean(axis=1)
+        boot[i : i + k] = d[rng.integers(0, d.size, size=(k, d.size))].mean(axis=1)
     low, high = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return Estimate(float(d.mean()), float(high - low) / 2, int(d.size), float(low), float(high),
-                    p=mcnemar(a > 0, b > 0), method="examples")
+    return Estimate(
+        float(d.mean()),
+        float(high - low) / 2,
+        int(d.size),
+        float(low),
+        float(high),
+        p=mcnemar(a > 0, b > 0),
+        method="examples",
+    )
 
 
-def paired_difference(current: Mapping[int, float], reference: Mapping[int, float],
-                      level: float = LEVEL) -> Estimate | None:
+def paired_difference(
+    current: Mapping[int, float], reference: Mapping[int, float], level: float = LEVEL
+) -> Estimate | None:
     """current - reference over the seeds both have; None when they share no seed."""
     seeds = sorted(set(current) & set(reference))
     if not seeds:
@@ -152,8 +162,9 @@ def paired_difference(current: Mapping[int, float], reference: Mapping[int, floa
     return replace(e, p=t_pvalue(diffs), mde=mde(e.sd, e.n, level))
 
 
-def bootstrap_suite_mean(per_dataset: Mapping[str, Sequence[float]], *, n_boot: int = 10_000, seed: int = 0,
-                         level: float = LEVEL) -> Estimate:
+def bootstrap_suite_mean(
+    per_dataset: Mapping[str, Sequence[float]], *, n_boot: int = 10_000, seed: int = 0, level: float = LEVEL
+) -> Estimate:
     """Mean over datasets of each dataset's mean over seeds, with a percentile-bootstrap interval
     that resamples seeds (with replacement) within each dataset. `ci` is half the interval's width."""
     if not per_dataset:
@@ -174,8 +185,9 @@ def bootstrap_suite_mean(per_dataset: Mapping[str, Sequence[float]], *, n_boot: 
     return Estimate(point, float(high - low) / 2, n, float(low), float(high))
 
 
-def paired_suite_difference(current: Mapping[str, Mapping[int, float]], reference: Mapping[str, Mapping[int, float]],
-                            **kw) -> Estimate | None:
+def paired_suite_difference(
+    current: Mapping[str, Mapping[int, float]], reference: Mapping[str, Mapping[int, float]], **kw
+) -> Estimate | None:
     """Suite-mean difference from per-dataset paired per-seed differences (bootstrap as above)."""
     diffs = {}
     for ds in current:
@@ -192,8 +204,7 @@ def paired_suite_difference(current: Mapping[str, Mapping[int, float]], referenc
         return replace(e, method="bootstrap")
     per_seed = [float(np.mean([v[s] for v in diffs.values()])) for s in common]
     sd = float(np.std(per_seed, ddof=1))
-    return replace(e, sd=sd, p=t_pvalue(per_seed), mde=mde(sd, len(common), kw.get("level", LEVEL)),
-                   method="bootstrap")
+    return replace(e, sd=sd, p=t_pvalue(per_seed), mde=mde(sd, len(common), kw.get("level", LEVEL)), method="bootstrap")
 
 
 def pool(parts: list[dict]) -> dict:
@@ -204,6 +215,6 @@ def pool(parts: list[dict]) -> dict:
     ns = np.asarray([p["n"] for p in parts], dtype=np.float64)
     total = ns.sum()
     grand = sum(n * m for n, m in zip(ns, means)) / total
-    ss = sum((n - 1) * s ** 2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
+    ss = sum((n - 1) * s**2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
     sd = np.sqrt(ss / max(total - 1, 1))
     return {"mean": grand, "sd": sd, "n": int(total)}

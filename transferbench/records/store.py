@@ -7,6 +7,7 @@ record behind. A record torn some other way (a bad copy, a damaged disk) is neve
 aside into `.quarantine/` beside it and computes its cell again; the readers of reports skip it with one
 warning line (or stop on it, `strict`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,8 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from filelock import FileLock, Timeout
 
@@ -31,7 +32,6 @@ class RecordStore:
     def __init__(self, root):
         self.root = Path(root)
         self._finished: dict[Path, dict] = {}  # finished records do not change: planning reads them once
-
 
     def path(self, cell) -> Path:
         return self._path(cell.task, cell.dataset, cell.key)
@@ -80,14 +80,18 @@ class RecordStore:
         """Per-example results of a cell ({split: array}) as `<key>.samples.npz` beside its record, compressed
         and written atomically; returns what the record says of them (file, splits, lengths, sha256)."""
         import numpy as np
+
         p = self._path(record["task"], record["dataset"], record["key"]).with_suffix(".samples.npz")
         arrays = {split: np.asarray(a) for split, a in samples.items()}
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         data = buf.getvalue()  # hashed as written: the file is never read back
         self._write_bytes(p, data, "per-example results")
-        return {"file": p.name, "splits": {k: int(a.size) for k, a in arrays.items()},
-                "sha256": hashlib.sha256(data).hexdigest()}
+        return {
+            "file": p.name,
+            "splits": {k: int(a.size) for k, a in arrays.items()},
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
     def lock(self, cell) -> FileLock:
         """An OS lock per cell (released by the kernel if its holder is killed): two runs into one
@@ -105,6 +109,7 @@ def read_samples(record: dict, split: str = "test"):
     """The per-example results of `split` that a record loaded by `load_records` logged, or None (none logged,
     the file missing or not the one the record names: a damaged file is never trusted)."""
     import numpy as np
+
     meta = record.get("samples")
     if not meta or "_file" not in record or split not in meta.get("splits", {}):
         return None
@@ -112,13 +117,19 @@ def read_samples(record: dict, split: str = "test"):
     try:
         data = p.read_bytes()
     except OSError as e:
-        log.warning("transferbench: warning: per-example results %s unreadable (%s); the cell is compared by its "
-                    "seeds only", p, e.strerror or e)
+        log.warning(
+            "transferbench: warning: per-example results %s unreadable (%s); the cell is compared by its seeds only",
+            p,
+            e.strerror or e,
+        )
         return None
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-        log.warning("transferbench: warning: per-example results %s do not match the sha256 in their record; "
-                    "the cell is compared by its seeds only (rerun it with --force --log-samples to write them "
-                    "again)", p)
+        log.warning(
+            "transferbench: warning: per-example results %s do not match the sha256 in their record; "
+            "the cell is compared by its seeds only (rerun it with --force --log-samples to write them "
+            "again)",
+            p,
+        )
         return None
     with np.load(io.BytesIO(data)) as z:
         return z[split] if split in z.files else None
@@ -155,11 +166,17 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
                 rec = parse_record(p.read_bytes())
             except ValueError as e:
                 if strict:
-                    raise UserError(f"{p} is not a valid record ({e}); rerun the `transferbench run` that wrote it "
-                                    "(it sets the file aside and computes that cell again), or drop --strict to "
-                                    "skip it") from None
-                log.warning("transferbench: warning: skipping %s: not a valid record (%s); a rerun of the "
-                            "`transferbench run` that wrote it sets it aside and computes that cell again", p, e)
+                    raise UserError(
+                        f"{p} is not a valid record ({e}); rerun the `transferbench run` that wrote it "
+                        "(it sets the file aside and computes that cell again), or drop --strict to "
+                        "skip it"
+                    ) from None
+                log.warning(
+                    "transferbench: warning: skipping %s: not a valid record (%s); a rerun of the "
+                    "`transferbench run` that wrote it sets it aside and computes that cell again",
+                    p,
+                    e,
+                )
                 continue
             except OSError as e:
                 raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None

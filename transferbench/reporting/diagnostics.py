@@ -7,6 +7,7 @@ pretraining logged them, the per-layer upstream gradient norms (DPN Fig. 2) and 
 Intervals: forward measures pool every image of every seed (per-seed summaries pooled by
 records.stats.pool; a t-interval over images), gradient norms pool the last `grad_last` steps of every seed.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as _scipy
 
-from .figures import colour, finish, pyplot
 from ..records.stats import Estimate, pool
+from .figures import colour, finish, pyplot
 from .tables import Cellv, Report, TaskTable, to_markdown
 
 REPORT = "diagnostics"
@@ -29,8 +30,14 @@ DEPTH_MEASURES = {  # key -> title
     "attn_distance_patches": "mean attention distance (patches, mean over heads)",
     "grad_norm": "gradient norm (last fine-tuning steps)",
 }
-DECIMALS = {"patch_cosine": 3, "attn_std": 4, "token_norm": 2, "attn_distance": 2, "attn_distance_patches": 3,
-            "grad_norm": 3}
+DECIMALS = {
+    "patch_cosine": 3,
+    "attn_std": 4,
+    "token_norm": 2,
+    "attn_distance": 2,
+    "attn_distance_patches": 3,
+    "grad_norm": 3,
+}
 
 
 def is_diagnostics(record: dict) -> bool:
@@ -45,9 +52,17 @@ def collect(records: list[dict]) -> dict:
         if r["status"] == "ok" and is_diagnostics(r):
             latest[(r["task"], r["dataset"], r["backbone"], r["stage"], int(r["seed"]))] = r
     out: dict = {}
-    for (task, ds, b, stage, seed), r in sorted(latest.items()):
-        t = out.setdefault((task, ds), {"order": r.get("order", 0), "versions": set(), "pixels": defaultdict(set),
-                                        "forward": defaultdict(list), "gradients": defaultdict(list)})
+    for (task, ds, b, stage, _seed), r in sorted(latest.items()):
+        t = out.setdefault(
+            (task, ds),
+            {
+                "order": r.get("order", 0),
+                "versions": set(),
+                "pixels": defaultdict(set),
+                "forward": defaultdict(list),
+                "gradients": defaultdict(list),
+            },
+        )
         t["versions"].add(r["protocol_version"])
         if r["hparams"].get("pixels"):
             t["pixels"][b].add(r["hparams"]["pixels"])
@@ -99,10 +114,19 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             depth = max(len(m) for m, _, _ in curves.values())
             cols = [f"L{i}" for i in range(depth)]
             what = "images" if key != "grad_norm" else "steps"
-            table = TaskTable(task, versions, DEPTH_MEASURES[key], "none", cols, [], setting=ds,
-                              decimals=DECIMALS[key], pixels=dict(t["pixels"]),
-                              footnote=f"Cells: mean ± 95% CI half-width (t-interval over the {what} of all seeds); "
-                                       "seeds: how many were pooled.")
+            table = TaskTable(
+                task,
+                versions,
+                DEPTH_MEASURES[key],
+                "none",
+                cols,
+                [],
+                setting=ds,
+                decimals=DECIMALS[key],
+                pixels=dict(t["pixels"]),
+                footnote=f"Cells: mean ± 95% CI half-width (t-interval over the {what} of all seeds); "
+                "seeds: how many were pooled.",
+            )
             for b, (mean, ci, n) in curves.items():
                 table.rows[b] = {c: Cellv(_estimate(m, e, n)) for c, m, e in zip(cols, mean, ci)}
                 table.seeds[b] = str(len(t["gradients" if key == "grad_norm" else "forward"][b]))
@@ -123,11 +147,19 @@ def _upstream_tables(task, ds, versions, t) -> list[TaskTable]:
         return []
     depth = max(len(u["grad_norm_last"]) for u in logs.values())
     cols = ["embed", *[f"L{i}" for i in range(depth)]]
-    table = TaskTable(task, versions, "upstream gradient norm per layer (pretraining's last steps)", "none", cols, [],
-                      setting=ds, decimals=3,
-                      footnote="The L2 norm of each block's (and the patch embedding's) parameter gradients, before "
-                               "clipping, averaged over the last steps of the checkpoint's upstream training (DPN "
-                               "Fig. 2: the last 1,000); seeds: how many steps were averaged.")
+    table = TaskTable(
+        task,
+        versions,
+        "upstream gradient norm per layer (pretraining's last steps)",
+        "none",
+        cols,
+        [],
+        setting=ds,
+        decimals=3,
+        footnote="The L2 norm of each block's (and the patch embedding's) parameter gradients, before "
+        "clipping, averaged over the last steps of the checkpoint's upstream training (DPN "
+        "Fig. 2: the last 1,000); seeds: how many steps were averaged.",
+    )
     for b, u in logs.items():
         vals = [u["embed_grad_norm_last"], *u["grad_norm_last"]]
         table.rows[b] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
@@ -148,10 +180,19 @@ def _dtn_tables(task, ds, versions, t) -> list[TaskTable]:
             continue
         heads = len(norms[0]["width"])
         cols = [f"{what} h{h}" for what in ("λμ", "λσ", "width") for h in range(heads)]
-        table = TaskTable(task, versions, f"DTN per norm and head of {b}", "none", cols, [], setting=ds, decimals=3,
-                          row_label="block.norm",
-                          footnote="λμ = sigmoid(mix_mean), λσ = sigmoid(mix_var) (1: LayerNorm's statistics, 0: "
-                                   "the positional kernel's); width: the kernel's mean distance in pixels.")
+        table = TaskTable(
+            task,
+            versions,
+            f"DTN per norm and head of {b}",
+            "none",
+            cols,
+            [],
+            setting=ds,
+            decimals=3,
+            row_label="block.norm",
+            footnote="λμ = sigmoid(mix_mean), λσ = sigmoid(mix_var) (1: LayerNorm's statistics, 0: "
+            "the positional kernel's); width: the kernel's mean distance in pixels.",
+        )
         for n in norms:
             vals = [*n["lambda_mean"], *n["lambda_var"], *n["width"]]
             table.rows[n["name"]] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
@@ -170,9 +211,17 @@ def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
         return []
     channels = min(m.shape[0] for m in rows.values())
     cols = [f"{c} {s}" for c in "RGB"[:channels] for s in ("mean", "min", "max")]
-    table = TaskTable(task, versions, "stem LayerNorm scale per colour channel", "none", cols, [], setting=ds,
-                      decimals=3, footnote="The first LayerNorm's scale over the p x p pixels of each channel (the "
-                                           "maps are in the figure).")
+    table = TaskTable(
+        task,
+        versions,
+        "stem LayerNorm scale per colour channel",
+        "none",
+        cols,
+        [],
+        setting=ds,
+        decimals=3,
+        footnote="The first LayerNorm's scale over the p x p pixels of each channel (the maps are in the figure).",
+    )
     for b, m in rows.items():
         vals = [f(m[c]) for c in range(channels) for f in (np.mean, np.min, np.max)]
         table.rows[b] = {c: Cellv(Estimate(float(v), None, 1)) for c, v in zip(cols, vals)}
@@ -181,6 +230,7 @@ def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
 
 
 # --- figures ----------------------------------------------------------------------------------------------
+
 
 def _colours(backbones) -> dict:
     return {b: colour(b) for b in sorted(backbones)}
@@ -236,8 +286,11 @@ def plot_attention_distance(t: dict, title: str, path: Path) -> Path | None:
 def plot_stem_maps(t: dict, title: str, path: Path) -> Path | None:
     """The stem LayerNorm's scale as p x p images, one per colour channel, a row per backbone that has one."""
     plt = pyplot()
-    rows = {b: np.asarray(m) for b, parts in sorted(t["forward"].items())
-            if (m := _first(parts, "stem_scale_maps")) is not None}
+    rows = {
+        b: np.asarray(m)
+        for b, parts in sorted(t["forward"].items())
+        if (m := _first(parts, "stem_scale_maps")) is not None
+    }
     if not rows:
         return None
     channels = max(m.shape[0] for m in rows.values())
@@ -319,7 +372,7 @@ def plot_upstream(t: dict, title: str, path: Path) -> Path | None:
     for b, u in with_dtn.items():
         steps = [e["step"] for e in u["dtn_lambda"]]
         norms = [n["name"] for n in u["dtn_lambda"][0]["norms"]]
-        for k, name in enumerate(norms):
+        for k, _name in enumerate(norms):
             mean = [np.mean(e["norms"][k]["lambda_mean"]) for e in u["dtn_lambda"]]
             var = [np.mean(e["norms"][k]["lambda_var"]) for e in u["dtn_lambda"]]
             shade = 0.35 + 0.65 * (k + 1) / len(norms)
@@ -361,11 +414,15 @@ def plot_dtn_kernels(t: dict, title: str, path: Path) -> Path | None:
     return finish(fig, path, tight=False)
 
 
-FIGURES = (("depth", plot_depth, "measures vs depth"), ("distance", plot_attention_distance, "attention distance per head"),
-           ("stem", plot_stem_maps, "DPN stem scale maps"), ("dtn", plot_dtn, "DTN mixing weights and widths"),
-           ("dtn_kernels", plot_dtn_kernels, "DTN positional kernels"),
-           ("embed_grad", plot_embed_grad, "patch embedding gradient norm (fine-tuning)"),
-           ("upstream", plot_upstream, "upstream gradient norms and DTN λ over pretraining"))
+FIGURES = (
+    ("depth", plot_depth, "measures vs depth"),
+    ("distance", plot_attention_distance, "attention distance per head"),
+    ("stem", plot_stem_maps, "DPN stem scale maps"),
+    ("dtn", plot_dtn, "DTN mixing weights and widths"),
+    ("dtn_kernels", plot_dtn_kernels, "DTN positional kernels"),
+    ("embed_grad", plot_embed_grad, "patch embedding gradient norm (fine-tuning)"),
+    ("upstream", plot_upstream, "upstream gradient norms and DTN λ over pretraining"),
+)
 
 
 def figures(records: list[dict], folder: Path, stem: str) -> list[tuple[str, str, Path]]:
@@ -393,4 +450,6 @@ def leaderboard_section(records: list[dict], tables_: list, task: str, out) -> l
     return lines
 
 
-KIND = Report(tables, section=leaderboard_section, uses_reference=False)  # entry point transferbench.reports: diagnostics
+KIND = Report(
+    tables, section=leaderboard_section, uses_reference=False
+)  # entry point transferbench.reports: diagnostics

@@ -1,5 +1,6 @@
 """What every report figure shares: matplotlib without a display, one colour per backbone across every figure,
 the legend outside the axes (never over a point), and PNG plus SVG written with nothing clipped."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,10 @@ import numpy as np
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed: CI, clusters)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -28,6 +31,7 @@ def colour(backbone: str) -> str:
     """The backbone's colour: its place among `use_colours`' backbones (new ones appended) in matplotlib's tab10
     palette, tab20 beyond 10 backbones."""
     import matplotlib
+
     if backbone not in _ORDER:
         _ORDER.append(backbone)
     i = _ORDER.index(backbone)
@@ -38,8 +42,9 @@ def colour(backbone: str) -> str:
 VECTOR = ".svg"  # every figure is also written in this vector format beside its PNG
 
 
-def finish(fig, path: Path, legend_ax=None, *, dpi: int = 110, fontsize: int = 7, gap: float = 1.02,
-           tight: bool = True) -> Path:
+def finish(
+    fig, path: Path, legend_ax=None, *, dpi: int = 110, fontsize: int = 7, gap: float = 1.02, tight: bool = True
+) -> Path:
     """The legend of `legend_ax` to the right of it, a tight layout, `path` (PNG) and its SVG twin written with
     every title, label and legend inside the saved area, the figure closed."""
     if legend_ax is not None:
@@ -62,8 +67,12 @@ def plot_deltas(t, path: Path, own_axis: tuple = ()) -> Path | None:
     main = [c for c in t.columns if c not in own_axis]
     side = [c for c in t.columns if c in own_axis and any(c in t.rows[b] for b in t.refs)]
     if side:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(5.0, 0.9 * len(main) + 3), 3.6),
-                                      gridspec_kw={"width_ratios": [max(len(main), 1), len(side) + 0.6]})
+        fig, (ax, ax2) = plt.subplots(
+            1,
+            2,
+            figsize=(max(5.0, 0.9 * len(main) + 3), 3.6),
+            gridspec_kw={"width_ratios": [max(len(main), 1), len(side) + 0.6]},
+        )
     else:
         fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(main) + 2), 3.6))
         ax2 = None
@@ -90,8 +99,11 @@ def plot_deltas(t, path: Path, own_axis: tuple = ()) -> Path | None:
     ax.set_ylabel(f"Δ {t.metric}" + ("" if several else f" vs {t.reference}"))
     if ax2 is not None:
         ax2.set_ylabel(f"Δ {', '.join(side)}")
-    ax.set_title(f"{t.task}{' (' + t.setting + ')' if t.setting else ''}: paired difference, 95% CI over seeds",
-                 fontsize=9, loc="left")
+    ax.set_title(
+        f"{t.task}{' (' + t.setting + ')' if t.setting else ''}: paired difference, 95% CI over seeds",
+        fontsize=9,
+        loc="left",
+    )
     return finish(fig, path, ax2 if ax2 is not None else ax, dpi=120, fontsize=8, gap=1.01)
 
 

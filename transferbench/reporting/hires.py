@@ -2,6 +2,7 @@
 gain (high − base over the seeds both have, mean ± 95% t-interval), then the means over datasets (bootstrap over
 seeds within each dataset); paired differences vs each row's reference (tables.stem_references) per column.
 One table per (task, base → high resolution)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -24,8 +25,15 @@ def collect(records: list[dict]) -> dict:
         if r["status"] != "ok" or r.get("stage") not in ("base", "high"):
             continue
         key = (r["task"], int(r["hparams"]["base_resolution"]), int(r["hparams"]["resolution"]))
-        t = out.setdefault(key, {"rows": defaultdict(lambda: defaultdict(lambda: defaultdict(dict))), "order": {},
-                                 "versions": set(), "pixels": defaultdict(set)})
+        t = out.setdefault(
+            key,
+            {
+                "rows": defaultdict(lambda: defaultdict(lambda: defaultdict(dict))),
+                "order": {},
+                "versions": set(),
+                "pixels": defaultdict(set),
+            },
+        )
         if r["hparams"].get("pixels"):
             t["pixels"][r["backbone"]].add(r["hparams"]["pixels"])
         t["rows"][r["backbone"]][r["dataset"]][r["stage"]][int(r["seed"])] = float(r["metrics"]["test"]["accuracy"])
@@ -46,11 +54,18 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
         datasets = sorted(t["order"], key=lambda d: (t["order"][d], d))
         columns = [f"{d} {p}" for d in datasets for p in PARTS]
         means = [f"mean {p}" for p in PARTS] if len(datasets) > 1 else []
-        table = TaskTable(task, sorted(t["versions"]), "accuracy, %", "max", columns + means, means,
-                          setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
-                          pixels=dict(t["pixels"]),
-                          members={f"mean {p}": [f"{d} {p}" for d in datasets] for p in PARTS} if means else {},
-                          tally=[f"{d} {p}" for d in datasets for p in ("base", "high")])  # gain: not a measurement
+        table = TaskTable(
+            task,
+            sorted(t["versions"]),
+            "accuracy, %",
+            "max",
+            columns + means,
+            means,
+            setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
+            pixels=dict(t["pixels"]),
+            members={f"mean {p}": [f"{d} {p}" for d in datasets] for p in PARTS} if means else {},
+            tally=[f"{d} {p}" for d in datasets for p in ("base", "high")],
+        )  # gain: not a measurement
         for b in backbones:
             row, mine = {}, t["rows"][b]
             for d in datasets:

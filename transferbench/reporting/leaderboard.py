@@ -2,6 +2,7 @@
 reference, then wins / ties / losses), then the tasks in the paper's order (VTAB-1k, few-shot, LiT, ADE20K,
 ImageNet-C, high-res; diagnostics last), each with its tables (protocol version, date, git sha), the sanity
 table (each checkpoint against random init of its own architecture) and its figures (PNG and SVG)."""
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,15 @@ from .figures import plot_absolute, plot_deltas, use_colours
 from .overview import overview_markdown, task_order
 from .tables import build_tables, delta_markdown, report_kinds, sanity_table, stem_references, to_markdown
 
-TITLES = {"vtab": "VTAB-1k", "fewshot": "Few-shot linear probes", "lit": "LiT zero-shot", "ade20k": "ADE20K",
-          "imagenet_c": "ImageNet-C", "hires": "High-res fine-tuning", "diagnose": "Diagnostics"}
+TITLES = {
+    "vtab": "VTAB-1k",
+    "fewshot": "Few-shot linear probes",
+    "lit": "LiT zero-shot",
+    "ade20k": "ADE20K",
+    "imagenet_c": "ImageNet-C",
+    "hires": "High-res fine-tuning",
+    "diagnose": "Diagnostics",
+}
 
 
 def anchor(title: str) -> str:
@@ -38,8 +46,9 @@ def task_tables(records: list[dict], reference: str | None = None) -> dict[str, 
         ref = reference if reference in backbones else None
         ents = []
         if report is not None:  # a report of the task's own (robustness, high-res, diagnostics, a plugin's)
-            tables = report.tables([r for r in recs if (r.get("report") or "") == kind_of[task]],
-                                   ref if report.uses_reference else None)
+            tables = report.tables(
+                [r for r in recs if (r.get("report") or "") == kind_of[task]], ref if report.uses_reference else None
+            )
         else:
             ents = [e for e in entries if e.task == task]
             tables = build_tables(ents, reference=ref)  # headline setting first
@@ -48,20 +57,32 @@ def task_tables(records: list[dict], reference: str | None = None) -> dict[str, 
     return out
 
 
-def overview(records: list[dict], reference: str | None = None, correct: bool = False,
-             per_task: dict | None = None) -> list[str]:
+def overview(
+    records: list[dict], reference: str | None = None, correct: bool = False, per_task: dict | None = None
+) -> list[str]:
     """The overview's markdown lines (also `transferbench report --overview`); `per_task`: the records'
     `task_tables`, where the caller has them already."""
     if per_task is None:
         per_task = task_tables(records, reference)
     tables = [t for ts, report, _ in per_task.values() if report is None or report.uses_reference for t in ts]
     backbones = {task: {r["backbone"] for r in records if r["task"] == task} for task in per_task}
-    return overview_markdown(tables, lambda task: stem_references(
-        backbones.get(task, ()), reference if reference in backbones.get(task, ()) else None), correct)
+    return overview_markdown(
+        tables,
+        lambda task: stem_references(
+            backbones.get(task, ()), reference if reference in backbones.get(task, ()) else None
+        ),
+        correct,
+    )
 
 
-def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_sha: str | None = None,
-                      correct: bool = False, strict: bool = False) -> Path:
+def write_leaderboard(
+    dirs: list,
+    out: Path,
+    reference: str | None = None,
+    git_sha: str | None = None,
+    correct: bool = False,
+    strict: bool = False,
+) -> Path:
     records = load_records(dirs, strict=strict)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -69,26 +90,39 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
     use_colours({r["backbone"] for r in records})  # one colour per backbone in every figure below
     per_task = task_tables(records, reference)
     titles = {task: TITLES.get(task, task) for task in per_task}
-    lines = ["# transferbench leaderboard", "",
-             f"Generated {now}" + (f" at git {git_sha[:12]}" if git_sha else "") +
-             f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.", "",
-             "- [Overview](#overview)", *(f"- [{titles[t]}](#{anchor(titles[t])})" for t in per_task), "",
-             "## Overview", "",
-             "The stem question: each backbone against the plain backbone of the same weights source "
-             "(`mu4_dpn@embedded` against `mu4@embedded`, random-init `mu4_dpn` against random-init `mu4`"
-             + (f"; here every backbone against `{reference}`, as asked" if reference else "") +
-             "). Each task's section below also asks the sanity question: each checkpoint against random init of "
-             "its own architecture.", ""]
+    lines = [
+        "# transferbench leaderboard",
+        "",
+        f"Generated {now}"
+        + (f" at git {git_sha[:12]}" if git_sha else "")
+        + f" from {len(records)} records in {', '.join(str(d) for d in dirs)}.",
+        "",
+        "- [Overview](#overview)",
+        *(f"- [{titles[t]}](#{anchor(titles[t])})" for t in per_task),
+        "",
+        "## Overview",
+        "",
+        "The stem question: each backbone against the plain backbone of the same weights source "
+        "(`mu4_dpn@embedded` against `mu4@embedded`, random-init `mu4_dpn` against random-init `mu4`"
+        + (f"; here every backbone against `{reference}`, as asked" if reference else "")
+        + "). Each task's section below also asks the sanity question: each checkpoint against random init of "
+        "its own architecture.",
+        "",
+    ]
     lines += overview(records, reference, correct, per_task)
     for task, (tables, report, ents) in per_task.items():
         recs = [r for r in records if r["task"] == task]
         t = tables[0]
         shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
         devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
-        lines += [f"## {titles[task]}", "",
-                  f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
-                  f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
-                  f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.", ""]
+        lines += [
+            f"## {titles[task]}",
+            "",
+            f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
+            f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
+            f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.",
+            "",
+        ]
         if report is not None and report.section is not None:
             lines += report.section(recs, tables, task, out)
             continue
@@ -96,13 +130,23 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
         if report is None or report.uses_reference:
             sanity = sanity_table(t)
             if sanity is not None:
-                lines += [f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
-                          "", *delta_markdown(sanity), ""]
+                lines += [
+                    f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
+                    "",
+                    *delta_markdown(sanity),
+                    "",
+                ]
         if len(tables) > 1 and report is None:  # the wide form: every dataset and setting in one table
-            (wide,) = build_tables(ents, reference=reference if reference in {e.backbone for e in ents} else None,
-                                   split_axes=False)
-            lines += ["<details><summary>Every setting in one table</summary>", "", to_markdown(wide, title=False),
-                      "</details>", ""]
+            (wide,) = build_tables(
+                ents, reference=reference if reference in {e.backbone for e in ents} else None, split_axes=False
+            )
+            lines += [
+                "<details><summary>Every setting in one table</summary>",
+                "",
+                to_markdown(wide, title=False),
+                "</details>",
+                "",
+            ]
             figure = plot_absolute(tables, out.parent / f"{out.stem}_{task}_curve.png")
             if figure:
                 lines += [f"![{t.metric} per setting, every backbone]({figure.name})", ""]
@@ -111,7 +155,6 @@ def write_leaderboard(dirs: list, out: Path, reference: str | None = None, git_s
             lines += [f"![Δ vs each row's reference{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
     out.write_text("\n".join(lines))
     return out
-
 
 
 __all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]

@@ -6,10 +6,11 @@ hurts" made checkable — with the losses named.
 A headline reads one column of one of a task's tables (`HEADLINES`); where a task has one table per dataset
 (ImageNet-C), the datasets' values are averaged (bootstrap over seeds within each dataset) and paired alike.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tabulate import tabulate
 
@@ -31,6 +32,7 @@ def task_order(tasks) -> list[str]:
 def _column(*names: str, suffix: str = "") -> Callable[[TaskTable], str | None]:
     """The first of `names` that `t` has as a column; a one-dataset group (VTAB's structured with one embedded
     set) reads its dataset; failing all, the only column ending in `suffix` (a task with one dataset)."""
+
     def pick(t: TaskTable) -> str | None:
         for n in names:
             if n in t.columns:
@@ -42,6 +44,7 @@ def _column(*names: str, suffix: str = "") -> Callable[[TaskTable], str | None]:
             if len(data) == 1:
                 return data[0]
         return None
+
     return pick
 
 
@@ -78,8 +81,11 @@ def headline_cells(tables: list[TaskTable], refs_of: Callable[[str], dict]) -> l
     by_task: dict[str, list[TaskTable]] = {}
     for t in tables:
         by_task.setdefault(t.task, []).append(t)
-    heads = list(HEADLINES) + [Headline(task, f"{task} mean", _column("mean"))
-                               for task in task_order(by_task) if task not in PAPER_ORDER and task not in LAST]
+    heads = list(HEADLINES) + [
+        Headline(task, f"{task} mean", _column("mean"))
+        for task in task_order(by_task)
+        if task not in PAPER_ORDER and task not in LAST
+    ]
     for h in heads:
         ts = [t for t in by_task.get(h.task, []) if t.refs is not None and t.mode in ("max", "min")]
         if not ts:
@@ -98,8 +104,9 @@ def headline_cells(tables: list[TaskTable], refs_of: Callable[[str], dict]) -> l
             if len(have) != len(datasets):
                 continue  # missing a dataset: no comparable mean
             cells = [t.rows[b][c] for t, c in have]
-            values[b] = cells[0] if len(cells) == 1 else _combine(cells, [f"{t.setting.split(';')[0]}/{c}"
-                                                                          for t, c in have])
+            values[b] = (
+                cells[0] if len(cells) == 1 else _combine(cells, [f"{t.setting.split(';')[0]}/{c}" for t, c in have])
+            )
         refs = refs_of(h.task)
         for b, v in values.items():
             v = Cellv(v.estimate, seeds=v.seeds, samples=v.samples)
@@ -167,7 +174,7 @@ def tally(tables: list[TaskTable], correct: bool = False) -> dict[str, Tally]:
         else:
             reject = [v.better or v.worse for _, v, _, _ in items]
         res = Tally([], [], [], [])
-        for (where, v, mode, r), rej in zip(items, reject):
+        for (where, v, mode, _r), rej in zip(items, reject):
             d = v.delta
             if d.ci is None and d.p is None:
                 res.untested.append(where)
@@ -198,27 +205,37 @@ def overview_markdown(tables: list[TaskTable], refs_of: Callable[[str], dict], c
     for b in backbones:
         name = b + (" (ref)" if b in refs.values() else f" vs {refs[b]}" if b in refs else "")
         body.append([name, *(overview_cell(vals.get(b), b not in refs) for _, vals, _ in heads)])
-    lines = [tabulate(body, ["backbone", *(label for label, _, _ in heads)], tablefmt="github",
-                      disable_numparse=True), "",
-             "Each cell: the backbone's mean ± 95% CI; in brackets its paired difference from the row's reference "
-             "(the plain backbone of the same weights source). Bold / italic: significantly better / worse (95% "
-             "interval excludes 0); n.s.: not significant, and the MDE is the smallest true difference its seeds "
-             "would detect (95% confidence, 80% power; paired t): a tie is a tie only for effects above it. "
-             "↓: lower is better. —: no records.", ""]
+    lines = [
+        tabulate(body, ["backbone", *(label for label, _, _ in heads)], tablefmt="github", disable_numparse=True),
+        "",
+        "Each cell: the backbone's mean ± 95% CI; in brackets its paired difference from the row's reference "
+        "(the plain backbone of the same weights source). Bold / italic: significantly better / worse (95% "
+        "interval excludes 0); n.s.: not significant, and the MDE is the smallest true difference its seeds "
+        "would detect (95% confidence, 80% power; paired t): a tie is a tie only for effects above it. "
+        "↓: lower is better. —: no records.",
+        "",
+    ]
     counts = tally(tables, correct)
     if counts:
-        how = ("Holm–Bonferroni over each backbone's comparisons (family-wise 5%)" if correct
-               else "each comparison's 95% interval, not corrected for multiple comparisons")
-        lines += [f"Wins / ties / losses against the reference over every (task, dataset, setting) — judged by {how}:",
-                  ""]
+        how = (
+            "Holm–Bonferroni over each backbone's comparisons (family-wise 5%)"
+            if correct
+            else "each comparison's 95% interval, not corrected for multiple comparisons"
+        )
+        lines += [
+            f"Wins / ties / losses against the reference over every (task, dataset, setting) — judged by {how}:",
+            "",
+        ]
         rows, named = [], []
         untested = any(x.untested for x in counts.values())
         for b in backbones:
             if b not in counts:
                 continue
             c = counts[b]
-            rows.append([f"{b} vs {refs.get(b, '?')}", len(c.wins), len(c.ties), len(c.losses)]
-                        + ([len(c.untested)] if untested else []))
+            rows.append(
+                [f"{b} vs {refs.get(b, '?')}", len(c.wins), len(c.ties), len(c.losses)]
+                + ([len(c.untested)] if untested else [])
+            )
             if c.losses:
                 named.append(f"- losses of {b}: " + "; ".join(c.losses))
         head = ["backbone", "wins", "ties", "losses"] + (["untested (one seed)"] if untested else [])
@@ -226,5 +243,13 @@ def overview_markdown(tables: list[TaskTable], refs_of: Callable[[str], dict], c
     return lines
 
 
-__all__ = ["HEADLINES", "PAPER_ORDER", "Headline", "Tally", "headline_cells", "overview_markdown",
-           "tally", "task_order"]
+__all__ = [
+    "HEADLINES",
+    "PAPER_ORDER",
+    "Headline",
+    "Tally",
+    "headline_cells",
+    "overview_markdown",
+    "tally",
+    "task_order",
+]

@@ -11,11 +11,12 @@ E_base is AlexNet's published error on ImageNet; on any other dataset, where Ale
 the row's reference backbone's mean error over its seeds (so the reference scores 100 and the others are
 measured in its units). Pure functions over numbers; no torch.
 """
+
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -24,8 +25,28 @@ from ..records.stats import mean_ci
 from .figures import plot_deltas
 from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references, to_markdown
 
-SHORT = dict(zip(CORRUPTIONS, ("gauss", "shot", "impulse", "defocus", "glass", "motion", "zoom", "snow", "frost",
-                               "fog", "bright", "contrast", "elastic", "pixel", "jpeg")))
+SHORT = dict(
+    zip(
+        CORRUPTIONS,
+        (
+            "gauss",
+            "shot",
+            "impulse",
+            "defocus",
+            "glass",
+            "motion",
+            "zoom",
+            "snow",
+            "frost",
+            "fog",
+            "bright",
+            "contrast",
+            "elastic",
+            "pixel",
+            "jpeg",
+        ),
+    )
+)
 REPORT = "corruption"  # the report kind the robustness cells name
 CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
 
@@ -69,6 +90,7 @@ def relative_mce(errors: Mapping, clean_error: float, baseline_errors: Mapping, 
 
 # --- records -> tables ------------------------------------------------------------------------------------
 
+
 def is_robustness(record: dict) -> bool:
     return record.get("report") == REPORT
 
@@ -86,9 +108,14 @@ def _collect(records: list[dict]) -> dict:
             d["clean"][int(r["seed"])] = float(test["error"])
         elif r["stage"] == "corruption":
             d["sev"][r["hparams"]["corruption"]][int(r["seed"])] = [float(test[f"error_{s}"]) for s in range(1, 6)]
-        m = meta.setdefault((r["task"], r["dataset"]), {"versions": set(), "order": r.get("order", 0),
-                                                         "baseline": (r.get("dataset_config") or {}).get("baseline",
-                                                                                                         "reference")})
+        m = meta.setdefault(
+            (r["task"], r["dataset"]),
+            {
+                "versions": set(),
+                "order": r.get("order", 0),
+                "baseline": (r.get("dataset_config") or {}).get("baseline", "reference"),
+            },
+        )
         m["versions"].add(r["protocol_version"])
         if r["hparams"].get("pixels"):
             m.setdefault("pixels", defaultdict(set))[r["backbone"]].add(r["hparams"]["pixels"])
@@ -101,22 +128,28 @@ def _per_seed(d: dict, base: dict | None, base_clean: float | None) -> dict:
     cols = {CLEAN: dict(d["clean"])}
     corrs = [c for c in CORRUPTIONS if c in d["sev"]]
     for c in corrs:
-        cols[SHORT[c]] = {s: (100.0 * float(np.mean(e)) / base[c] if base else float(np.mean(e)))
-                          for s, e in d["sev"][c].items()}
+        cols[SHORT[c]] = {
+            s: (100.0 * float(np.mean(e)) / base[c] if base else float(np.mean(e))) for s, e in d["sev"][c].items()
+        }
     if base and len(corrs) == len(CORRUPTIONS):
         seeds = set.intersection(*(set(d["sev"][c]) for c in corrs))
         cols[MCE] = {s: mce({c: d["sev"][c][s] for c in corrs}, base)["mce"] for s in sorted(seeds)}
         rel_seeds = seeds & set(d["clean"])
-        cols[REL_MCE] = {s: relative_mce({c: d["sev"][c][s] for c in corrs}, d["clean"][s], base, base_clean)[
-            "relative_mce"] for s in sorted(rel_seeds)}
+        cols[REL_MCE] = {
+            s: relative_mce({c: d["sev"][c][s] for c in corrs}, d["clean"][s], base, base_clean)["relative_mce"]
+            for s in sorted(rel_seeds)
+        }
     return cols
 
 
 def baseline_for(kind: str, ref: dict | None) -> tuple[dict | None, float | None, str]:
     """Per-corruption baseline mean errors (percent), baseline clean error, and the table's words for it."""
     if kind == "alexnet":
-        return ({c: 100.0 * v for c, v in ALEXNET_ERRORS.items()}, 100.0 * ALEXNET_CLEAN_ERROR,
-                "CE normalised by AlexNet's published errors")
+        return (
+            {c: 100.0 * v for c, v in ALEXNET_ERRORS.items()},
+            100.0 * ALEXNET_CLEAN_ERROR,
+            "CE normalised by AlexNet's published errors",
+        )
     if ref is None:
         return None, None, "no reference backbone to normalise by: mean top-1 error (%) per corruption, not CE"
     base = {c: float(np.mean([np.mean(e) for e in ref["sev"][c].values()])) for c in CORRUPTIONS if c in ref["sev"]}
@@ -130,7 +163,9 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
     backbone (every dataset but ImageNet), each reference gets a table of its own, in its own units (it scores
     100), holding the rows compared with it; backbones with no reference share one table of mean errors."""
     out = []
-    for (task, dataset), (by_backbone, meta) in sorted(_collect(records).items(), key=lambda kv: (kv[0][0], kv[1][1]["order"], kv[0][1])):
+    for (task, dataset), (by_backbone, meta) in sorted(
+        _collect(records).items(), key=lambda kv: (kv[0][0], kv[1][1]["order"], kv[0][1])
+    ):
         backbones = sorted(by_backbone)
         check_reference(reference, backbones, f"task {task!r} dataset {dataset!r}")
         refs = stem_references(backbones, reference)
@@ -145,8 +180,18 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             base, base_clean, words = baseline_for(meta["baseline"], by_backbone.get(ref_name) if ref_name else None)
             if words is None:
                 words = f"CE normalised by {ref_name}'s mean errors (100 = {ref_name}{chosen})"
-            out.append(_dataset_table(task, dataset, meta, {b: by_backbone[b] for b in members}, base, base_clean,
-                                      words, {b: r for b, r in refs.items() if b in members and r in members}))
+            out.append(
+                _dataset_table(
+                    task,
+                    dataset,
+                    meta,
+                    {b: by_backbone[b] for b in members},
+                    base,
+                    base_clean,
+                    words,
+                    {b: r for b, r in refs.items() if b in members and r in members},
+                )
+            )
     return out
 
 
@@ -154,10 +199,17 @@ def _dataset_table(task, dataset, meta, by_backbone, base, base_clean, words, re
     per = {b: _per_seed(d, base, base_clean) for b, d in by_backbone.items()}
     present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
     groups = [c for c in (MCE, REL_MCE) if c in present]
-    t = TaskTable(task, sorted(meta["versions"]), "top-1 error / CE, %", "min", present, groups,
-                  setting=f"{dataset}; {words}", pixels={b: v for b, v in meta.get("pixels", {}).items()
-                                                          if b in by_backbone},
-                  tally=[c for c in present if c not in groups])
+    t = TaskTable(
+        task,
+        sorted(meta["versions"]),
+        "top-1 error / CE, %",
+        "min",
+        present,
+        groups,
+        setting=f"{dataset}; {words}",
+        pixels={b: v for b, v in meta.get("pixels", {}).items() if b in by_backbone},
+        tally=[c for c in present if c not in groups],
+    )
     for b in sorted(by_backbone):
         row = {}
         for col in present:
@@ -211,8 +263,16 @@ def plot_severity(records: list[dict], task: str, dataset: str, path) -> object:
             if fam not in fams:
                 continue
             ys, errs = zip(*fams[fam])
-            ax.errorbar(np.arange(6) + (i - (len(curves) - 1) / 2) * 0.06, ys, yerr=errs, marker="o", ms=3,
-                        capsize=2, color=colour(b), label=b)
+            ax.errorbar(
+                np.arange(6) + (i - (len(curves) - 1) / 2) * 0.06,
+                ys,
+                yerr=errs,
+                marker="o",
+                ms=3,
+                capsize=2,
+                color=colour(b),
+                label=b,
+            )
         ax.set_title(f"{fam} ({', '.join(SHORT[c] for c in FAMILIES[fam])})", fontsize=8)
         ax.set_xticks(range(6))
         ax.set_xticklabels(["clean", "1", "2", "3", "4", "5"])
@@ -228,12 +288,19 @@ def leaderboard_section(records: list[dict], tables_: list, task: str, out) -> l
     lines = []
     datasets = [x.setting.split(";")[0] for x in tables_]
     for x, dataset in zip(tables_, datasets):
-        slug = dataset if datasets.count(dataset) == 1 else \
-            f"{dataset}_{re.sub(r'[^A-Za-z0-9]+', '_', x.reference or 'unpaired')}"  # a table per reference
-        lines += [f"### {dataset}" + (f" (against {x.reference})" if slug != dataset and x.reference else ""), "",
-                  to_markdown(x, title=False)]
-        png = plot_severity([r for r in records if r["backbone"] in x.rows], task, dataset,
-                            out.parent / f"{out.stem}_{task}_{slug}.png")
+        slug = (
+            dataset
+            if datasets.count(dataset) == 1
+            else f"{dataset}_{re.sub(r'[^A-Za-z0-9]+', '_', x.reference or 'unpaired')}"
+        )  # a table per reference
+        lines += [
+            f"### {dataset}" + (f" (against {x.reference})" if slug != dataset and x.reference else ""),
+            "",
+            to_markdown(x, title=False),
+        ]
+        png = plot_severity(
+            [r for r in records if r["backbone"] in x.rows], task, dataset, out.parent / f"{out.stem}_{task}_{slug}.png"
+        )
         if png:
             lines += [f"![error vs severity, {dataset}]({png.name})", ""]
         png = plot_deltas(x, out.parent / f"{out.stem}_{task}_{slug}_delta.png", own_axis=(REL_MCE,))

@@ -9,6 +9,7 @@ Two comparisons, never mixed in one table:
 - the sanity question (`sanity_references`): each checkpoint against random init of its own architecture
   (`mu4_dpn@embedded` with `mu4_dpn`): does the probe see pretraining at all?
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,9 +17,9 @@ import csv
 import io
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tabulate import tabulate
 
@@ -26,12 +27,12 @@ from ..errors import UserError, close_matches
 from ..hashing import canon
 from ..plugins import load_group
 from ..records.aggregate import Entry, aggregate, value_order
-from ..records.stats import (Estimate, bootstrap_suite_mean, paired_bootstrap, paired_difference,
-                             paired_suite_difference)
+from ..records.stats import Estimate, bootstrap_suite_mean, paired_bootstrap, paired_difference, paired_suite_difference
 
 ALL = "mean"  # the column averaging every dataset of a task
-MARKS_TEXT = ("bold: significantly better than the row's reference (paired 95% interval excludes 0); "
-              "italic: significantly worse")
+MARKS_TEXT = (
+    "bold: significantly better than the row's reference (paired 95% interval excludes 0); italic: significantly worse"
+)
 
 
 @dataclass
@@ -125,8 +126,10 @@ def sanity_references(backbones) -> dict[str, str]:
 def check_reference(reference: str | None, backbones, where: str) -> None:
     if reference is not None and reference not in backbones:
         backbones = sorted(backbones)
-        raise UserError(f"--reference {reference!r} has no results for {where}{close_matches(reference, backbones)}; "
-                        f"backbones: {', '.join(backbones)}")
+        raise UserError(
+            f"--reference {reference!r} has no results for {where}{close_matches(reference, backbones)}; "
+            f"backbones: {', '.join(backbones)}"
+        )
 
 
 def pair(t: TaskTable, refs: dict[str, str], question: str = "stem") -> TaskTable:
@@ -177,8 +180,10 @@ def axis_settings(entries: list[Entry]) -> list[dict]:
     """The report-axis settings of a task's entries (few-shot {'shots': 25}, ...), headline first: the
     largest value (most shots, the full train fraction), then down."""
     settings = {canon(e.axes): e.axes for e in entries}
+
     def key(axes):  # numbers down from the largest, then anything else by its text
         return [(kind, -number, text) for kind, number, text in (value_order(axes[k]) for k in sorted(axes))]
+
     return sorted(settings.values(), key=key)
 
 
@@ -196,13 +201,16 @@ def build_tables(entries: list[Entry], reference: str | None = None, split_axes:
     for e in entries:
         by_protocol[(e.task, e.protocol_version)].append(e)
     tables = []
-    for (task, _), ents in sorted(by_protocol.items(), key=lambda kv: (list(by_task).index(kv[0][0]),
-                                                                       _newest_first(kv[0][1]))):
+    for (task, _), ents in sorted(
+        by_protocol.items(), key=lambda kv: (list(by_task).index(kv[0][0]), _newest_first(kv[0][1]))
+    ):
         refs = stem_references({e.backbone for e in ents}, reference)
         if split_axes and any(e.axes for e in ents):
             for setting in axis_settings(ents):
                 same = [e for e in ents if e.axes == setting]
-                title = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(setting.items()))
+                title = ", ".join(
+                    f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sorted(setting.items())
+                )
                 tables.append(pair(_table(task, same, setting=title, axes=setting), refs))
         else:
             tables.append(pair(_table(task, ents), refs))
@@ -223,8 +231,12 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
     wide = not setting and any(e.axes for e in ents)
     column = (lambda e: e.column) if wide else (lambda e: e.dataset)
     # dataset order of the spec, then report-axis values by value (shots 1, 5, 10, 25; not as text)
-    order = sorted({(e.order, tuple((k, value_order(v)) for k, v in sorted(e.axes.items())), column(e), e.dataset,
-                     e.group) for e in ents})
+    order = sorted(
+        {
+            (e.order, tuple((k, value_order(v)) for k, v in sorted(e.axes.items())), column(e), e.dataset, e.group)
+            for e in ents
+        }
+    )
     order = [(o, c, d, g) for o, _, c, d, g in order]
     columns = [c for _, c, _, _ in order]
     # suite means need >= 2 datasets; columns of different axis settings (few-shot shots) are not averaged
@@ -237,8 +249,16 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
         groups = []  # one group holding everything: its mean is the overall mean
     group_columns = groups + ([ALL] if len(columns) > 1 and not wide else [])
     first = ents[0]
-    t = TaskTable(task, sorted({e.protocol_version for e in ents}), first.metric, first.mode,
-                  columns + group_columns, group_columns, setting=setting, axes=dict(axes or {}))
+    t = TaskTable(
+        task,
+        sorted({e.protocol_version for e in ents}),
+        first.metric,
+        first.mode,
+        columns + group_columns,
+        group_columns,
+        setting=setting,
+        axes=dict(axes or {}),
+    )
     t.members = {g: [c for _, c, _, grp in order if g == ALL or grp == g] for g in group_columns}
     t.members.update({g: cols for g, cols in singles.items() if not wide})  # a one-dataset group: that column
     cell_of = {(e.backbone, column(e)): e for e in ents}
@@ -252,8 +272,12 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
             e = cell_of.get((b, col))
             if e is None:
                 continue
-            row[col] = Cellv(e.estimate, seeds=dict(e.per_seed), selected=dict(e.selected),
-                             samples=dict(e.samples) if e.samples else None)
+            row[col] = Cellv(
+                e.estimate,
+                seeds=dict(e.per_seed),
+                selected=dict(e.selected),
+                samples=dict(e.samples) if e.samples else None,
+            )
             if e.estimate:
                 ns.add(e.estimate.n)
             if e.note:
@@ -263,8 +287,10 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
             if not all(col in row and row[col].estimate for col in members_g):
                 continue  # a backbone missing a dataset has no comparable suite mean
             per = {c: cell_of[(b, c)].per_seed for c in members_g}
-            row[g] = Cellv(bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()}),
-                           seeds={c: dict(v) for c, v in per.items()})
+            row[g] = Cellv(
+                bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()}),
+                seeds={c: dict(v) for c, v in per.items()},
+            )
         t.rows[b] = row
         t.seeds[b] = seed_counts(ns)
     return t
@@ -314,18 +340,25 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
             cells.append(mark(_fmt(v.estimate, decimals=t.decimals), v) if v else "—")
         body.append([row_name(t, b), *cells, t.seeds[b]])
     at = f" — {t.setting}" if t.setting else ""
-    out = [f"### {t.task}{at} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""] if title \
+    out = (
+        [f"### {t.task}{at} — {t.metric} ({direction}), protocol v{', v'.join(t.protocol_versions)}", ""]
+        if title
         else [f"{t.setting + ': ' if t.setting else ''}{t.metric} ({direction})", ""]
+    )
     if t.pixels:
         out += [pixels_line(t.pixels, list(t.rows)), ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     if t.refs:
         out += delta_markdown(t)
-    out.append(t.footnote if t.footnote else
-               "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
-               f" within each dataset); {MARKS_TEXT}." if t.refs else
-               "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
-               " within each dataset).")
+    out.append(
+        t.footnote
+        if t.footnote
+        else "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
+        f" within each dataset); {MARKS_TEXT}."
+        if t.refs
+        else "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
+        " within each dataset)."
+    )
     out += [f"- note: {n}" for n in t.notes]
     return "\n".join(out) + "\n"
 
@@ -347,12 +380,20 @@ def delta_markdown(t: TaskTable) -> list[str]:
             cells.append(text)
         body.append([b, *([r] if several else []), *cells])
     vs = "its reference" if several else t.reference
-    what = ("Pretraining vs random init of the same architecture" if t.question == "sanity"
-            else f"Paired difference vs {vs}")
-    return [f"{what} (same seeds); bold / italic: 95% interval excludes 0 on the better / worse side; n.s.: not "
-            "significant, with the smallest true difference its seeds would detect (MDE: 95% confidence, 80% power).",
-            "", tabulate(body, ["backbone", *(["vs"] if several else []), *t.columns], tablefmt="github",
-                         disable_numparse=True), ""]
+    what = (
+        "Pretraining vs random init of the same architecture"
+        if t.question == "sanity"
+        else f"Paired difference vs {vs}"
+    )
+    return [
+        f"{what} (same seeds); bold / italic: 95% interval excludes 0 on the better / worse side; n.s.: not "
+        "significant, with the smallest true difference its seeds would detect (MDE: 95% confidence, 80% power).",
+        "",
+        tabulate(
+            body, ["backbone", *(["vs"] if several else []), *t.columns], tablefmt="github", disable_numparse=True
+        ),
+        "",
+    ]
 
 
 def pixels_line(pixels: dict, order: list) -> str:
@@ -369,14 +410,30 @@ def to_rows(t: TaskTable) -> list[dict]:
     for b, row in t.rows.items():
         for col, v in row.items():
             e, d = v.estimate, v.delta
-            rows.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
-                         "mode": t.mode, "setting": t.setting, "backbone": b, "column": col,
-                         "kind": "group" if col in t.group_columns else "dataset",
-                         "mean": e.mean if e else None, "ci": e.ci if e else None, "n": e.n if e else 0,
-                         "reference": t.refs.get(b), "delta": d.mean if d else None, "delta_ci": d.ci if d else None,
-                         "delta_p": d.p if d else None, "delta_mde": d.mde if d else None,
-                         "delta_method": d.method if d else None, "better": v.better, "worse": v.worse,
-                         "selected": canon(v.selected) if v.selected else None})
+            rows.append(
+                {
+                    "task": t.task,
+                    "protocol_version": ",".join(t.protocol_versions),
+                    "metric": t.metric,
+                    "mode": t.mode,
+                    "setting": t.setting,
+                    "backbone": b,
+                    "column": col,
+                    "kind": "group" if col in t.group_columns else "dataset",
+                    "mean": e.mean if e else None,
+                    "ci": e.ci if e else None,
+                    "n": e.n if e else 0,
+                    "reference": t.refs.get(b),
+                    "delta": d.mean if d else None,
+                    "delta_ci": d.ci if d else None,
+                    "delta_p": d.p if d else None,
+                    "delta_mde": d.mde if d else None,
+                    "delta_method": d.method if d else None,
+                    "better": v.better,
+                    "worse": v.worse,
+                    "selected": canon(v.selected) if v.selected else None,
+                }
+            )
     return rows
 
 
@@ -389,14 +446,25 @@ def seed_rows(t: TaskTable) -> list[dict]:
             if col in t.group_columns or not v.seeds:
                 continue
             for seed, value in sorted(v.seeds.items()):
-                out.append({"task": t.task, "protocol_version": ",".join(t.protocol_versions), "metric": t.metric,
-                            "setting": t.setting, "backbone": b, "column": col, "seed": seed, "value": value,
-                            **{f"selected_{k}": x for k, x in sorted((v.selected or {}).items())}})
+                out.append(
+                    {
+                        "task": t.task,
+                        "protocol_version": ",".join(t.protocol_versions),
+                        "metric": t.metric,
+                        "setting": t.setting,
+                        "backbone": b,
+                        "column": col,
+                        "seed": seed,
+                        "value": value,
+                        **{f"selected_{k}": x for k, x in sorted((v.selected or {}).items())},
+                    }
+                )
     return out
 
 
 def to_latex(t: TaskTable) -> str:
     """A booktabs table of `t`: mean ± CI, bold / italic as in markdown, the differences under a midrule."""
+
     def esc(x: str) -> str:
         return x.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
 
@@ -405,13 +473,18 @@ def to_latex(t: TaskTable) -> str:
 
     cols = t.columns
     direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "")
-    lines = [f"% {t.task}{' — ' + t.setting if t.setting else ''}: {t.metric} ({direction}), protocol "
-             f"v{', v'.join(t.protocol_versions)}; {MARKS_TEXT}",
-             "\\begin{tabular}{l" + "r" * len(cols) + "}", "\\toprule",
-             " & ".join([esc(t.row_label), *map(esc, cols)]) + " \\\\", "\\midrule"]
+    lines = [
+        f"% {t.task}{' — ' + t.setting if t.setting else ''}: {t.metric} ({direction}), protocol "
+        f"v{', v'.join(t.protocol_versions)}; {MARKS_TEXT}",
+        "\\begin{tabular}{l" + "r" * len(cols) + "}",
+        "\\toprule",
+        " & ".join([esc(t.row_label), *map(esc, cols)]) + " \\\\",
+        "\\midrule",
+    ]
     for b, row in t.rows.items():
-        cells = [mark(cell(_fmt(row[c].estimate, decimals=t.decimals)), row[c], "latex") if c in row else "--"
-                 for c in cols]
+        cells = [
+            mark(cell(_fmt(row[c].estimate, decimals=t.decimals)), row[c], "latex") if c in row else "--" for c in cols
+        ]
         lines.append(" & ".join([esc(row_name(t, b)), *cells]) + " \\\\")
     if t.refs:
         lines.append("\\midrule")
@@ -419,8 +492,11 @@ def to_latex(t: TaskTable) -> str:
             cells = []
             for c in cols:
                 v = t.rows[b].get(c)
-                cells.append(mark(cell(_fmt(v.delta, signed=True, decimals=t.decimals)), v, "latex")
-                             if v is not None and v.delta is not None else "--")
+                cells.append(
+                    mark(cell(_fmt(v.delta, signed=True, decimals=t.decimals)), v, "latex")
+                    if v is not None and v.delta is not None
+                    else "--"
+                )
             lines.append(" & ".join([esc(f"{b} − {r}"), *cells]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", ""]
     return "\n".join(lines)
@@ -454,21 +530,25 @@ def report_header(records: list[dict], tables: list[TaskTable]) -> dict:
     """What made a report: its tasks and protocols, each compared row's reference, when, and the records' git
     shas and package versions."""
     from datetime import datetime, timezone
+
     from .. import __version__
+
     env = [r.get("environment") or {} for r in records]
     versions = defaultdict(set)
     for e in env:
         for k in ("transferbench", "torch", "timm", "numpy", "python"):
             if e.get(k):
                 versions[k].add(e[k])
-    return {"tasks": sorted({t.task for t in tables}),
-            "protocol_versions": {t.task: t.protocol_versions for t in tables},
-            "references": {t.task: dict(t.refs) for t in tables if t.refs},
-            "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "reported_with": __version__,
-            "git_sha": sorted({e.get("git_sha") or "unknown" for e in env}),
-            "versions": {k: sorted(v) for k, v in sorted(versions.items())},
-            "records": len(records)}
+    return {
+        "tasks": sorted({t.task for t in tables}),
+        "protocol_versions": {t.task: t.protocol_versions for t in tables},
+        "references": {t.task: dict(t.refs) for t in tables if t.refs},
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "reported_with": __version__,
+        "git_sha": sorted({e.get("git_sha") or "unknown" for e in env}),
+        "versions": {k: sorted(v) for k, v in sorted(versions.items())},
+        "records": len(records),
+    }
 
 
 @dataclass(frozen=True)
@@ -479,6 +559,7 @@ class Report:
     (`reference`: the user's --reference or None); `section(records, tables, task, out)`, if given, writes its
     leaderboard section's markdown lines (figures beside `out`), else each table follows with the Δ figure of
     the first; `uses_reference`: whether the tables compare against a reference backbone."""
+
     tables: Callable[[list, str | None], list]
     section: Callable[[list, list, str, Path], list] | None = None
     uses_reference: bool = True

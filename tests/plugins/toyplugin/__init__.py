@@ -3,6 +3,7 @@
 Its metric is a closed form of (backbone, dataset, lr, seed): the harness tests know what every
 record must hold without training anything.
 """
+
 import math
 import os
 import time
@@ -62,9 +63,7 @@ class ToyAdapter(Adapter):
         offset = cell.dataset_config["offset"]
         split = "val" if cell.stage == "select" else "test"
         acc = toy_accuracy(cell.backbone, offset, hp["lr"], cell.seed, split, cell.dataset) - degraded(cell.dataset)
-        return {split: {"accuracy": acc},
-                "info": {"final_loss": loss}}
-
+        return {split: {"accuracy": acc}, "info": {"final_loss": loss}}
 
 
 # --- a report kind of the plugin's own: registered under transferbench.reports, named by its adapter's cells ---
@@ -76,11 +75,16 @@ from transferbench.reporting.tables import Cellv, Report, TaskTable, to_markdown
 
 class ToyBestAdapter(ToyAdapter):
     """The toy metric in one final stage whose cells name the plugin's report, 'toybest'."""
+
     name = "toybest"
 
     def plan(self, task, backbone, results):
-        return [make_cell(task, ds, backbone, hp, seed, "final", report="toybest")
-                for ds in task.datasets for hp in task.grid() for seed in task.seeds]
+        return [
+            make_cell(task, ds, backbone, hp, seed, "final", report="toybest")
+            for ds in task.datasets
+            for hp in task.grid()
+            for seed in task.seeds
+        ]
 
 
 def best_seed_tables(records: list, reference=None) -> list:
@@ -89,9 +93,16 @@ def best_seed_tables(records: list, reference=None) -> list:
     datasets = sorted({r["dataset"] for r in records})
     t = TaskTable("toybest", ["1"], "accuracy", "max", datasets, [], footnote="best seed")
     for b in sorted({r["backbone"] for r in records}):
-        t.rows[b] = {d: Cellv(Estimate(max(r["metrics"]["test"]["accuracy"] for r in records
-                                           if r["backbone"] == b and r["dataset"] == d), None, 1))
-                     for d in datasets}
+        t.rows[b] = {
+            d: Cellv(
+                Estimate(
+                    max(r["metrics"]["test"]["accuracy"] for r in records if r["backbone"] == b and r["dataset"] == d),
+                    None,
+                    1,
+                )
+            )
+            for d in datasets
+        }
         t.seeds[b] = "1"
     return [t]
 

@@ -24,15 +24,65 @@ text -> image recall@1/5, a hit being any item whose caption text equals the que
 Modules: towers (image and text towers, tokenizer, losses), zeroshot (prompts, the zero-shot classifier,
 retrieval), adapter (the adapter and the text-tower cache).
 """
-from .adapter import (LIT_VERSION, TRAIN_KEYS, LitAdapter, LitDataset, home_dir, open_zero_shot, pairs_identity,
-                      pairs_reader, text_tower, tower_key)
-from .towers import (IMAGE_HEADS, LOGIT_SCALE_MAX, LOSSES, LitModel, LockedImageTower, contrastive_loss,
-                     parameter_groups, text_config, tokenizer, trimmable)
-from .zeroshot import (class_names_for, clean_class_name, retrieval_recall, templates_for, topk_accuracy,
-                       zero_shot_classifier)
 
-__all__ = ["IMAGE_HEADS", "LIT_VERSION", "LOGIT_SCALE_MAX", "LOSSES", "LitAdapter", "LitDataset", "LitModel",
-           "LockedImageTower", "TRAIN_KEYS", "class_names_for", "clean_class_name", "contrastive_loss",
-           "home_dir", "open_zero_shot", "pairs_identity", "pairs_reader", "parameter_groups",
-           "retrieval_recall", "templates_for", "text_config", "text_tower", "tokenizer", "topk_accuracy",
-           "tower_key", "trimmable", "zero_shot_classifier"]
+from .adapter import (
+    LIT_VERSION,
+    TRAIN_KEYS,
+    LitAdapter,
+    LitDataset,
+    home_dir,
+    open_zero_shot,
+    pairs_identity,
+    pairs_reader,
+    text_tower,
+    tower_key,
+)
+from .towers import (
+    IMAGE_HEADS,
+    LOGIT_SCALE_MAX,
+    LOSSES,
+    LitModel,
+    LockedImageTower,
+    contrastive_loss,
+    parameter_groups,
+    text_config,
+    tokenizer,
+    trimmable,
+)
+from .zeroshot import (
+    class_names_for,
+    clean_class_name,
+    retrieval_recall,
+    templates_for,
+    topk_accuracy,
+    zero_shot_classifier,
+)
+
+__all__ = [
+    "IMAGE_HEADS",
+    "LIT_VERSION",
+    "LOGIT_SCALE_MAX",
+    "LOSSES",
+    "LitAdapter",
+    "LitDataset",
+    "LitModel",
+    "LockedImageTower",
+    "TRAIN_KEYS",
+    "class_names_for",
+    "clean_class_name",
+    "contrastive_loss",
+    "home_dir",
+    "open_zero_shot",
+    "pairs_identity",
+    "pairs_reader",
+    "parameter_groups",
+    "retrieval_recall",
+    "templates_for",
+    "text_config",
+    "text_tower",
+    "tokenizer",
+    "topk_accuracy",
+    "tower_key",
+    "trimmable",
+    "zero_shot_classifier",
+]

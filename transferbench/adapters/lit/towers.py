@@ -1,6 +1,7 @@
 """LiT's towers: the locked backbone as image tower (optionally a trainable linear head), open_clip's text
 tower and tokenizer (with a fast path for plain ASCII and trimmed padding), the contrastive losses and the
 parameter groups of weight decay."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 IMAGE_HEADS = ("none", "linear")
 LOSSES = ("clip", "siglip")
 LOGIT_SCALE_MAX = 100.0  # CLIP's clamp on exp(t)
@@ -18,18 +18,32 @@ LOGIT_SCALE_MAX = 100.0  # CLIP's clamp on exp(t)
 
 def text_config(hp: dict) -> dict:
     """The open_clip text config (CLIPTextCfg fields) of a cell's hyper-parameters."""
-    return {"context_length": int(hp["context_length"]), "vocab_size": int(hp.get("vocab_size", 49408)),
-            "width": int(hp["text_width"]), "heads": int(hp["text_heads"]), "layers": int(hp["text_layers"])}
+    return {
+        "context_length": int(hp["context_length"]),
+        "vocab_size": int(hp.get("vocab_size", 49408)),
+        "width": int(hp["text_width"]),
+        "heads": int(hp["text_heads"]),
+        "layers": int(hp["text_layers"]),
+    }
 
 
 class LitModel(nn.Module):
     """The trainable side of LiT: open_clip's text tower projected to the image embedding's width, an
     optional linear head on the locked image embeddings, the temperature (and SigLIP's bias)."""
 
-    def __init__(self, embed_dim: int, text_cfg: dict, *, image_head: str = "none", loss: str = "clip",
-                 temperature_init: float = 10.0, bias_init: float = -10.0):
+    def __init__(
+        self,
+        embed_dim: int,
+        text_cfg: dict,
+        *,
+        image_head: str = "none",
+        loss: str = "clip",
+        temperature_init: float = 10.0,
+        bias_init: float = -10.0,
+    ):
         super().__init__()
         from open_clip.model import CLIPTextCfg, _build_text_tower
+
         if image_head not in IMAGE_HEADS:
             raise ValueError(f"image_head must be one of {IMAGE_HEADS}, got {image_head!r}")
         if loss not in LOSSES:
@@ -84,8 +98,12 @@ class LockedImageTower(nn.Module):
 def trimmable(tower) -> bool:
     """Whether dropping the padding after the last end-of-text token leaves the output unchanged: a causal
     mask (no position sees a later one), no padding mask or class token, pooling at the end-of-text token."""
-    return (getattr(tower, "attn_mask", None) is not None and not getattr(tower, "use_pad_mask", False)
-            and getattr(tower, "cls_emb", None) is None and getattr(tower, "pool_type", "") in ("argmax", "eos"))
+    return (
+        getattr(tower, "attn_mask", None) is not None
+        and not getattr(tower, "use_pad_mask", False)
+        and getattr(tower, "cls_emb", None) is None
+        and getattr(tower, "pool_type", "") in ("argmax", "eos")
+    )
 
 
 @contextlib.contextmanager
@@ -104,6 +122,7 @@ def tokenizer(context_length: int):
     """open_clip's bundled BPE tokenizer (CLIP's vocabulary; works offline) at the spec's context length,
     its text cleaning skipped where it cannot change anything (`_PlainCleaning`)."""
     from open_clip import SimpleTokenizer
+
     tok = SimpleTokenizer(context_length=context_length)
     tok.clean_fn = _PlainCleaning(tok.clean_fn)
     return tok
@@ -128,10 +147,12 @@ def contrastive_loss(model: LitModel):
     """loss(text embeddings, image features): open_clip's ClipLoss or SigLipLoss on normalised embeddings,
     with the model's learnable temperature (and bias)."""
     from open_clip.loss import ClipLoss, SigLipLoss
+
     if model.loss_name == "siglip":
         siglip = SigLipLoss()
-        return lambda text, image: siglip(model.encode_image(image, normalize=True), text, model.scale(),
-                                          model.logit_bias)
+        return lambda text, image: siglip(
+            model.encode_image(image, normalize=True), text, model.scale(), model.logit_bias
+        )
     clip = ClipLoss()
     return lambda text, image: clip(model.encode_image(image, normalize=True), text, model.scale())
 
@@ -145,17 +166,21 @@ def kernel_names(model: nn.Module) -> list[str]:
     `text_projection` (big_vision's text `head/kernel`); not the token or position embeddings (flax
     `embedding`, `pos_embedding`), norms, biases or the temperature."""
     from ...engine.augreg import kernel_names as dense_kernels
-    return dense_kernels(model) + [n for n, p in model.named_parameters()
-                                   if n.endswith("text_projection") and p.ndim == 2]
+
+    return dense_kernels(model) + [
+        n for n, p in model.named_parameters() if n.endswith("text_projection") and p.ndim == 2
+    ]
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, *, lr: float | None = None,
-                     decay: str = "big_vision") -> list[dict]:
+def parameter_groups(
+    model: nn.Module, weight_decay: float, *, lr: float | None = None, decay: str = "big_vision"
+) -> list[dict]:
     """AdamW parameter groups. 'big_vision' (optax.py): the decay is sched(t) * wd * param on the kernels
     (`kernel_names`), not multiplied by the learning rate, so torch's AdamW, which decays by lr_t *
     weight_decay, gets weight_decay = wd / lr (`engine.augreg.decoupled_wd`). 'open_clip': AdamW's own
     semantics (lr_t * wd) on every tensor of 2 or more dimensions but the temperature."""
     from ...engine.augreg import decay_groups, decoupled_wd
+
     if decay == "big_vision":
         if lr is None:
             raise ValueError("big_vision's weight decay needs the base learning rate")

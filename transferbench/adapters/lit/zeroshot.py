@@ -1,11 +1,11 @@
 """LiT's evaluation: prompt templates and class names, the prompt-ensemble zero-shot classifier (open_clip's
 weights), top-k accuracy and image <-> text retrieval recall."""
-from __future__ import annotations
 
-from typing import Sequence
+from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ def templates_for(spec, prompts: str = "big_vision") -> list:
         raise ValueError(f"prompts {prompts!r}: choose one of {', '.join(PROMPTS)}")
     if spec == "imagenet":
         from open_clip import OPENAI_IMAGENET_TEMPLATES
+
         spec = [t("{}") for t in OPENAI_IMAGENET_TEMPLATES] + ["{}"]
     if isinstance(spec, str) or any(not isinstance(t, str) or t.count("{}") != 1 for t in spec):
         raise ValueError(f"templates: 'imagenet' or a list of strings with one '{{}}' each, got {spec!r}")
@@ -55,6 +56,7 @@ def class_names_for(spec, data=None, prompts: str = "big_vision") -> list[str]:
     (`clean_class_name`)."""
     if spec == "imagenet":
         from open_clip import IMAGENET_CLASSNAMES
+
         names = list(IMAGENET_CLASSNAMES)
     elif isinstance(spec, str):
         names = list(getattr(data, "class_names", None) or (getattr(data, "info", {}) or {}).get("class_names") or [])
@@ -66,8 +68,9 @@ def class_names_for(spec, data=None, prompts: str = "big_vision") -> list[str]:
 
 
 @torch.inference_mode()
-def zero_shot_classifier(model, tok, classnames: Sequence[str], templates: Sequence, *, batch: int = 256,
-                         device: str = "cpu", progress=None) -> torch.Tensor:
+def zero_shot_classifier(
+    model, tok, classnames: Sequence[str], templates: Sequence, *, batch: int = 256, device: str = "cpu", progress=None
+) -> torch.Tensor:
     """(D, K) class embeddings, as open_clip's `build_zero_shot_classifier` makes them (each prompt's text
     embedding normalised, averaged over templates, normalised), computed faster: every prompt tokenised in
     one call, prompts sorted by length and batched so that each batch runs only to its longest prompt
@@ -78,8 +81,8 @@ def zero_shot_classifier(model, tok, classnames: Sequence[str], templates: Seque
     order = torch.argsort(lengths, stable=True)
     out = None
     starts = range(0, len(order), batch)
-    for start in (progress(starts, desc="zero-shot prompts") if progress else starts):
-        idx = order[start:start + batch]
+    for start in progress(starts, desc="zero-shot prompts") if progress else starts:
+        idx = order[start : start + batch]
         emb = model.encode_text(tokens[idx].to(device), normalize=True, trim=True).float().cpu()
         if out is None:
             out = torch.empty(len(prompts), emb.shape[1])

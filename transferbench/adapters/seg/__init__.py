@@ -24,11 +24,37 @@ permutation drawn from the cell's seed, so every fraction's subset holds the sma
 Modules: metric (SegMetric, miou), inference (sliding windows, predict, evaluate), adapter (the decoder, the
 train fractions, the data entries, the adapter).
 """
-from .adapter import (ADE_DEFAULT_DIRS, LinearSegmenter, SegAdapter, SegDatasetEntry, Subset, open_split,
-                      segmentation_loss, subset)
-from .inference import (evaluate, grid_window_logits, interp_matrix, predict, slide_logits, window_starts)
-from .metric import (IGNORE_INDEX, SegMetric, metrics_from_areas, miou)
 
-__all__ = ["ADE_DEFAULT_DIRS", "IGNORE_INDEX", "LinearSegmenter", "SegAdapter", "SegDatasetEntry", "SegMetric",
-           "Subset", "evaluate", "grid_window_logits", "interp_matrix", "metrics_from_areas", "miou",
-           "open_split", "predict", "segmentation_loss", "slide_logits", "subset", "window_starts"]
+from .adapter import (
+    ADE_DEFAULT_DIRS,
+    LinearSegmenter,
+    SegAdapter,
+    SegDatasetEntry,
+    Subset,
+    open_split,
+    segmentation_loss,
+    subset,
+)
+from .inference import evaluate, grid_window_logits, interp_matrix, predict, slide_logits, window_starts
+from .metric import IGNORE_INDEX, SegMetric, metrics_from_areas, miou
+
+__all__ = [
+    "ADE_DEFAULT_DIRS",
+    "IGNORE_INDEX",
+    "LinearSegmenter",
+    "SegAdapter",
+    "SegDatasetEntry",
+    "SegMetric",
+    "Subset",
+    "evaluate",
+    "grid_window_logits",
+    "interp_matrix",
+    "metrics_from_areas",
+    "miou",
+    "open_split",
+    "predict",
+    "segmentation_loss",
+    "slide_logits",
+    "subset",
+    "window_starts",
+]

@@ -1,5 +1,6 @@
 """The segmentation adapter: Segmenter's linear decoder on the fine-tuned backbone, the train fractions, the
 ADE20K / tfds / embedded data entries, and one cell = fine-tune on a fraction, then sliding-window evaluation."""
+
 from __future__ import annotations
 
 import math
@@ -12,19 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...backbones import create_backbone
-from ...data import embedded
+from ...backbones.checkpoint import POSEMB_METHODS
+from ...data import embedded, pixels
 from ...data.folder import DataMissingError
-from ...data import pixels
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry, require_tfds_name
-from ...backbones.checkpoint import POSEMB_METHODS
 from ...engine import augreg
 from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
 from ...errors import UserError
 from ..base import Adapter, plan_select_then_final
 from .inference import evaluate
 from .metric import IGNORE_INDEX
-
 
 DECODER_TOKENS = ("prenorm", "norm")
 
@@ -40,6 +39,7 @@ class LinearSegmenter(nn.Module):
     def __init__(self, backbone: nn.Module, num_classes: int, tokens: str = "prenorm"):
         super().__init__()
         from timm.layers import trunc_normal_
+
         if tokens not in DECODER_TOKENS:
             raise ValueError(f"decoder_tokens {tokens!r}: choose one of {', '.join(DECODER_TOKENS)}")
         self.backbone, self.num_classes, self.tokens = backbone, num_classes, tokens
@@ -50,9 +50,10 @@ class LinearSegmenter(nn.Module):
     def patch_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, D) patch tokens the decoder reads (prefix tokens dropped)."""
         if self.tokens == "prenorm":
-            return self.backbone.forward_intermediates(x, indices=1, norm=False, output_fmt="NLC",
-                                                       intermediates_only=True)[0]
-        return self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens:]
+            return self.backbone.forward_intermediates(
+                x, indices=1, norm=False, output_fmt="NLC", intermediates_only=True
+            )[0]
+        return self.backbone.forward_features(x)[:, self.backbone.num_prefix_tokens :]
 
     def grid_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K, h, w) on the patch grid, before upsampling."""
@@ -126,22 +127,31 @@ def open_split(ds: dict, split: str, data_dir=None):
         name = ds.get("set") or ds["name"]
         return embedded.open_set(name, lambda root: SegFolderDataset(root, name, split))
     if ds["source"] == "tfds":
-        return TfdsSegmentation(ds["tfds"], split, data_dir=data_dir, num_classes=ds["classes"],
-                                reduce_zero=ds["reduce_zero_label"])
+        return TfdsSegmentation(
+            ds["tfds"], split, data_dir=data_dir, num_classes=ds["classes"], reduce_zero=ds["reduce_zero_label"]
+        )
     searched = [data_dir] if data_dir else list(ADE_DEFAULT_DIRS)
     for d in searched:
         root = find_ade_root(d)
         if root is not None:
             return AdeFolder(root, split, num_classes=ds["classes"], reduce_zero=ds["reduce_zero_label"])
-    raise DataMissingError(f"ADE20K not found: searched {', '.join(str(d) for d in searched)} and its "
-                           "ADEChallengeData2016/ for images/ and annotations/")
+    raise DataMissingError(
+        f"ADE20K not found: searched {', '.join(str(d) for d in searched)} and its "
+        "ADEChallengeData2016/ for images/ and annotations/"
+    )
 
 
 class SegAdapter(Adapter):
     name = "seg"
     dataset_schema = SegDatasetEntry
-    hparam_choices = {"bf16": BF16_SETTINGS, "optimizer": ("adamw",), "schedule": SCHEDULES,
-                      "decoder_tokens": DECODER_TOKENS, "epoch": ("pool", "fraction"), "posemb": POSEMB_METHODS}
+    hparam_choices = {
+        "bf16": BF16_SETTINGS,
+        "optimizer": ("adamw",),
+        "schedule": SCHEDULES,
+        "decoder_tokens": DECODER_TOKENS,
+        "epoch": ("pool", "fraction"),
+        "posemb": POSEMB_METHODS,
+    }
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -164,14 +174,18 @@ class SegAdapter(Adapter):
         names = ", ".join(ds["name"] for ds, _ in missing)
         ade = any(ds["source"] == "ade" for ds, _ in missing)
         searched = ctx.data_dir or " or ".join(ADE_DEFAULT_DIRS)
-        hint = (f"searched {searched} (--data-dir, else mmsegmentation's data/ade) and its ADEChallengeData2016/ "
-                "for images/{training,validation}/*.jpg with annotations/{training,validation}/*.png; "
-                "download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ and unzip it "
-                "there, or give --data-dir; tfds's scene_parse150 holds the 2017 instance masks (100 categories, "
-                "not these 150 classes): run it as --datasets scene_parse150 once prepared with tfds"
-                if ade else missing[0][1])
-        raise UserError(f"segmentation data missing for {names}: {hint}; or try `--suite embedded`, which needs "
-                        "no download")
+        hint = (
+            f"searched {searched} (--data-dir, else mmsegmentation's data/ade) and its ADEChallengeData2016/ "
+            "for images/{training,validation}/*.jpg with annotations/{training,validation}/*.png; "
+            "download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ and unzip it "
+            "there, or give --data-dir; tfds's scene_parse150 holds the 2017 instance masks (100 categories, "
+            "not these 150 classes): run it as --datasets scene_parse150 once prepared with tfds"
+            if ade
+            else missing[0][1]
+        )
+        raise UserError(
+            f"segmentation data missing for {names}: {hint}; or try `--suite embedded`, which needs no download"
+        )
 
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
@@ -193,32 +207,68 @@ class SegAdapter(Adapter):
         extra = {"drop_path_rate": float(hp.get("drop_path") or 0.0)}
         if hp.get("posemb"):
             extra["posemb"] = hp["posemb"]
-        backbone = create_backbone(cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint,
-                                   **extra)
+        backbone = create_backbone(
+            cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint, **extra
+        )
         backbone.reset_classifier(0)
         model = LinearSegmenter(backbone, num_classes, tokens=hp.get("decoder_tokens", "norm")).to(ctx.device)
         skip = bool(hp.get("skip_scale_and_bias", False))
         opt = augreg.scenic_adamw(model, lr=hp["lr"], weight_decay=hp["weight_decay"], skip_scale_and_bias=skip)
-        transform = train_transform(hp["crop"], ratio=(hp["ratio_min"], hp["ratio_max"]),
-                                    photometric=hp["photometric"], cat_max_ratio=hp.get("cat_max_ratio", 1.0),
-                                    pixels=pixels.of(hp))
-        batches = train_batches(train, transform, batch=hp["batch"], steps=steps, seed=cell.seed,
-                                workers=ctx.workers, joint=True)
+        transform = train_transform(
+            hp["crop"],
+            ratio=(hp["ratio_min"], hp["ratio_max"]),
+            photometric=hp["photometric"],
+            cat_max_ratio=hp.get("cat_max_ratio", 1.0),
+            pixels=pixels.of(hp),
+        )
+        batches = train_batches(
+            train, transform, batch=hp["batch"], steps=steps, seed=cell.seed, workers=ctx.workers, joint=True
+        )
         started = time.time()
-        out = fit(model, batches, opt, steps=steps, base_lr=hp["lr"], warmup=hp["warmup_steps"],
-                  clip=hp.get("clip") or None, loss_fn=segmentation_loss, device=ctx.device, bf16=hp.get("bf16", "auto"),
-                  micro_batch=ctx.micro_batch, progress=ctx.progress, schedule=hp["schedule"], power=hp["power"],
-                  desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}")
+        out = fit(
+            model,
+            batches,
+            opt,
+            steps=steps,
+            base_lr=hp["lr"],
+            warmup=hp["warmup_steps"],
+            clip=hp.get("clip") or None,
+            loss_fn=segmentation_loss,
+            device=ctx.device,
+            bf16=hp.get("bf16", "auto"),
+            micro_batch=ctx.micro_batch,
+            progress=ctx.progress,
+            schedule=hp["schedule"],
+            power=hp["power"],
+            desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}",
+        )
         train_seconds = time.time() - started
         started = time.time()
-        metric = evaluate(model, test, num_classes, short=hp["test_short"], window=hp["window"],
-                          stride=hp["stride"], bf16=out["bf16"], progress=ctx.progress,
-                          desc=f"{cell.dataset} sliding-window eval", pixels=pixels.of(hp))
+        metric = evaluate(
+            model,
+            test,
+            num_classes,
+            short=hp["test_short"],
+            window=hp["window"],
+            stride=hp["stride"],
+            bf16=out["bf16"],
+            progress=ctx.progress,
+            desc=f"{cell.dataset} sliding-window eval",
+            pixels=pixels.of(hp),
+        )
         result = metric.compute()
-        return {"test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
-                "info": {**out, "steps": steps, "train_examples": len(train), "train_pool": len(full),
-                         "posemb_resample": getattr(backbone, "posemb_resample", None),
-                         "no_decay_params": len(augreg.scale_and_bias(model)) if skip else 0,
-                         "eval_examples": len(test), "train_seconds": round(train_seconds, 2),
-                         "eval_seconds": round(time.time() - started, 2),
-                         "iou_per_class": [None if np.isnan(v) else round(100 * float(v), 4) for v in result["iou"]]}}
+        return {
+            "test": {"miou": 100 * result["miou"], "aacc": 100 * result["aacc"], "macc": 100 * result["macc"]},
+            "info": {
+                **out,
+                "steps": steps,
+                "train_examples": len(train),
+                "train_pool": len(full),
+                "posemb_resample": getattr(backbone, "posemb_resample", None),
+                "no_decay_params": len(augreg.scale_and_bias(model)) if skip else 0,
+                "eval_examples": len(test),
+                "train_seconds": round(train_seconds, 2),
+                "eval_seconds": round(time.time() - started, 2),
+                "iou_per_class": [None if np.isnan(v) else round(100 * float(v), 4) for v in result["iou"]],
+            },
+        }

@@ -1,6 +1,7 @@
 """Sliding-window inference as mmsegmentation's test pipeline: the resize, windows of `window` every `stride`
 pixels, logits averaged where windows overlap, resized to the annotation's size; the window logits reach the
 output through separable interpolation matrices, never upsampled one by one."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,7 +26,7 @@ def _cover(size: int, window: int, starts: list[int], device) -> torch.Tensor:
     """How many windows cover each position along one axis."""
     cover = torch.zeros(size, device=device)
     for st in starts:
-        cover[st:st + window] += 1
+        cover[st : st + window] += 1
     return cover
 
 
@@ -42,8 +43,9 @@ def _workspace(numel: int, device) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, stride: int,
-                 batch: int = 8, bf16: bool = False) -> torch.Tensor:
+def slide_logits(
+    model, image: torch.Tensor, num_classes: int, *, window: int, stride: int, batch: int = 8, bf16: bool = False
+) -> torch.Tensor:
     """Logits (K, H, W) of one image (3, H, W) — or (N, K, H, W) of N images of one size (N, 3, H, W) — from
     windows of `window` px every `stride` px, averaged where windows overlap. Windows (of all N images) go
     through the model `batch` at a time. Where an image is smaller than a window it is padded with 0 at
@@ -61,12 +63,12 @@ def slide_logits(model, image: torch.Tensor, num_classes: int, *, window: int, s
     boxes = [(i, y, x) for i in range(n) for y in ys for x in xs]
     out = _workspace(n * ph * pw * num_classes, device).view(n, ph, pw, num_classes).zero_()  # (N, H, W, K)
     for start in range(0, len(boxes), batch):
-        part = boxes[start:start + batch]
-        crops = torch.stack([images[i, :, y:y + window, x:x + window] for i, y, x in part])
+        part = boxes[start : start + batch]
+        crops = torch.stack([images[i, :, y : y + window, x : x + window] for i, y, x in part])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(crops)
         for (i, y, x), lg in zip(part, logits):
-            out[i, y:y + window, x:x + window] += lg.permute(1, 2, 0)  # a channels-last model output: no transpose
+            out[i, y : y + window, x : x + window] += lg.permute(1, 2, 0)  # a channels-last model output: no transpose
     # how many windows cover each pixel: the grid is separable, so an outer product of two 1-d counts
     cover = _cover(ph, window, ys, device)[:, None] * _cover(pw, window, xs, device)[None, :]
     out /= cover[..., None]
@@ -91,14 +93,23 @@ def _window_maps(size: int, padded: int, out: int, window: int, grid: int, start
     maps = []
     for st in starts:
         end = min(st + window, size)  # rows of this window inside the image (padding dropped)
-        placed = up[:end - st] / cover[st:end, None]  # (end - st, grid)
+        placed = up[: end - st] / cover[st:end, None]  # (end - st, grid)
         maps.append(down[:, st:end] @ placed)
     return maps
 
 
 @torch.inference_mode()
-def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window: int, stride: int, out_size,
-                       batch: int = 8, bf16: bool = False) -> torch.Tensor:
+def grid_window_logits(
+    model,
+    images: torch.Tensor,
+    num_classes: int,
+    *,
+    window: int,
+    stride: int,
+    out_size,
+    batch: int = 8,
+    bf16: bool = False,
+) -> torch.Tensor:
     """(N, H0, W0, K) final logits of N same-size images (N, 3, h, w) for a model with `grid_logits`, through
     the separable maps of `_window_maps`; a view of a buffer that the next call reuses. Each window adds
     one in-place matrix product into the buffer (laid out (N, W0, H0, K)): no full-size temporary."""
@@ -115,8 +126,8 @@ def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window:
     h0, w0 = out_size
     out = _workspace(n * h0 * w0 * num_classes, device).view(n, w0, h0 * num_classes)
     for start in range(0, len(boxes), batch):
-        part = boxes[start:start + batch]
-        crops = torch.stack([images[i, :, ys[a]:ys[a] + window, xs[b]:xs[b] + window] for i, a, b in part])
+        part = boxes[start : start + batch]
+        crops = torch.stack([images[i, :, ys[a] : ys[a] + window, xs[b] : xs[b] + window] for i, a, b in part])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             grid = model.grid_logits(crops)
         grid = grid.float().permute(0, 2, 3, 1)  # (B, gh, gw, K)
@@ -130,8 +141,19 @@ def grid_window_logits(model, images: torch.Tensor, num_classes: int, *, window:
 
 
 @torch.inference_mode()
-def predict(model, image, num_classes: int, *, short: int, window: int, stride: int, out_size=None,
-            batch: int = 8, bf16: bool = False, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
+def predict(
+    model,
+    image,
+    num_classes: int,
+    *,
+    short: int,
+    window: int,
+    stride: int,
+    out_size=None,
+    batch: int = 8,
+    bf16: bool = False,
+    pixels: str = DEFAULT_PIXELS,
+) -> torch.Tensor:
     """The test pipeline on one image (PIL or uint8 (3, H, W)) or on N images of one size (uint8
     (N, 3, H, W)): resize (`data.segmentation.eval_image`, on the model's device), sliding windows whose
     logits are averaged where they overlap, bilinear resize to `out_size` (default: the images' own size),
@@ -153,15 +175,35 @@ def predict(model, image, num_classes: int, *, short: int, window: int, stride: 
             logits = F.interpolate(logits, size=tuple(out_size), mode="bilinear", align_corners=False)
         pred = logits.argmax(1)
     else:
-        pred = grid_window_logits(model, x if not single else x[None], num_classes, window=window, stride=stride,
-                                  out_size=out_size, batch=batch, bf16=bf16).argmax(-1)
+        pred = grid_window_logits(
+            model,
+            x if not single else x[None],
+            num_classes,
+            window=window,
+            stride=stride,
+            out_size=out_size,
+            batch=batch,
+            bf16=bf16,
+        ).argmax(-1)
     pred = pred.to(torch.uint8 if num_classes <= 255 else torch.int64)
     return pred[0] if single else pred
 
 
-def evaluate(model, dataset, num_classes: int, *, short: int, window: int, stride: int, bf16: bool = False,
-             group: int = 16, batch: int = 32, progress=None, desc: str = "evaluate",
-             pixels: str = DEFAULT_PIXELS) -> SegMetric:
+def evaluate(
+    model,
+    dataset,
+    num_classes: int,
+    *,
+    short: int,
+    window: int,
+    stride: int,
+    bf16: bool = False,
+    group: int = 16,
+    batch: int = 32,
+    progress=None,
+    desc: str = "evaluate",
+    pixels: str = DEFAULT_PIXELS,
+) -> SegMetric:
     """SegMetric over every (image, mask) of `dataset`, predictions at each annotation's own size.
     Consecutive images of one size (and annotation size) are evaluated together, up to `group` at a time,
     their windows `batch` per forward (ADE20K's images vary in size: one at a time)."""
@@ -172,11 +214,22 @@ def evaluate(model, dataset, num_classes: int, *, short: int, window: int, strid
     pending: list = []
 
     def flush():
-        images = torch.stack([torch.as_tensor(np.asarray(im)) if not hasattr(im, "height")
-                              else _pil_tensor(im) for im, _ in pending])
+        images = torch.stack(
+            [torch.as_tensor(np.asarray(im)) if not hasattr(im, "height") else _pil_tensor(im) for im, _ in pending]
+        )
         masks = torch.stack([torch.as_tensor(np.asarray(m)) for _, m in pending]).to(device)
-        preds = predict(model, images, num_classes, short=short, window=window, stride=stride,
-                        out_size=tuple(masks.shape[-2:]), batch=batch, bf16=bf16, pixels=pixels)
+        preds = predict(
+            model,
+            images,
+            num_classes,
+            short=short,
+            window=window,
+            stride=stride,
+            out_size=tuple(masks.shape[-2:]),
+            batch=batch,
+            bf16=bf16,
+            pixels=pixels,
+        )
         for p, m in zip(preds, masks):
             metric.update(p, m)
         if bar is not None:
@@ -202,4 +255,5 @@ def _hw(image) -> tuple:
 
 def _pil_tensor(image) -> torch.Tensor:
     from torchvision.transforms import v2
+
     return v2.functional.pil_to_tensor(image.convert("RGB"))

@@ -1,10 +1,10 @@
 """Segmentation metrics as mmsegmentation's IoUMetric computes them: one confusion matrix over the whole split,
 IoU per class = sum of intersections / sum of unions, mIoU over classes with a non-zero union, aAcc and mAcc."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
-
 
 IGNORE_INDEX = 255
 
@@ -21,8 +21,10 @@ class SegMetric:
     def update(self, pred, label) -> None:
         pred, label = torch.as_tensor(pred, device=self.hist.device), torch.as_tensor(label, device=self.hist.device)
         if pred.shape != label.shape:
-            raise ValueError(f"prediction {tuple(pred.shape)} and label {tuple(label.shape)} differ in shape; "
-                             "resize the prediction to the annotation's size")
+            raise ValueError(
+                f"prediction {tuple(pred.shape)} and label {tuple(label.shape)} differ in shape; "
+                "resize the prediction to the annotation's size"
+            )
         k = self.k
         pred, label = pred.reshape(-1), label.reshape(-1)
         if pred.numel():
@@ -31,18 +33,20 @@ class SegMetric:
                 raise ValueError(f"predictions must lie in [0, {k}), got {lo}..{hi}")
         if self.ignore >= k:  # every label >= K (the ignore index among them) lands past row K-1: no mask needed
             counts = torch.bincount(label.to(torch.int64) * k + pred.to(torch.int64), minlength=k * k)
-            stray = counts[k * k:].sum() - counts[self.ignore * k:(self.ignore + 1) * k].sum()
+            stray = counts[k * k :].sum() - counts[self.ignore * k : (self.ignore + 1) * k].sum()
         else:
             label = label.to(torch.int64)
             keep = label != self.ignore
             counts = torch.bincount(label[keep] * k + pred[keep].to(torch.int64), minlength=k * k)
-            stray = counts[k * k:].sum()
+            stray = counts[k * k :].sum()
         if int(stray):
-            raise ValueError(f"{int(stray)} labelled pixels have a class outside [0, {k}) that is not the ignore "
-                             f"index {self.ignore}: is num_classes right (ADE20K: 150, labels reduced 0 -> 255)?")
-        self.hist += counts[:k * k]
+            raise ValueError(
+                f"{int(stray)} labelled pixels have a class outside [0, {k}) that is not the ignore "
+                f"index {self.ignore}: is num_classes right (ADE20K: 150, labels reduced 0 -> 255)?"
+            )
+        self.hist += counts[: k * k]
 
-    def merge(self, other: "SegMetric") -> None:
+    def merge(self, other: SegMetric) -> None:
         self.hist += other.hist
 
     def areas(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,10 +66,13 @@ def metrics_from_areas(intersect, area_pred, area_label) -> dict:
         iou = np.where(union > 0, intersect / union, np.nan)
         acc = np.where(area_label > 0, intersect / area_label, np.nan)
     present = union > 0
-    return {"miou": float(iou[present].mean()) if present.any() else float("nan"),
-            "aacc": float(intersect.sum() / area_label.sum()) if area_label.sum() else float("nan"),
-            "macc": float(np.nanmean(acc)) if (area_label > 0).any() else float("nan"),
-            "iou": iou, "acc": acc}
+    return {
+        "miou": float(iou[present].mean()) if present.any() else float("nan"),
+        "aacc": float(intersect.sum() / area_label.sum()) if area_label.sum() else float("nan"),
+        "macc": float(np.nanmean(acc)) if (area_label > 0).any() else float("nan"),
+        "iou": iou,
+        "acc": acc,
+    }
 
 
 def miou(pred, label, num_classes: int, ignore_index: int = IGNORE_INDEX) -> dict:

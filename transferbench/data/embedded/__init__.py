@@ -33,10 +33,12 @@ Upstream set, for pretraining:
 Changing a generator bumps its version, which is part of every cell key that uses the set. One module per
 generator family (digits, photos, sprites, clevr, upstream, scenes, captions) and what they share (common).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from filelock import FileLock
 
@@ -45,19 +47,50 @@ from ..folder import CorruptDataError, read_info, verify_files
 from ..image_text import ShardPairs
 from .captions import gen_captions, scene_caption, sprite_caption
 from .clevr import CLEVR_COLOURS, gen_clevr, render_scene, sample_scene
-from .common import (DOWNSTREAM, IMAGE_TEXT, N_GLYPHS, N_PHOTOS, N_TEXTURES, N_UPSTREAM, N_UPSTREAM_TEST, PHOTOS,
-                     SEGMENTATION, UPSTREAM_PHOTOS, VERSIONS, embedded_root, load_photo, photo_patch, version)
+from .common import (
+    DOWNSTREAM,
+    IMAGE_TEXT,
+    N_GLYPHS,
+    N_PHOTOS,
+    N_TEXTURES,
+    N_UPSTREAM,
+    N_UPSTREAM_TEST,
+    PHOTOS,
+    SEGMENTATION,
+    UPSTREAM_PHOTOS,
+    VERSIONS,
+    embedded_root,
+    load_photo,
+    photo_patch,
+    version,
+)
 from .digits import gen_digits, gen_mnist
 from .photos import gen_photos
 from .scenes import SCENE_CLASSES, gen_scenes, render_segmentation_scene
 from .sprites import gen_dsprites, render_sprite
-from .upstream import (N_POSITIONS, N_UPSTREAM_CLASSES, POSITION_GRID, gen_upstream, position_centre, render_glyph,
-                       render_texture, texture_classes)
+from .upstream import (
+    N_POSITIONS,
+    N_UPSTREAM_CLASSES,
+    POSITION_GRID,
+    gen_upstream,
+    position_centre,
+    render_glyph,
+    render_texture,
+    texture_classes,
+)
 
-_GENERATORS = {"digits": gen_digits, "mnist": gen_mnist, "photos": gen_photos, "dsprites_loc": gen_dsprites,
-               "dsprites_ori": gen_dsprites, "clevr_count": gen_clevr, "clevr_dist": gen_clevr,
-               "upstream": gen_upstream, "scenes": gen_scenes,
-               "captions": gen_captions}
+_GENERATORS = {
+    "digits": gen_digits,
+    "mnist": gen_mnist,
+    "photos": gen_photos,
+    "dsprites_loc": gen_dsprites,
+    "dsprites_ori": gen_dsprites,
+    "clevr_count": gen_clevr,
+    "clevr_dist": gen_clevr,
+    "upstream": gen_upstream,
+    "scenes": gen_scenes,
+    "captions": gen_captions,
+}
 T = TypeVar("T")
 
 
@@ -97,17 +130,48 @@ def open_set(name: str, opener: Callable[[Path], T]) -> T:
 
 def embedded_pairs(name: str = "captions") -> ShardPairs:
     """The embedded image-text set (generated on first use), its shards verified against the manifest."""
+
     def opener(root: Path) -> ShardPairs:
         folder = root / name
         shards = sorted(folder.glob("pairs-*.tar"))
         verify_files(folder, name, [s.name for s in shards])
         return ShardPairs(shards)
+
     return open_set(name, opener)
 
 
-__all__ = ["CLEVR_COLOURS", "DOWNSTREAM", "IMAGE_TEXT", "N_GLYPHS", "N_PHOTOS", "N_POSITIONS", "N_TEXTURES",
-           "N_UPSTREAM", "N_UPSTREAM_CLASSES", "N_UPSTREAM_TEST", "PHOTOS", "POSITION_GRID", "SCENE_CLASSES",
-           "SEGMENTATION", "UPSTREAM_PHOTOS", "VERSIONS", "embedded_pairs", "embedded_root", "ensure", "open_set", "load_photo",
-           "photo_patch", "position_centre", "render_glyph", "render_scene", "render_segmentation_scene",
-           "render_sprite", "render_texture", "sample_scene", "scene_caption", "sprite_caption", "texture_classes",
-           "version"]
+__all__ = [
+    "CLEVR_COLOURS",
+    "DOWNSTREAM",
+    "IMAGE_TEXT",
+    "N_GLYPHS",
+    "N_PHOTOS",
+    "N_POSITIONS",
+    "N_TEXTURES",
+    "N_UPSTREAM",
+    "N_UPSTREAM_CLASSES",
+    "N_UPSTREAM_TEST",
+    "PHOTOS",
+    "POSITION_GRID",
+    "SCENE_CLASSES",
+    "SEGMENTATION",
+    "UPSTREAM_PHOTOS",
+    "VERSIONS",
+    "embedded_pairs",
+    "embedded_root",
+    "ensure",
+    "open_set",
+    "load_photo",
+    "photo_patch",
+    "position_centre",
+    "render_glyph",
+    "render_scene",
+    "render_segmentation_scene",
+    "render_sprite",
+    "render_texture",
+    "sample_scene",
+    "scene_caption",
+    "sprite_caption",
+    "texture_classes",
+    "version",
+]

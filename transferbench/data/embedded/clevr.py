@@ -1,4 +1,5 @@
 """CLEVR-style rendered scenes (`clevr_count`, `clevr_dist`) with VTAB's label rules."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +10,19 @@ from ..folder import write_folder_dataset
 from ..labels import CLEVR_DIST_THRESHOLDS, clevr_count_label, clevr_dist_label
 from .common import N_TEST, N_TRAIN, N_VAL, _info, _slices
 
-
-CLEVR_COLOURS = np.array([[87, 87, 87], [173, 35, 35], [42, 75, 215], [29, 105, 20], [129, 74, 25],
-                          [129, 38, 192], [41, 208, 208], [255, 238, 51]], dtype=np.float32)
+CLEVR_COLOURS = np.array(
+    [
+        [87, 87, 87],
+        [173, 35, 35],
+        [42, 75, 215],
+        [29, 105, 20],
+        [129, 74, 25],
+        [129, 38, 192],
+        [41, 208, 208],
+        [255, 238, 51],
+    ],
+    dtype=np.float32,
+)
 
 
 def render_scene(objects: list[tuple[float, float, int, int, float]], size: int = 64) -> np.ndarray:
@@ -24,13 +35,13 @@ def render_scene(objects: list[tuple[float, float, int, int, float]], size: int 
     for x, z, colour, shape, radius in sorted(objects, key=lambda o: -o[1]):
         cu, cv, r = size / 2 + f * x / z, horizon + f * cam_h / z, f * radius / z
         if shape == 0:
-            d2 = ((u - cu) ** 2 + (v - cv) ** 2) / r ** 2
+            d2 = ((u - cu) ** 2 + (v - cv) ** 2) / r**2
             mask = d2 <= 1
             shade = 0.55 + 0.45 * np.sqrt(np.clip(1 - d2, 0, 1))
         else:
             mask = (np.abs(u - cu) <= r) & (np.abs(v - cv) <= r)
             shade = 0.8 + 0.2 * ((u - cu) < 0)
-        img[mask] = (CLEVR_COLOURS[colour] * np.asarray(shade if np.ndim(shade) == 0 else shade[mask])[..., None])
+        img[mask] = CLEVR_COLOURS[colour] * np.asarray(shade if np.ndim(shade) == 0 else shade[mask])[..., None]
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
@@ -41,8 +52,16 @@ def sample_scene(rng: np.random.Generator) -> tuple[list, int, float]:
     lo, hi = max(CLEVR_DIST_THRESHOLDS[cls], 7.0), min(CLEVR_DIST_THRESHOLDS[cls + 1], 12.5)
     z_min = float(rng.uniform(lo + 1e-3, hi))
     depths = [z_min] + list(rng.uniform(z_min, 14.0, n - 1))
-    objs = [(float(rng.uniform(-2.8, 2.8)), float(z), int(rng.integers(0, 8)), int(rng.integers(0, 2)),
-             float(rng.choice([0.45, 0.7]))) for z in depths]
+    objs = [
+        (
+            float(rng.uniform(-2.8, 2.8)),
+            float(z),
+            int(rng.integers(0, 8)),
+            int(rng.integers(0, 2)),
+            float(rng.choice([0.45, 0.7])),
+        )
+        for z in depths
+    ]
     return objs, n, z_min
 
 
@@ -51,11 +70,17 @@ def gen_clevr(root: Path, seed: int) -> None:
     n = N_TRAIN + N_VAL + N_TEST
     scenes = [sample_scene(rng) for _ in range(n)]
     imgs = [render_scene(objs) for objs, _, _ in scenes]
-    for name, label in (("clevr_count", lambda s: clevr_count_label(s[1])),
-                        ("clevr_dist", lambda s: clevr_dist_label([o[1] for o in s[0]]))):
+    for name, label in (
+        ("clevr_count", lambda s: clevr_count_label(s[1])),
+        ("clevr_dist", lambda s: clevr_dist_label([o[1] for o in s[0]])),
+    ):
         items = [(imgs[i], label(scenes[i])) for i in range(n)]
-        write_folder_dataset(root, name, _slices(items), _info(name, seed, 8 if name == "clevr_count" else 6,
-                                                       "procedural CLEVR-style scenes"))
+        write_folder_dataset(
+            root,
+            name,
+            _slices(items),
+            _info(name, seed, 8 if name == "clevr_count" else 6, "procedural CLEVR-style scenes"),
+        )
 
 
 # --- upstream: procedural glyphs -----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What the generators share: the sets, their versions and sizes, the split of a shuffled list into
 train800 / val200 / test, the info every set records, and the shipped photographs some generators cut from."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,17 +10,36 @@ from PIL import Image
 
 from ...paths import cache
 
-
-VERSIONS = {"digits": "1", "mnist": "1", "dsprites_loc": "1", "dsprites_ori": "1", "clevr_count": "1",
-            "clevr_dist": "1", "photos": "1", "upstream": "5", "scenes": "1", "captions": "1"}
+VERSIONS = {
+    "digits": "1",
+    "mnist": "1",
+    "dsprites_loc": "1",
+    "dsprites_ori": "1",
+    "clevr_count": "1",
+    "clevr_dist": "1",
+    "photos": "1",
+    "upstream": "5",
+    "scenes": "1",
+    "captions": "1",
+}
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
 SEGMENTATION = ("scenes",)
 IMAGE_TEXT = ("captions",)
 N_TRAIN, N_VAL, N_TEST = 800, 200, 1000
 N_UPSTREAM, N_UPSTREAM_TEST = 16000, 1000
 N_GLYPHS, N_TEXTURES = 32, 32  # upstream classes: glyphs, textures, photographs, positions, in order
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "camera",
-          "coins", "grass", "brick")
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "immunohistochemistry",
+    "camera",
+    "coins",
+    "grass",
+    "brick",
+)
 
 
 def embedded_root() -> Path:
@@ -32,8 +52,11 @@ def version(name: str) -> str:
 
 def _slices(items: list) -> dict:
     """train800, val200 and up to N_TEST test items, in the order given."""
-    return {"train800": items[:N_TRAIN], "val200": items[N_TRAIN:N_TRAIN + N_VAL],
-            "test": items[N_TRAIN + N_VAL:N_TRAIN + N_VAL + N_TEST]}
+    return {
+        "train800": items[:N_TRAIN],
+        "val200": items[N_TRAIN : N_TRAIN + N_VAL],
+        "test": items[N_TRAIN + N_VAL : N_TRAIN + N_VAL + N_TEST],
+    }
 
 
 def _split(items: list, rng: np.random.Generator) -> dict:
@@ -42,18 +65,37 @@ def _split(items: list, rng: np.random.Generator) -> dict:
 
 
 def _info(name: str, seed: int, num_classes: int, source: str, **extra) -> dict:
-    return {"num_classes": num_classes, "source": source, "generator_version": VERSIONS[name], "seed": seed,
-            "version": version(name), **extra}
+    return {
+        "num_classes": num_classes,
+        "source": source,
+        "generator_version": VERSIONS[name],
+        "seed": seed,
+        "version": version(name),
+        **extra,
+    }
 
 
 # --- real data shipped in packages -----------------------------------------------------------------
 
 
-UPSTREAM_PHOTOS = (("sklearn", "china.jpg"), ("sklearn", "flower.jpg"), ("matplotlib", "grace_hopper.jpg"),
-                   ("matplotlib", "Minduka_Present_Blue_Pack.png"), ("skimage", "colorwheel"), ("skimage", "retina"),
-                   ("skimage", "stereo_motorcycle"), ("skimage", "logo"), ("skimage", "clock"), ("skimage", "gravel"),
-                   ("skimage", "moon"), ("skimage", "page"), ("skimage", "text"), ("skimage", "cell"),
-                   ("matplotlib", "topobathy.npz"), ("skimage", "microaneurysms"))
+UPSTREAM_PHOTOS = (
+    ("sklearn", "china.jpg"),
+    ("sklearn", "flower.jpg"),
+    ("matplotlib", "grace_hopper.jpg"),
+    ("matplotlib", "Minduka_Present_Blue_Pack.png"),
+    ("skimage", "colorwheel"),
+    ("skimage", "retina"),
+    ("skimage", "stereo_motorcycle"),
+    ("skimage", "logo"),
+    ("skimage", "clock"),
+    ("skimage", "gravel"),
+    ("skimage", "moon"),
+    ("skimage", "page"),
+    ("skimage", "text"),
+    ("skimage", "cell"),
+    ("matplotlib", "topobathy.npz"),
+    ("skimage", "microaneurysms"),
+)
 N_PHOTOS = len(UPSTREAM_PHOTOS)
 
 
@@ -61,9 +103,11 @@ def load_photo(package: str, name: str) -> np.ndarray:
     """One shipped photograph as uint8 RGB."""
     if package == "sklearn":
         from sklearn.datasets import load_sample_image
+
         im = load_sample_image(name)
     elif package == "matplotlib":
         import matplotlib.cbook
+
         if name.endswith(".npz"):  # an elevation map, shown as grey levels
             z = matplotlib.cbook.get_sample_data(name)["topo"].astype(np.float64)
             im = (z - z.min()) / (z.max() - z.min()) * 255
@@ -72,6 +116,7 @@ def load_photo(package: str, name: str) -> np.ndarray:
                 im = np.asarray(Image.open(f).convert("RGB"))
     else:
         import skimage.data
+
         im = getattr(skimage.data, name)()
         im = im[0] if isinstance(im, tuple) else im  # stereo pairs: the left view
     im = np.asarray(im)
@@ -79,12 +124,13 @@ def load_photo(package: str, name: str) -> np.ndarray:
     return im.astype(np.uint8)
 
 
-def photo_patch(im: np.ndarray, rng: np.random.Generator, lo: float = 0.12, hi: float = 0.3, x_range=(0.0, 1.0),
-                out: int = 32) -> np.ndarray:
+def photo_patch(
+    im: np.ndarray, rng: np.random.Generator, lo: float = 0.12, hi: float = 0.3, x_range=(0.0, 1.0), out: int = 32
+) -> np.ndarray:
     """A random square patch of lo..hi of the photograph's shorter side, inside the column range x_range
     (fractions of the width), resized to out x out."""
     h, w = im.shape[:2]
     x0, x1 = int(w * x_range[0]), int(w * x_range[1])
     c = min(int(rng.uniform(lo, hi) * min(h, w)), x1 - x0)
     x, y = rng.integers(x0, x1 - c + 1), rng.integers(0, h - c + 1)
-    return np.asarray(Image.fromarray(im[y:y + c, x:x + c]).resize((out, out), Image.BILINEAR))
+    return np.asarray(Image.fromarray(im[y : y + c, x : x + c]).resize((out, out), Image.BILINEAR))

@@ -1,4 +1,5 @@
 """`photos`: which of 10 scikit-image photographs a patch comes from (test patches from a held-out strip)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,12 @@ def gen_photos(root: Path, seed: int) -> None:
 
     train = [(patch(k, False), k) for k in rng.integers(0, len(PHOTOS), N_TRAIN + N_VAL)]
     test = [(patch(k, True), k) for k in rng.integers(0, len(PHOTOS), N_TEST)]
-    write_folder_dataset(root, "photos", {"train800": train[:N_TRAIN], "val200": train[N_TRAIN:], "test": test},
-                         _info("photos", seed, len(PHOTOS), "scikit-image photographs: " + ", ".join(PHOTOS)))
+    write_folder_dataset(
+        root,
+        "photos",
+        {"train800": train[:N_TRAIN], "val200": train[N_TRAIN:], "test": test},
+        _info("photos", seed, len(PHOTOS), "scikit-image photographs: " + ", ".join(PHOTOS)),
+    )
 
 
 # --- dSprites-style sprites ----------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """dSprites-style sprites (`dsprites_loc`, `dsprites_ori`) with VTAB's 16-bin label rules."""
+
 from __future__ import annotations
 
 import math
@@ -26,23 +27,42 @@ def render_sprite(shape: int, scale: float, theta: float, px: int, py: int, size
         inside = (x / 1.2) ** 2 + (y / 0.5) ** 2 <= 1
     else:
         xx, yy = x * 0.9, -y * 0.9 + 0.2
-        inside = (xx ** 2 + yy ** 2 - 1) ** 3 - xx ** 2 * yy ** 3 <= 0
+        inside = (xx**2 + yy**2 - 1) ** 3 - xx**2 * yy**3 <= 0
     return (inside * 255).astype(np.uint8)
 
 
 def gen_dsprites(root: Path, seed: int) -> None:
     rng = np.random.default_rng([seed, 4])
     n = N_TRAIN + N_VAL + N_TEST
-    latents = dict(shape=rng.integers(0, 3, n), scale=rng.choice(np.linspace(0.5, 1.0, 6), n),
-                   ori=rng.integers(0, DSPRITES_ORIENTATIONS, n), x=rng.integers(0, DSPRITES_POSITIONS, n),
-                   y=rng.integers(0, DSPRITES_POSITIONS, n))
-    imgs = [render_sprite(latents["shape"][i], latents["scale"][i], 2 * math.pi * latents["ori"][i] / DSPRITES_ORIENTATIONS,
-                          latents["x"][i], latents["y"][i]) for i in range(n)]
+    latents = dict(
+        shape=rng.integers(0, 3, n),
+        scale=rng.choice(np.linspace(0.5, 1.0, 6), n),
+        ori=rng.integers(0, DSPRITES_ORIENTATIONS, n),
+        x=rng.integers(0, DSPRITES_POSITIONS, n),
+        y=rng.integers(0, DSPRITES_POSITIONS, n),
+    )
+    imgs = [
+        render_sprite(
+            latents["shape"][i],
+            latents["scale"][i],
+            2 * math.pi * latents["ori"][i] / DSPRITES_ORIENTATIONS,
+            latents["x"][i],
+            latents["y"][i],
+        )
+        for i in range(n)
+    ]
     order = np.random.default_rng([seed, 5]).permutation(n)
-    for name, key, num_values in (("dsprites_loc", "x", DSPRITES_POSITIONS), ("dsprites_ori", "ori", DSPRITES_ORIENTATIONS)):
+    for name, key, num_values in (
+        ("dsprites_loc", "x", DSPRITES_POSITIONS),
+        ("dsprites_ori", "ori", DSPRITES_ORIENTATIONS),
+    ):
         items = [(imgs[i], binned(int(latents[key][i]), num_values)) for i in order]
-        write_folder_dataset(root, name, _slices(items), _info(name, seed, 16, "procedural dSprites-style sprites",
-                                                       label=f"floor({key} / ({num_values}/16))"))
+        write_folder_dataset(
+            root,
+            name,
+            _slices(items),
+            _info(name, seed, 16, "procedural dSprites-style sprites", label=f"floor({key} / ({num_values}/16))"),
+        )
 
 
 # --- CLEVR-style scenes --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """The upstream pretraining set: glyph, texture, photograph and position classes."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,17 @@ import numpy as np
 from PIL import Image
 
 from ..folder import write_folder_dataset
-from .common import N_GLYPHS, N_PHOTOS, N_TEXTURES, N_UPSTREAM, N_UPSTREAM_TEST, UPSTREAM_PHOTOS, _info, load_photo, photo_patch
+from .common import (
+    N_GLYPHS,
+    N_PHOTOS,
+    N_TEXTURES,
+    N_UPSTREAM,
+    N_UPSTREAM_TEST,
+    UPSTREAM_PHOTOS,
+    _info,
+    load_photo,
+    photo_patch,
+)
 
 
 def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
@@ -24,8 +35,9 @@ def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
     return classes
 
 
-def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32, scale=(0.6, 0.9),
-                 centre=(0.5, 0.5)) -> np.ndarray:
+def render_glyph(
+    segs: np.ndarray, rng: np.random.Generator, size: int = 32, scale=(0.6, 0.9), centre=(0.5, 0.5)
+) -> np.ndarray:
     """Light strokes on a dark ground (one polarity, as handwriting scans), random tints, under random
     rotation, scale (a fraction of the image), shift (+-0.1 of the image around `centre`, fractions (x, y))
     and stroke width. Version 2 also inverted the polarity and added shaded, noisy grounds; a mu ViT did
@@ -48,9 +60,15 @@ def render_glyph(segs: np.ndarray, rng: np.random.Generator, size: int = 32, sca
 def texture_classes(num_classes: int, seed: int) -> list[dict]:
     """Each class: a palette of two colours, a pattern kind and a period (pixels at 32 px) and angle."""
     rng = np.random.default_rng([seed, 9])
-    return [{"colours": rng.uniform(0, 255, (2, 3)), "kind": k % len(TEXTURE_KINDS),
-             "period": float(rng.uniform(5.0, 14.0)), "angle": float(rng.uniform(0, math.pi))}
-            for k in range(num_classes)]
+    return [
+        {
+            "colours": rng.uniform(0, 255, (2, 3)),
+            "kind": k % len(TEXTURE_KINDS),
+            "period": float(rng.uniform(5.0, 14.0)),
+            "angle": float(rng.uniform(0, math.pi)),
+        }
+        for k in range(num_classes)
+    ]
 
 
 TEXTURE_KINDS = ("stripes", "checks", "blobs", "dots")
@@ -82,7 +100,7 @@ def render_texture(cls: dict, rng: np.random.Generator, size: int = 32) -> np.nd
 
 
 POSITION_GRID = 4  # position classes: a small glyph of any class in one cell of a 4 x 4 grid
-N_POSITIONS = POSITION_GRID ** 2
+N_POSITIONS = POSITION_GRID**2
 
 
 def position_centre(k: int) -> tuple[float, float]:
@@ -116,13 +134,23 @@ def gen_upstream(root: Path, seed: int) -> None:
             return photo_patch(photos[k - N_GLYPHS - N_TEXTURES], rng)
         centre = position_centre(k - N_GLYPHS - N_TEXTURES - N_PHOTOS)
         return render_glyph(glyphs[int(rng.integers(N_GLYPHS))], rng, scale=(0.25, 0.35), centre=centre)
+
     items = [(render(int(k)), int(k)) for k in labels]
-    write_folder_dataset(root, "upstream", {"train": items[:N_UPSTREAM], "test": items[N_UPSTREAM:]},
-                         _info("upstream", seed, N_UPSTREAM_CLASSES, "procedural glyphs (random strokes, affine "
-                               "jitter, light tinted strokes on dark tinted grounds) and procedural two-colour "
-                               "textures (stripes, checks, blobs, dots); patches of photographs that scikit-learn, "
-                               "matplotlib and scikit-image ship (not those of `photos`); where a small glyph lies "
-                               "(a 4 x 4 grid)"))
+    write_folder_dataset(
+        root,
+        "upstream",
+        {"train": items[:N_UPSTREAM], "test": items[N_UPSTREAM:]},
+        _info(
+            "upstream",
+            seed,
+            N_UPSTREAM_CLASSES,
+            "procedural glyphs (random strokes, affine "
+            "jitter, light tinted strokes on dark tinted grounds) and procedural two-colour "
+            "textures (stripes, checks, blobs, dots); patches of photographs that scikit-learn, "
+            "matplotlib and scikit-image ship (not those of `photos`); where a small glyph lies "
+            "(a 4 x 4 grid)",
+        ),
+    )
 
 
 # --- segmentation: textured objects on photographs ------------------------------------------------

@@ -1,0 +1,102 @@
+"""What a release is made of, checked against itself: one version (the package's, which pyproject, the changelog
+and CITATION.cff repeat), the changelog's protocol table against the task specs, the licence, py.typed, the
+workflows' commands against .ci/run, the README, the CLI and the extras, and ruff's lint and format check."""
+
+import re
+import shlex
+import shutil
+import subprocess
+from importlib.metadata import metadata, version
+from pathlib import Path
+
+import pytest
+import yaml
+from test_faults import read_pyproject
+
+import transferbench
+from transferbench.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def test_one_version_written_once():
+    project = read_pyproject()["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert read_pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "transferbench.__version__"}
+    assert version("transferbench") == transferbench.__version__  # the installed metadata reads the package
+
+
+def test_changelog_names_this_version_and_every_tasks_protocol():
+    from transferbench.spec import installed_specs
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    top = re.search(r"^## \[([^\]]+)\]", text, re.M)
+    assert top and top.group(1) == transferbench.__version__, "a new version needs its changelog entry"
+    section = text[top.end() : re.search(r"^## \[", text[top.end() :], re.M).start() + top.end()]
+    table = dict(re.findall(r"^\| (\w+) \| (\w+) \|$", section, re.M))
+    table.pop("task")  # the header row
+    specs = {
+        d["task"]: str(d["protocol_version"])
+        for d in map(yaml.safe_load, map(Path.read_text, installed_specs().values()))
+    }
+    specs.pop("toy", None), specs.pop("toybest", None), specs.pop("toyshots", None)  # the tests' plugin
+    assert table == specs, "a changed protocol version raises the version, with a changelog entry"
+
+
+def test_citation_and_citing_name_this_version():
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert str(cff["version"]) == transferbench.__version__ and cff["license"] == "Apache-2.0"
+    assert f"version = {{{transferbench.__version__}}}" in (ROOT / "docs" / "citing.md").read_text()
+    titles = {r["title"] for r in cff["references"]}
+    assert {"Dual PatchNorm", "Dynamic Token Normalization Improves Vision Transformers"} <= titles
+
+
+def test_licence_metadata_and_typing_marker():
+    assert "Apache License\n                           Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()
+    meta = metadata("transferbench")
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert {u.split(",")[0] for u in meta.get_all("Project-URL")} >= {"Homepage", "Repository", "Issues", "Changelog"}
+    assert (Path(transferbench.__file__).parent / "py.typed").is_file()
+    assert "py.typed" in read_pyproject()["tool"]["setuptools"]["package-data"]["transferbench"]
+
+
+def test_tests_workflow_runs_the_readme_command_on_each_supported_python_and_ruff():
+    flow = yaml.safe_load((WORKFLOWS / "tests.yml").read_text())
+    assert set(flow[True]) == {"push", "pull_request"}  # yaml reads the key `on` as True
+    tests = flow["jobs"]["tests"]
+    pythons = tests["strategy"]["matrix"]["python-version"]
+    classifiers = read_pyproject()["project"]["classifiers"]
+    assert pythons == [c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r".*Python :: 3\.\d+", c)]
+    assert [s["run"] for s in tests["steps"] if "run" in s] == ["bash .ci/run"]
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set", "cd"))
+    ]
+    readme = (ROOT / "README.md").read_text()
+    commands = re.search(r"```bash\n(.*?)\n(.*?)\n```", readme, re.S)
+    assert ci == [commands.group(2)]  # .ci/run is the README's second command
+    lint = [s["run"] for s in flow["jobs"]["lint"]["steps"] if "run" in s]
+    pin = next(d for d in read_pyproject()["project"]["optional-dependencies"]["dev"] if d.startswith("ruff"))
+    assert lint == [f'python -m pip install "{pin}"', "ruff check .", "ruff format --check ."]
+
+
+def test_nightly_workflow_command_parses_with_the_cli():
+    flow = yaml.safe_load((WORKFLOWS / "nightly.yml").read_text())
+    (script,) = [s["run"] for s in flow["jobs"]["nightly"]["steps"] if "transferbench nightly" in s.get("run", "")]
+    command = re.search(r"transferbench nightly [^\n]*", script.replace("\\\n", " ")).group(0)
+    values = {"$base": "results/runs", "$night": "2026-01-01", "$THRESHOLD": "0.5", '${TASKS:+--tasks "$TASKS"}': ""}
+    for var, value in values.items():
+        command = command.replace(var, value)
+    assert "$" not in command, command
+    argv = shlex.split(command)
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "nightly" and args.suite == "embedded" and args.no_progress
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is in the dev extra")
+@pytest.mark.parametrize("command", [["ruff", "check", "."], ["ruff", "format", "--check", "."]])
+def test_ruff_passes(command):
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]

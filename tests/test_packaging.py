@@ -100,3 +100,57 @@ def test_nightly_workflow_command_parses_with_the_cli():
 def test_ruff_passes(command):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+# --- records outlive the machine they were made on ---------------------------------------------------------------
+
+
+def test_a_record_names_its_schema_its_checkpoint_portably_and_its_environment(tmp_path, monkeypatch):
+    from transferbench.adapters import prepare_task
+    from transferbench.backbones import create_backbone, save_checkpoint
+    from transferbench.backbones.weights import resolve_backbone
+    from transferbench.engine.runner import run_task
+    from transferbench.records.store import SCHEMA_VERSION, load_records
+
+    monkeypatch.chdir(tmp_path)
+    save_checkpoint(create_backbone("mu4"), tmp_path / "ckpt" / "mine.safetensors")
+    task = prepare_task("toy", suite="quick")
+    run_task(task, [resolve_backbone("mu4@ckpt/mine.safetensors")], tmp_path / "runs", show_progress=False)
+    (rec, *_) = load_records([tmp_path / "runs"])
+    assert rec["schema_version"] == SCHEMA_VERSION == 2
+    assert rec["checkpoint"] == "ckpt/mine.safetensors"  # relative to where the run was started
+    env = rec["environment"]
+    assert env["torchvision"] and env["open_clip_torch"] and env["scikit-image"] and "git_dirty" in env
+    assert "cuda" in env and "cudnn" in env
+
+
+def test_portable_paths_never_hold_this_machines_absolute_path(tmp_path, monkeypatch):
+    from transferbench.paths import expand, portable
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "home" / "checkpoints" / "a.safetensors"
+    assert portable(inside) == "$TRANSFERBENCH_HOME/checkpoints/a.safetensors" and expand(portable(inside)) == inside
+    shipped = Path(transferbench.__file__).parent / "weights" / "x.safetensors"
+    assert portable(shipped) == "transferbench/weights/x.safetensors" and expand(portable(shipped)) == shipped
+    assert portable(tmp_path / "w" / "b.pth") == "w/b.pth"
+    assert portable("/elsewhere/c.npz") == "c.npz"  # outside every known root: the name (its sha256 is beside it)
+
+
+def test_metrics_are_stored_without_float_noise():
+    from transferbench.records.store import tidy
+
+    assert tidy(57.699999999999996) == 57.7 and tidy(100 * 797 / 1000) == 79.7
+    # a million examples resolve 1e-4 points: 12 significant digits keep eight orders of magnitude more
+    assert abs(tidy(100 * 123457 / 1000003) - 100 * 123457 / 1000003) < 1e-9
+    assert tidy(1 / 3) == 0.333333333333
+
+
+def test_committed_records_of_schema_1_stay_readable():
+    from transferbench.records.aggregate import aggregate
+    from transferbench.records.store import load_records, schema_version
+    from transferbench.reporting.tables import render, report_tables
+
+    records = load_records([ROOT / "results" / "runs"], strict=True)
+    assert len(records) > 1000 and {schema_version(r) for r in records} == {1}
+    assert aggregate(records) and "mu4_dpn@embedded" in render(report_tables(records))

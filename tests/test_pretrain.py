@@ -9,7 +9,7 @@ from transferbench.adapters import prepare_task, pretrain, resolve_backbone
 from transferbench.backbones import create_backbone
 from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
 from transferbench.hashing import file_sha256
-from transferbench.paths import write_digest
+from transferbench.paths import expand, write_digest
 from transferbench.records.store import load_records
 
 SHORT = ("steps=3", "batch=8", "warmup_steps=1")
@@ -34,7 +34,10 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
     mu8 = lambda: [r for r in load_records([suite_home / "pretrain"]) if r["backbone"] == "mu8"]  # noqa: E731
     recs = mu8()  # (other tests may pretrain other backbones in the shared home)
     assert len(recs) == 1 and recs[0]["status"] == "ok" and recs[0]["backbone"] == "mu8"
-    assert ref.checkpoint == recs[0]["info"]["checkpoint"] and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
+    assert (
+        ref.checkpoint == str(expand(recs[0]["info"]["checkpoint"]))
+        and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
+    )
     assert 0 <= recs[0]["metrics"]["test"]["accuracy"] <= 100
     assert recs[0]["data_version"] == "upstream-v5"  # the generator's version joins the cell key
     again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
@@ -83,7 +86,7 @@ def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeyp
     for split in ("test", "minival"):  # validation and train[99%:] (mock data: 200 images each)
         acc = rec["metrics"][split]["accuracy"]
         assert acc * 2 == pytest.approx(round(acc * 2))  # a count of correct images out of 200
-    m = create_backbone("mu8", checkpoint=info["checkpoint"], num_classes=1000)
+    m = create_backbone("mu8", checkpoint=expand(info["checkpoint"]), num_classes=1000)
     assert m.config["rep_size"] == 128 and m.head.weight.abs().sum() > 0
     assert float(m.head.bias.detach().mean()) < -6.0  # init_head_bias -6.9, two small steps later
 

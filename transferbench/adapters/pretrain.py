@@ -34,7 +34,7 @@ from ..engine.runner import Results, run_task
 from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
 from ..errors import UserError
 from ..hashing import file_sha256
-from ..paths import atomic_path, cache, damage, quarantine
+from ..paths import atomic_path, cache, damage, expand, portable, quarantine
 from ..records.store import RecordStore
 from .base import Adapter, plan_select_then_final, prepare_task
 
@@ -181,9 +181,9 @@ class PretrainAdapter(Adapter):
                 if r["randaug"]
                 else None,
                 "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
-                "checkpoint": str(path),
+                "checkpoint": portable(path),
                 "checkpoint_sha256": file_sha256(path),
-                "training_log": str(log_file),
+                "training_log": portable(log_file),
                 "train_seconds": round(train_seconds, 1),
                 "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
             },
@@ -245,7 +245,7 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
         if rec is None or rec["status"] != "ok":
             why = rec["reason"] if rec else "no record"
             raise UserError(f"pretraining {name} on the {source} suite did not finish ({why}); see {store.path(cell)}")
-        path = Path(rec["info"]["checkpoint"])
+        path = expand(rec["info"]["checkpoint"])
         if path.is_file() and file_sha256(path) == rec["info"]["checkpoint_sha256"]:
             return path
         # the record's checkpoint is gone or damaged: both are set aside and the pretraining runs again

@@ -58,26 +58,52 @@ class CellContext:
         )
 
 
+# besides torch, timm and numpy: what else can change a record (image decoding and resizing, the text tower, the
+# embedded data's generators, the corruption generator)
+PACKAGES = (
+    "torchvision",
+    "open_clip_torch",
+    "pillow",
+    "scikit-learn",
+    "scikit-image",
+    "mlxtend",
+    "scipy",
+    "imagecorruptions-imaug",
+    "tensorflow-datasets",
+)
+
+
 @lru_cache(maxsize=1)
 def environment() -> dict:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import numpy
     import timm
     import torch
 
-    env = {
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    sha, dirty = _git_state()
+    cuda = torch.cuda.is_available()
+    return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "transferbench": version("transferbench"),
         "torch": torch.__version__,
         "timm": timm.__version__,
         "numpy": numpy.__version__,
+        **{name: installed(name) for name in PACKAGES},
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "device": _device_name(),
-        "git_sha": _git_sha(),
+        "git_sha": sha,
+        "git_dirty": dirty,
         "host": platform.node(),
     }
-    return env
 
 
 def _device_name() -> str:
@@ -90,14 +116,29 @@ def _device_name() -> str:
     return f"cpu: {cpu_model() or platform.processor() or 'unknown'} x{os.cpu_count()}"
 
 
-def _git_sha() -> str | None:
+def _git_state() -> tuple[str | None, bool | None]:
+    """(HEAD's sha, whether tracked files differ from it) of the checkout the package runs from; (None, None) for
+    an installed wheel, whose version says what it is."""
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True, timeout=5
         )
-        return out.stdout.strip() or None
+        if top.returncode or Path(top.stdout.strip()).resolve() / "transferbench" != here.parent:
+            return None, None  # not a checkout of transferbench (a wheel, perhaps inside someone else's repository)
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if sha.returncode or not sha.stdout.strip():
+            return None, None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return sha.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
 
 
 def default_device() -> str:

@@ -16,8 +16,9 @@ from tqdm.auto import tqdm
 
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
+from ..paths import portable
 from ..records.aggregate import select_best
-from ..records.store import FINISHED, RecordStore, Timeout
+from ..records.store import FINISHED, SCHEMA_VERSION, RecordStore, Timeout, tidy
 from .compute import (
     CellContext,
     default_device,  # noqa: F401 (public names)
@@ -74,6 +75,7 @@ def run_task(
     retries: int = 1,
     check_data: bool = True,
     log_samples: bool = False,
+    config: dict | None = None,
 ) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
@@ -182,7 +184,7 @@ def run_task(
                 outcome = lost_outcome(e, attempt + 1)
             if "stop" in outcome:  # the user's to fix (missing data on a worker, a bad option)
                 raise UserError(outcome["stop"])
-            status = _write_record(cell, outcome, store, summary)
+            status = _write_record(cell, outcome, store, summary, config)
             setattr(summary, status, getattr(summary, status) + 1)
             bar.update(1)
             lines.cell(cell, outcome)
@@ -277,22 +279,25 @@ class CellLines:
         )
 
 
-def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary) -> str:
+def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, config: dict | None = None) -> str:
     status = outcome["status"]
     if status == "failed":
         summary.failures.append(f"{cell.dataset} {cell.backbone} seed {cell.seed}: {outcome['reason']}")
     record = {
+        "schema_version": SCHEMA_VERSION,
         **cell.to_dict(),
+        "checkpoint": portable(cell.checkpoint),  # this machine's path stays out of the record
         "key": cell.key,
         "status": status,
         "reason": outcome["reason"],
-        "metrics": outcome["metrics"],
+        "metrics": {split: {k: tidy(v) for k, v in m.items()} for split, m in outcome["metrics"].items()},
         "info": outcome["info"],
         "seconds": outcome["seconds"],
         "run_id": summary.run_id,
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "environment": outcome["environment"],
         "argv": sys.argv[1:],
+        **({"config": config} if config else {}),
     }
     if outcome.get("traceback"):
         record["traceback"] = outcome["traceback"]

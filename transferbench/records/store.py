@@ -26,6 +26,19 @@ from ..paths import atomic_path, quarantine, remove_stale_temps
 log = logging.getLogger("transferbench")
 
 FINISHED = ("ok", "diverged")  # a rerun skips these; failed cells are tried again
+# 2: schema_version, checkpoint paths never absolute (paths.portable), metrics without float noise, the environment
+# with torchvision, open_clip, CUDA/cuDNN, the data packages and a dirty flag. A record without the field is 1.
+SCHEMA_VERSION = 2
+
+
+def tidy(value: float) -> float:
+    """A metric as a record stores it: 12 significant digits, so that float noise (57.699999999999996) goes and
+    every figure the metric resolves stays (an accuracy over a million examples needs 8)."""
+    return float(f"{value:.12g}")
+
+
+def schema_version(record: dict) -> int:
+    return int(record.get("schema_version", 1))
 
 
 class RecordStore:
@@ -185,4 +198,14 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
     return out
 
 
-__all__ = ["FINISHED", "RecordStore", "Timeout", "load_records", "parse_record", "read_samples"]
+__all__ = [
+    "FINISHED",
+    "SCHEMA_VERSION",
+    "RecordStore",
+    "Timeout",
+    "load_records",
+    "parse_record",
+    "read_samples",
+    "schema_version",
+    "tidy",
+]

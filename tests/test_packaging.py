@@ -141,9 +141,10 @@ def test_metrics_are_stored_without_float_noise():
     from transferbench.records.store import tidy
 
     assert tidy(57.699999999999996) == 57.7 and tidy(100 * 797 / 1000) == 79.7
-    # a million examples resolve 1e-4 points: 12 significant digits keep eight orders of magnitude more
-    assert abs(tidy(100 * 123457 / 1000003) - 100 * 123457 / 1000003) < 1e-9
-    assert tidy(1 / 3) == 0.333333333333
+    assert repr(tidy(100 * 0.577)) == "57.7" and repr(100 * 0.577) == "57.699999999999996"
+    v = 100 * 123457 / 1000003  # a million examples resolve 1e-4 points; 15 digits keep 1e-13
+    assert abs(tidy(v) - v) < 1e-12
+    assert tidy(1 / 3) == 0.333333333333333
 
 
 def test_committed_records_of_schema_1_stay_readable():

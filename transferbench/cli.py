@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, close_matches
 
 EXAMPLES = """\
 examples:
@@ -26,6 +27,19 @@ examples:
   transferbench run vtab --suite embedded --jobs 2                # two cells at once on this machine
   transferbench run vtab --backbone b16,b16_dpn --executor ray --address auto --gpus-per-cell 1 --data-dir /shared/tfds
   transferbench nightly --baseline results/runs --suite embedded --out nightly
+  transferbench run vtab,fewshot --suite embedded --jobs 2        # several tasks, one after another
+  transferbench run --config run.yaml                               # options kept in a file
+"""
+ENVIRONMENT = """environment:
+  TRANSFERBENCH_HOME    embedded data and every cache (features, corruptions, classifiers, LiT towers,
+                        pretrained checkpoints); default ~/.cache/transferbench. Must be writable.
+  TFDS_DATA_DIR         prepared tfds data, when --data-dir is not given; default ~/tensorflow_datasets
+  CUDA_VISIBLE_DEVICES  the GPUs cells may use (--jobs N gives each worker its own)
+"""
+CONVENTIONS = """\
+conventions: -o always names an output file (report, leaderboard, regress); --out names a folder (run,
+  nightly, data export-vtab). The old short forms -o (a records folder), -b (--backbone) and -j (--jobs) still work
+  with a one-line note: timm users read -b as batch size and -j as loader workers.
 """
 
 
@@ -38,6 +52,29 @@ def _ints(text: str) -> list[int]:
         return [int(t) for t in _csv(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+DEPRECATED = {"_old_o": ("-o", "--out"), "_old_b": ("-b", "--backbone"), "_old_j": ("-j", "--jobs")}
+
+
+def _deprecated(p: argparse.ArgumentParser, short: str, **kw) -> None:
+    """An old short option kept working (main() moves its value to the long one and says so in one line)."""
+    dest = next(d for d, (old, _) in DEPRECATED.items() if old == short)
+    p.add_argument(short, dest=dest, help=argparse.SUPPRESS, **kw)
+
+
+def _apply_deprecated(args) -> None:
+    for dest, (old, new) in DEPRECATED.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            print(
+                f"transferbench: note: {old} is deprecated here; use {new} (-o names an output file in every "
+                "command; -b and -j mean batch size and workers to timm users)",
+                file=sys.stderr,
+            )
+            setattr(args, new.lstrip("-").replace("-", "_"), value)
+        if hasattr(args, dest):
+            delattr(args, dest)
 
 
 def _execution_options(p: argparse.ArgumentParser) -> None:
@@ -87,9 +124,9 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
         help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
         "(pip install 'transferbench[scale]')",
     )
+    _deprecated(p, "-j", type=int)
     g.add_argument(
         "--jobs",
-        "-j",
         type=int,
         default=1,
         help="local: cells at once, each in its own worker process with cores/N threads and, when "
@@ -140,12 +177,28 @@ def _check_execution_options(args):
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
+    from . import __version__
+
     p = argparse.ArgumentParser(
         prog="transferbench",
         formatter_class=fmt,
-        epilog=EXAMPLES,
+        epilog=EXAMPLES + "\n" + ENVIRONMENT + "\n" + CONVENTIONS,
         description="Does a change to a ViT's stem or normaliser transfer? Runs task adapters over "
         "backbones into resumable records and reports means with 95% confidence intervals.",
+    )
+    p.add_argument("--version", action="version", version=f"transferbench {__version__}")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more output: -v logs decisions (cache hits, reused records), -vv debug detail",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="less output: no progress bars or per-cell lines, and no warnings (errors still show)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -172,11 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
         "  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input\n"
         "  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val\n\n"
         "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz)\n"
+        "config: a YAML mapping such as {task: vtab, suite: embedded, backbone: [mu4, mu4_dpn], jobs: 2,\n"
+        "  set: {steps: 100}}\n"
         "pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;\n"
         "  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so",
     )
-    run.add_argument("task", help="an installed task (`transferbench list tasks`) or a spec .yaml")
-    run.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: the suite's)")
+    run.add_argument(
+        "task",
+        nargs="?",
+        type=_csv,
+        help="comma-separated installed tasks (`transferbench list tasks`) or spec .yaml files, run one after "
+        "another into the same --out",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        help="a YAML file of run's options (keys as the long options without dashes: task, backbone, suite, "
+        "datasets, seeds, set, out, jobs, ...); options on the command line override it, and the "
+        "resolved options are stored in each record",
+    )
+    run.add_argument("--backbone", type=_csv, help="comma-separated backbones (default: the suite's)")
+    _deprecated(run, "-b", type=_csv)
     run.add_argument("--suite", "-s", help="dataset subset and hyper-parameter profile (`transferbench list suites`)")
     run.add_argument("--datasets", "-d", type=_csv, help="comma-separated subset of the suite's datasets")
     run.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the spec's)")
@@ -188,7 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a hyper-parameter or sweep, e.g. --set steps=100 --set lr=0.01,0.03 (repeatable)",
     )
-    run.add_argument("--out", "-o", default="runs", type=Path, help="records folder (default: runs)")
+    run.add_argument(
+        "--out",
+        default=Path("runs"),
+        type=Path,
+        help="records folder (default: runs); each task's results.json (options, versions, the table's rows) "
+        "is written beside its records",
+    )
+    _deprecated(run, "-o", type=Path)
     _execution_options(run)
     run.add_argument("--reference", help="backbone to compare against in the closing table")
 
@@ -202,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  transferbench pretrain --backbone mu4,mu4_dpn,mu4_dtn --suite embedded\n"
         "  transferbench run vtab --suite embedded --backbone mu4@embedded,mu4_dpn@embedded",
     )
-    pt.add_argument("--backbone", "-b", type=_csv, required=True, help="comma-separated backbone names")
+    pt.add_argument("--backbone", type=_csv, help="comma-separated backbone names (required)")
+    _deprecated(pt, "-b", type=_csv)
     pt.add_argument("--suite", "-s", default="embedded", help="pretraining data and profile (default: embedded)")
     pt.add_argument(
         "--set",
@@ -226,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k",
     )
     ex.add_argument("--data-dir", help="tfds data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
-    ex.add_argument("--out", "-o", required=True, type=Path, help="folder to write <task>/ into")
+    ex.add_argument("--out", type=Path, help="folder to write <task>/ into (required)")
+    _deprecated(ex, "-o", type=Path)
     ex.add_argument("--tasks", type=_csv, help="comma-separated VTAB tasks (default: all 19)")
     ex.add_argument("--limit", type=int, help="at most this many examples per split (a quick look, not the protocol)")
     ex.add_argument("--no-progress", action="store_true")
@@ -292,7 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md",
     )
     lb.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
-    lb.add_argument("--output", "-o", type=Path, default=Path("results/LEADERBOARD.md"))
+    lb.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        help="the markdown file (default: LEADERBOARD.md in the first DIR; a committed leaderboard is written only "
+        "when -o names it)",
+    )
     lb.add_argument(
         "--reference",
         "-r",
@@ -355,15 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_csv,
         help="comma-separated tasks (default: every task the baseline holds records of for --suite)",
     )
-    nt.add_argument("--backbone", "-b", type=_csv, help="comma-separated backbones (default: each suite's)")
+    nt.add_argument("--backbone", type=_csv, help="comma-separated backbones (default: each suite's)")
+    _deprecated(nt, "-b", type=_csv)
     nt.add_argument("--seeds", type=_ints, help="comma-separated seeds (default: the suite's)")
-    nt.add_argument(
-        "--out", "-o", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)"
-    )
+    nt.add_argument("--out", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)")
+    _deprecated(nt, "-o", type=Path)
     nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
     nt.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     nt.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when the run lacks baseline cells")
     _execution_options(nt)
+    for sp in (run, pt, nt):
+        sp.epilog = (sp.epilog or "") + "\n\n" + ENVIRONMENT
+    p.run_parser = run  # main() reads --config against run's options
     return p
 
 
@@ -483,12 +570,21 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 def cmd_run(args) -> int:
+    if not args.task:
+        raise UserError("give a task (`transferbench run vtab`, several as vtab,fewshot) or a --config file with task:")
+    code = 0
+    for name in args.task:  # each checked in full before its own cells; a later task's bad input stops there
+        code = max(code, _run_one(name, args))
+    return code
+
+
+def _run_one(name: str, args) -> int:
     from .adapters import prepare_task
-    from .records.store import load_records
+    from .records.store import RESULTS_FILE, load_records
     from .reporting.tables import render, report_tables
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
-    task = prepare_task(args.task, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
+    task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = _check_backbones(task, args.backbone)
     if args.reference and args.reference not in names:
         raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
@@ -501,8 +597,49 @@ def cmd_run(args) -> int:
         else []
     )
     if records:
-        print(render(report_tables(records, reference=args.reference)))
+        tables = report_tables(records, reference=args.reference)
+        print(render(tables))
+        _write_results(args.out / task.name / RESULTS_FILE, task, args, summary, records, tables)
     return 1 if summary.failed else 0
+
+
+def run_config(args) -> dict:
+    """run's resolved options as plain JSON values: stored in each record and in results.json."""
+    skip = {"command", "config", "verbose", "quiet"}
+    return {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in sorted(vars(args).items())
+        if k not in skip and not k.startswith("_")
+    }
+
+
+def _write_results(path: Path, task, args, summary, records: list, tables: list) -> None:
+    """lm-eval's results file: what ran (options, versions), what happened (the run's counts) and the table's rows,
+    beside the records; rewritten by each run of the task into this folder."""
+    import json
+
+    from .engine.runner import environment
+    from .paths import atomic_path
+    from .reporting.tables import render, report_header
+
+    body = {
+        "task": task.name,
+        "suite": task.suite,
+        "protocol_version": task.spec.protocol_version,
+        "config": run_config(args),
+        "environment": environment(),
+        "run": {
+            "run_id": summary.run_id,
+            "ok": summary.ok,
+            "diverged": summary.diverged,
+            "failed": summary.failed,
+            "skipped": summary.skipped,
+        },
+        "results": json.loads(render(tables, "json", header=report_header(records, tables))),
+    }
+    with atomic_path(path, needed=0, what="results file") as tmp:
+        tmp.write_text(json.dumps(body, indent=1, default=str))
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _check_backbones(task, given: list[str] | None) -> list[str]:
@@ -569,6 +706,7 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
             retries=args.retries,
             check_data=False,
             log_samples=getattr(args, "log_samples", False),
+            config=run_config(args),
         )
     except UserError:
         _remove_empty(made)
@@ -582,13 +720,18 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
 def cmd_pretrain(args) -> int:
     from .paths import cache
 
-    args.task, args.datasets, args.seeds, args.reference = "pretrain", None, None, None
+    if not args.backbone:
+        raise UserError("give --backbone (e.g. --backbone mu4,mu4_dpn,mu4_dtn)")
+    args.task, args.datasets, args.seeds, args.reference = ["pretrain"], None, None, None
     args.out = cache("pretrain")
     return cmd_run(args)
 
 
 def cmd_data(args) -> int:
     from tqdm.auto import tqdm
+
+    if args.out is None:
+        raise UserError("give --out, the folder to write the VTAB tasks into")
 
     from .data.vtab import export_vtab, task
 
@@ -642,7 +785,7 @@ def cmd_leaderboard(args) -> int:
 
     out = write_leaderboard(
         args.dirs,
-        args.output,
+        args.output or args.dirs[0] / "LEADERBOARD.md",  # a committed leaderboard only when -o names it
         reference=args.reference,
         git_sha=environment()["git_sha"],
         correct=args.holm,
@@ -712,9 +855,77 @@ def cmd_nightly(args) -> int:
     return code
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+class _Stderr(logging.Handler):
+    """The transferbench logger's lines on whatever sys.stderr is at the time (one line each)."""
+
+    def emit(self, record):
+        print(self.format(record), file=sys.stderr)
+
+
+def _verbosity(args) -> None:
+    log = logging.getLogger("transferbench")
+    log.setLevel(logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)])
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        log.addHandler(_Stderr())
+    if args.quiet and hasattr(args, "no_progress"):
+        args.no_progress = True
+
+
+def _with_config(parser, argv, args):
+    """run's options from --config (a YAML mapping), under the command line's: the file's values become the
+    parser's defaults and the command line is parsed again."""
+    import yaml
+
     try:
+        data = yaml.safe_load(args.config.read_text())
+    except OSError as e:
+        raise UserError(f"--config {args.config}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"--config {args.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--config {args.config}: expected a mapping of run's options, e.g. {{task: vtab, jobs: 2}}")
+    run = parser.run_parser
+    actions = {a.dest: a for a in run._actions if a.dest not in ("help", "config") and not a.dest.startswith("_")}
+    defaults = {}
+    for key, value in data.items():
+        dest = "sets" if key == "set" else str(key).replace("-", "_")
+        if dest not in actions:
+            raise UserError(
+                f"--config {args.config}: unknown option {key!r}{close_matches(dest, actions)}; options: "
+                f"{', '.join(sorted('set' if d == 'sets' else d for d in actions))}"
+            )
+        defaults[dest] = _config_value(actions[dest], value, key, args.config)
+    run.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def _config_value(action, value, key, source):
+    """A YAML value as the option's own type: lists or comma-separated strings for list options, a mapping or
+    list of KEY=VALUE for `set`, paths, numbers, booleans."""
+    try:
+        if action.dest == "sets":
+            if isinstance(value, dict):
+                return [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in value.items()]
+            return [str(v) for v in (value if isinstance(value, list) else [value])]
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError("expected true or false")
+            return value
+        if action.type in (_csv, _ints) and isinstance(value, list):
+            return action.type(",".join(map(str, value)))
+        return action.type(str(value)) if action.type else value
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        raise UserError(f"--config {source}: {key}: {e}") from None
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "config", None):
+            args = _with_config(parser, argv if argv is not None else sys.argv[1:], args)
+        _apply_deprecated(args)
+        _verbosity(args)
         code = {
             "list": cmd_list,
             "run": cmd_run,

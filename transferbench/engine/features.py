@@ -10,6 +10,7 @@ read: a damaged entry is set aside and computed again (paths.verified).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 
 from ..paths import cache, sealed, verified
 
+log = logging.getLogger("transferbench")
 FEATURES_VERSION = "1"  # bump when extraction itself changes
 
 
@@ -134,6 +136,7 @@ def cached(key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
     """(features, labels, hit): from the cache, or computed by `compute()` and stored."""
     path = cache_dir() / f"{key}.npz"
     if verified(path, "feature cache entry"):
+        log.info("features from the cache: %s", path)
         with np.load(path) as z:
             return z["features"], z["labels"], True
     feats, labels = compute()

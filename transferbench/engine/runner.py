@@ -19,11 +19,29 @@ from ..errors import UserError
 from ..paths import portable
 from ..records.aggregate import select_best
 from ..records.store import FINISHED, SCHEMA_VERSION, RecordStore, Timeout, tidy
-from .compute import (
+from .compute import (  # the names other modules and plugins import from here
     CellContext,
-    default_device,  # noqa: F401 (public names)
+    Diverged,
+    check_finite,
+    compute_cell,
+    default_device,
+    environment,
     lost_outcome,
 )
+
+__all__ = [
+    "CellContext",
+    "Diverged",
+    "Results",
+    "RunSummary",
+    "check_finite",
+    "compute_cell",
+    "default_device",
+    "environment",
+    "headline",
+    "lost_outcome",
+    "run_task",
+]
 
 log = logging.getLogger("transferbench")
 
@@ -140,6 +158,8 @@ def run_task(
         attempted.update(c.key for c in fresh)
         todo = [c for c in fresh if force or not store.finished(c)]
         summary.skipped += len(fresh) - len(todo)
+        if len(fresh) > len(todo):
+            log.info("%s: %d cells already finished under %s: skipped", task.name, len(fresh) - len(todo), out)
         bar.total += len(todo)
         lines.total += len(todo)
         # cells that results just unlocked (a final stage) go first: a dataset finishes while others still run

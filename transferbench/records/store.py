@@ -29,12 +29,13 @@ FINISHED = ("ok", "diverged")  # a rerun skips these; failed cells are tried aga
 # 2: schema_version, checkpoint paths never absolute (paths.portable), metrics without float noise, the environment
 # with torchvision, open_clip, CUDA/cuDNN, the data packages and a dirty flag. A record without the field is 1.
 SCHEMA_VERSION = 2
+RESULTS_FILE = "results.json"  # a run's summary beside its task's records (cli), not a record
 
 
 def tidy(value: float) -> float:
-    """A metric as a record stores it: 12 significant digits, so that float noise (57.699999999999996) goes and
-    every figure the metric resolves stays (an accuracy over a million examples needs 8)."""
-    return float(f"{value:.12g}")
+    """A metric as a record stores it: 15 significant digits, the most a decimal keeps through a float, so that
+    the noise of the 16th and 17th (57.699999999999996) goes and nothing a metric resolves is lost."""
+    return float(f"{value:.15g}")
 
 
 def schema_version(record: dict) -> int:
@@ -173,7 +174,7 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
         if not d.is_dir():
             raise UserError(f"records folder {d} does not exist (give the --out folder of a `transferbench run`)")
         for p in sorted(d.rglob("*.json")):
-            if any(part.startswith(".") for part in p.relative_to(d).parts):
+            if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name == RESULTS_FILE:
                 continue
             try:
                 rec = parse_record(p.read_bytes())

@@ -1,0 +1,86 @@
+"""The command line's conventions: --version, -v/-q, run --config (the file under the command line, the resolved
+options in each record), several tasks in one run, one meaning for -o with the old spellings noted, results.json
+beside the records, the environment variables in --help, and a leaderboard that writes no committed file unless
+-o names it."""
+
+import json
+import logging
+
+import pytest
+
+import transferbench
+from transferbench.cli import main
+from transferbench.records.store import load_records
+
+TOY = ["run", "toy", "--suite", "quick", "--backbone", "mu4", "--no-progress"]
+
+
+def test_version_and_environment_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"transferbench {transferbench.__version__}"
+    for argv in (["--help"], ["run", "--help"], ["nightly", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "environment:" in out and "TRANSFERBENCH_HOME" in out and "TFDS_DATA_DIR" in out
+
+
+def test_config_file_under_the_command_line_and_stored_in_each_record(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: toy\nsuite: quick\nbackbone: [mu4, mu4_dpn]\nseeds: [0]\nset: {lr: [0.01, 0.1]}\n")
+    out = tmp_path / "runs"
+    assert main(["run", "--config", str(config), "--out", str(out), "--seeds", "1", "--no-progress"]) == 0
+    records = load_records([out])
+    assert {r["seed"] for r in records} == {1}  # the command line wins
+    assert {r["backbone"] for r in records} == {"mu4", "mu4_dpn"}  # the file's
+    assert {r["hparams"]["lr"] for r in records if r["stage"] == "select"} == {0.01, 0.1}
+    assert records[0]["config"]["seeds"] == [1] and records[0]["config"]["sets"] == ["lr=0.01,0.1"]
+    config.write_text("task: toy\nbackbones: [mu4]\n")
+    capsys.readouterr()
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown option 'backbones'" in err and "did you mean backbone" in err
+
+
+def test_several_tasks_and_their_results_files(tmp_path):
+    out = tmp_path / "runs"
+    assert main(["run", "toy,toyshots", "--backbone", "mu4", "--seeds", "0", "--out", str(out), "--no-progress"]) == 0
+    assert {r["task"] for r in load_records([out])} == {"toy", "toyshots"}
+    for task in ("toy", "toyshots"):
+        results = json.loads((out / task / "results.json").read_text())
+        assert results["task"] == task and results["run"]["failed"] == 0
+        assert results["config"]["task"] == ["toy", "toyshots"] and results["environment"]["torch"]
+        rows = results["results"]["rows"]
+        assert rows and {r["backbone"] for r in rows} == {"mu4"}
+
+
+def test_old_short_options_work_with_a_note(tmp_path, capsys):
+    out = tmp_path / "old"
+    argv = ["run", "toy", "--suite", "quick", "-b", "mu4", "-o", str(out), "-j", "1", "--no-progress"]
+    assert main(argv) == 0 and load_records([out])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "is deprecated" in line]
+    assert [n.split()[2] for n in notes] == ["-o", "-b", "-j"]
+    assert main(["report", str(out), "-o", str(tmp_path / "table.md")]) == 0  # -o: a file, as everywhere
+    assert (tmp_path / "table.md").read_text().startswith("###")
+
+
+def test_leaderboard_writes_into_the_records_folder_unless_o_names_a_file(tmp_path, monkeypatch):
+    out = tmp_path / "runs"
+    assert main([*TOY, "--out", str(out)]) == 0
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "LEADERBOARD.md").write_text("committed")
+    assert main(["leaderboard", str(out)]) == 0
+    assert (out / "LEADERBOARD.md").is_file() and (tmp_path / "results" / "LEADERBOARD.md").read_text() == "committed"
+
+
+def test_quiet_and_verbose(tmp_path, capsys, caplog):
+    out = tmp_path / "runs"
+    assert main(["-q", *TOY[:-1], "--out", str(out)]) == 0  # -q: no per-cell lines even where stderr is a file
+    assert " cells, " not in capsys.readouterr().err
+    assert logging.getLogger("transferbench").level == logging.ERROR
+    caplog.set_level(logging.INFO, logger="transferbench")
+    assert main(["-v", *TOY, "--out", str(out)]) == 0
+    assert logging.getLogger("transferbench").level == logging.INFO
+    assert any("already finished" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)

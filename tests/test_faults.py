@@ -67,21 +67,8 @@ def metrics(out) -> dict:
 
 # --- caches ---------------------------------------------------------------------------------------------
 
-FEWSHOT = [
-    "run",
-    "fewshot",
-    "--suite",
-    "embedded",
-    "--backbone",
-    "mu4_dpn@embedded",
-    "--seeds",
-    "0",
-    "--datasets",
-    "mini_digits",
-    "--set",
-    "shots=1,5",
-    "--no-progress",
-]
+FEWSHOT_RUN = "run fewshot --suite embedded --backbone mu4_dpn@embedded --set shots=1,5 --no-progress".split()
+FEWSHOT = [*FEWSHOT_RUN, "--seeds", "0", "--datasets", "mini_digits"]
 
 
 def test_truncated_feature_cache_is_set_aside_and_recomputed(home, tmp_path, caplog):
@@ -519,21 +506,7 @@ def test_nightly_workflow_installs_the_extras_of_the_baselines_tasks():
 
 # --- soak: killed at random moments, rerun each time -------------------------------------------------------------
 
-SOAK = [
-    "run",
-    "fewshot",
-    "--suite",
-    "embedded",
-    "--backbone",
-    "mu4_dpn@embedded",
-    "--seeds",
-    "0,1",
-    "--datasets",
-    "mini_digits,mini_photos",
-    "--set",
-    "shots=1,5",
-    "--no-progress",
-]
+SOAK = [*FEWSHOT_RUN, "--seeds", "0,1", "--datasets", "mini_digits,mini_photos"]
 
 
 def _cli(args, home, **kw):

@@ -156,6 +156,14 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _strict_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
+    )
+
+
 def _check_execution_options(args):
     """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
     from .engine.executors import make_executor
@@ -353,11 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--task", "-t", type=_csv, help="only these tasks")
     rep.add_argument("--output", "-o", type=Path, help="write to a file instead of stdout")
-    rep.add_argument(
-        "--strict",
-        action="store_true",
-        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
-    )
+    _strict_option(rep)
 
     lb = sub.add_parser(
         "leaderboard",
@@ -387,11 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="judge the overview's wins / losses with Holm–Bonferroni over each backbone's comparisons",
     )
-    lb.add_argument(
-        "--strict",
-        action="store_true",
-        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
-    )
+    _strict_option(lb)
 
     rg = sub.add_parser(
         "regress",
@@ -407,11 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
     rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
     rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
-    rg.add_argument(
-        "--strict",
-        action="store_true",
-        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
-    )
+    _strict_option(rg)
 
     nt = sub.add_parser(
         "nightly",

@@ -5,6 +5,7 @@ beside the records, the environment variables in --help, and a leaderboard that 
 
 import json
 import logging
+from collections import Counter
 
 import pytest
 
@@ -84,3 +85,53 @@ def test_quiet_and_verbose(tmp_path, capsys, caplog):
     assert main(["-v", *TOY, "--out", str(out)]) == 0
     assert logging.getLogger("transferbench").level == logging.INFO
     assert any("already finished" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
+
+
+# --- the cost before the run ----------------------------------------------------------------------------------
+
+
+def _table(out: str) -> dict:
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    return {r[0]: r[1:] for r in rows[1:]}
+
+
+def test_dry_run_counts_the_plan_and_its_training_images(tmp_path, monkeypatch, capsys):
+    from transferbench.adapters import prepare_task
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    out = tmp_path / "runs"
+    argv = ["run", "vtab", "--suite", "embedded", "--backbone", "mu4,mu4_dtn", "--dry-run", "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    task = prepare_task("vtab", suite="embedded")
+    cells = 2 * len(task.datasets) * len(task.sweep["lr"]) * len(task.seeds)  # DPN's VTAB: the select runs report
+    images = cells * task.hparams["steps"] * task.hparams["batch"]
+    assert _table(text)["select"][:3] == [str(cells), "0", f"{images:,}"]
+    assert "not probed" in text and not out.exists()  # nothing written, nothing run
+
+
+def test_dry_run_estimate_from_the_probe(tmp_path, monkeypatch, capsys):
+    from transferbench.engine.estimate import read_probe
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    argv = ["run", "vtab", "--suite", "embedded", "--backbone", "mu4", "--seeds", "0", "--dry-run", "--probe"]
+    assert main(argv) == 0
+    row = _table(capsys.readouterr().out)["all"]
+    rate = read_probe("cpu", "mu4", 16)["ms_per_image"]
+    assert float(row[3]) == pytest.approx(int(row[2].replace(",", "")) * rate / 3.6e6, abs=0.005)
+    assert main(["run", "toy", "--probe"]) == 2  # --probe is for --dry-run
+
+
+def test_the_dry_runs_plan_is_the_runs(tmp_path, capsys):
+    from transferbench.adapters import prepare_task
+    from transferbench.backbones.weights import resolve_backbone
+    from transferbench.engine.estimate import full_plan
+
+    task = prepare_task("toy")
+    planned = full_plan(task, [resolve_backbone("mu4")])
+    assert main(["run", "toy", "--backbone", "mu4", "--out", str(tmp_path), "--no-progress"]) == 0
+    records = load_records([tmp_path])
+    # the selection stage cell for cell; the final stage as many cells (its setting is the dry run's stand-in)
+    assert {c.key for c in planned if c.stage == "select"} == {r["key"] for r in records if r["stage"] == "select"}
+    count = lambda items: Counter((x["dataset"], x["stage"]) for x in items)  # noqa: E731
+    assert count(vars(c) for c in planned) == count(records) and len(planned) == 3 * (4 * 3 + 3)

@@ -252,6 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
         "datasets, seeds, set, out, jobs, ...); options on the command line override it, and the "
         "resolved options are stored in each record",
     )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan instead of running it: cells per stage (selection stages taken as decided), those "
+        "with records in --out, the images they train on and, where this device has been probed, the "
+        "device-hours of those training steps; no data, no records, no pretraining",
+    )
+    run.add_argument(
+        "--probe",
+        action="store_true",
+        help="with --dry-run: first time a few training steps of each model shape the plan trains on this "
+        "device (seconds on a GPU; cached in $TRANSFERBENCH_HOME/cost-probe)",
+    )
     run.add_argument("--backbone", type=_csv, help="comma-separated backbones (default: the suite's)")
     _deprecated(run, "-b", type=_csv)
     run.add_argument("--suite", "-s", help="dataset subset and hyper-parameter profile (`transferbench list suites`)")
@@ -568,10 +581,76 @@ def _remove_empty(folders: list[Path]) -> None:
 def cmd_run(args) -> int:
     if not args.task:
         raise UserError("give a task (`transferbench run vtab`, several as vtab,fewshot) or a --config file with task:")
+    if args.probe and not args.dry_run:
+        raise UserError("--probe measures this device for --dry-run's estimate: give --dry-run as well")
     code = 0
     for name in args.task:  # each checked in full before its own cells; a later task's bad input stops there
-        code = max(code, _run_one(name, args))
+        code = max(code, _dry_run(name, args) if args.dry_run else _run_one(name, args))
     return code
+
+
+def _dry_run(name: str, args) -> int:
+    """The plan of one task and its cost, printed; nothing is run, written or pretrained."""
+    from tabulate import tabulate
+
+    from .adapters import prepare_task
+    from .backbones.weights import providers, resolve_backbone, split_backbone
+    from .cell import BackboneRef
+    from .engine.compute import default_device
+    from .engine.estimate import full_plan, probe, shape_of, stages
+    from .records.store import RecordStore
+
+    task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
+    refs = []
+    for spec in _check_backbones(task, args.backbone):
+        backbone, weights = split_backbone(spec)
+        if weights in providers():  # NAME@embedded may pretrain: not in a dry run (its keys stay unknown)
+            refs.append(BackboneRef(spec, backbone, None, f"{weights}-weights-unresolved"))
+        else:
+            refs.append(resolve_backbone(spec))
+    cells = full_plan(task, refs)
+    device = args.device or default_device()
+    if args.probe:
+        for shape in sorted({shape_of(c) for c in cells if task.adapter.training_images(c)}):
+            print(f"probing {shape[0]} at {shape[1]} px on {device} ...", file=sys.stderr)
+            probe(device, *shape)
+    store = RecordStore(args.out) if args.out.is_dir() else None
+    rows = stages(task, cells, store, device)
+    probed = all(not st.unprobed for st in rows)
+    table = [[st.name, st.cells, st.finished, f"{st.images:,}", f"{st.hours:,.2f}" if probed else "?"] for st in rows]
+    total = sum(st.hours for st in rows)
+    table.append(
+        [
+            "all",
+            sum(st.cells for st in rows),
+            sum(st.finished for st in rows),
+            f"{sum(st.images for st in rows):,}",
+            f"{total:,.2f}" if probed else "?",
+        ]
+    )
+    print(
+        f"### {task.name} — suite {task.suite or 'all'}, {len(task.datasets)} datasets, seeds "
+        f"{','.join(map(str, task.seeds))}, backbones {', '.join(r.spec for r in refs)} (dry run)\n"
+    )
+    print(
+        tabulate(
+            table,
+            ["stage", "cells", f"with records in {args.out}", "training images", f"device-hours ({device})"],
+            tablefmt="github",
+        )
+    )
+    missing = sorted({shape for st in rows for shape in st.unprobed})
+    if missing:
+        print(
+            f"\nno estimate: {', '.join(f'{n} at {r} px' for n, r in missing)} not probed on {device}; add --probe "
+            "(a few training steps of each, cached)"
+        )
+    else:
+        print(
+            "\ndevice-hours: training steps only, at the probed rate per image (evaluation and data loading not "
+            "counted; on a GPU a larger batch is usually faster per image, so this is an upper bound)"
+        )
+    return 0
 
 
 def _run_one(name: str, args) -> int:

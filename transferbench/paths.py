@@ -31,6 +31,7 @@ CACHES = {
     "corruptions": "generated corrupted test images (data.corruptions)",
     "classifiers": "fine-tuned classifiers under test for robustness (adapters.corruption)",
     "lit": "trained LiT text towers (adapters.lit)",
+    "cost-probe": "milliseconds per training image per device kind and model shape (engine.estimate)",
 }
 HOME_VARIABLE = "TRANSFERBENCH_HOME"
 DEFAULT_HOME = "~/.cache/transferbench"

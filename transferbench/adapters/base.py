@@ -40,6 +40,12 @@ class Adapter:
     def plan(self, task: Task, backbone, results) -> Iterable:
         raise NotImplementedError
 
+    def training_images(self, cell) -> int:
+        """Images the cell passes forward and backward through the backbone (`run --dry-run`'s cost): steps x
+        batch where the cell trains the backbone; adapters whose cells train no backbone say 0."""
+        hp = cell.hparams
+        return int(hp.get("steps") or 0) * int(hp.get("batch") or 0)
+
     def extras(self, task: Task) -> set[str]:
         """The package extras (`pip install 'transferbench[EXTRA]'`) that running `task` needs beyond the base
         install; the nightly workflow installs those of its baseline's tasks."""

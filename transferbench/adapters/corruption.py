@@ -299,6 +299,10 @@ class CorruptionAdapter(Adapter):
         except UserError as e:
             raise SpecError(f"{source}: hparams.corruptions: {e}") from None
 
+    def training_images(self, cell) -> int:
+        """Only the classifier stage fine-tunes; the corruption cells evaluate it."""
+        return super().training_images(cell) if cell.stage == "classifier" else 0
+
     def extras(self, task) -> set[str]:
         """Generating corruptions needs imagecorruptions-imaug (the `corruptions` extra)."""
         kinds = {CorruptionDataset.model_validate(d.model_dump()).corrupted for d in task.datasets}

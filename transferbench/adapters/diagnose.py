@@ -126,6 +126,10 @@ class DiagnoseAdapter(ClassificationAdapter):
 
     data_name = "diagnostics"
 
+    def training_images(self, cell) -> int:
+        """Measures of a forward pass: no training."""
+        return 0
+
     def check_hparams(self, task) -> None:
         for hp in task.grid():
             if int(hp["images"]) < 1 or int(hp["steps"]) < 1 or int(hp["grad_last"]) < 1:

@@ -206,6 +206,10 @@ class FewshotAdapter(Adapter):
     dataset_schema = FewshotDataset
     hparam_choices = {"bf16": BF16_SETTINGS, "pool": POOLS, "resize_mode": RESIZE_MODES}
 
+    def training_images(self, cell) -> int:
+        """Closed-form probes on frozen features: no backbone training."""
+        return 0
+
     def plan(self, task, backbone, results):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
 

@@ -90,6 +90,10 @@ class LitAdapter(Adapter):
         "augment": AUGMENT,
     }
 
+    def training_images(self, cell) -> int:
+        """The image tower is locked: only the text tower trains, on cached features."""
+        return 0
+
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
         for i, d in enumerate(spec.datasets):

@@ -185,3 +185,47 @@ def test_batched_evaluation_equals_the_per_example_pipeline(kwargs):
     for (xf, yf), (xs, ys) in zip(fast, slow):
         assert torch.equal(torch.as_tensor(yf), torch.as_tensor(ys))
         torch.testing.assert_close(xf, xs, atol=2 / 255 + 1e-6, rtol=0)
+
+
+def _stream(n_steps, bad_at=None):
+    for step in range(n_steps):
+        y = torch.full((4,), float("inf") if step == bad_at else 1.0)
+        yield torch.ones(4), y
+
+
+def test_the_loop_reads_the_loss_only_every_loss_every_steps(monkeypatch):
+    """No host synchronisation inside the step loop: the loss is read at steps 50, 100 and the last one, and once
+    more for the result, not twice a step as when every step checked it."""
+    from transferbench.engine import train
+
+    reads = []
+    for name in ("__float__", "__int__", "__bool__", "item"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, _n=name: reads.append(_n) or _real(t, *a))
+    model = Scalar(0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = fit(
+        model, _stream(120), opt, steps=120, base_lr=0.01, warmup=1, clip=None, loss_fn=mse, device="cpu", bf16=False
+    )
+    assert train.LOSS_EVERY == 50 and sorted(reads) == ["__float__", "__int__", "__int__", "__int__"]
+    assert out["final_loss"] == pytest.approx(float(mse(model.w.detach() * torch.ones(4), torch.ones(4))), rel=0.05)
+
+
+def test_divergence_names_the_first_bad_step_though_the_loop_went_on():
+    from transferbench.engine.compute import Diverged
+
+    model = Scalar(0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(Diverged, match=r"^non-finite loss inf at step 3$"):
+        fit(
+            model,
+            _stream(10, bad_at=3),
+            opt,
+            steps=10,
+            base_lr=0.01,
+            warmup=1,
+            clip=None,
+            loss_fn=mse,
+            device="cpu",
+            bf16=False,
+        )

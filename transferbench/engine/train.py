@@ -216,6 +216,8 @@ def fit(
     batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
     never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
     once the step's gradients are complete, before clipping (diagnostics read the gradient norms there).
+    The loss stays on the device: the host reads it every LOSS_EVERY steps and at the end (the only synchronisations
+    of the loop), and a non-finite loss raises Diverged there, naming the first step that had one.
     `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
     shape; the result's `bf16` and `bf16_choice` say what ran and why."""
     if schedule not in SCHEDULES:
@@ -241,7 +243,13 @@ def fit(
         )
         bf16 = choice.bf16
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
-    loss_value, micro = float("nan"), micro_batch
+    micro = micro_batch
+    # the loss stays on the device: the host reads it (one synchronisation) every LOSS_EVERY steps and at the end,
+    # where a non-finite loss raises Diverged naming the first step that had one
+    at = torch.zeros((), dtype=torch.long, device=device)  # the step, counted on the device
+    bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    bad_loss = torch.zeros((), device=device)
+    total = torch.full((), float("nan"), device=device)
     for step in steps_iter:
         x, y = next(batches)
         lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
@@ -251,15 +259,15 @@ def fit(
             size = micro or len(x)
             try:
                 optimizer.zero_grad(set_to_none=True)
-                total = 0.0
+                total = torch.zeros((), device=device)
                 for start in range(0, len(x), size):
-                    xb, yb = x[start : start + size].to(device), y[start : start + size].to(device)
+                    xb = x[start : start + size].to(device, non_blocking=True)
+                    yb = y[start : start + size].to(device, non_blocking=True)
                     with autocast(device, bf16):
                         logits = model(xb)
                     loss = loss_fn(logits.float(), yb)
-                    check_finite(loss.detach(), step=step)
                     (loss * (len(xb) / len(x))).backward()
-                    total += float(loss.detach()) * len(xb) / len(x)
+                    total = total + loss.detach() * (len(xb) / len(x))
                 break
             except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
                 if not _is_oom(err) or size == 1:
@@ -275,18 +283,33 @@ def fit(
                 optimizer.zero_grad(set_to_none=True)
                 if device.startswith("cuda"):
                     torch.cuda.empty_cache()
+        first = (bad_step < 0) & ~torch.isfinite(total)
+        bad_step = torch.where(first, at, bad_step)
+        bad_loss = torch.where(first, total, bad_loss)
+        at += 1
         if on_step is not None:
             on_step(step)
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
-        loss_value = total
+        if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
+            _raise_if_diverged(bad_step, bad_loss)
     return {
-        "final_loss": loss_value,
+        "final_loss": float(total),
         "micro_batch": micro or 0,
         "bf16": bf16,
         **({"bf16_choice": choice.info} if choice else {}),
     }
+
+
+LOSS_EVERY = 50  # steps between the host's reads of the loss (each one waits for the device)
+
+
+def _raise_if_diverged(bad_step: torch.Tensor, bad_loss: torch.Tensor) -> None:
+    """Diverged at the first step whose loss was not finite, if any (one host synchronisation)."""
+    step = int(bad_step)
+    if step >= 0:
+        check_finite(float(bad_loss), step=step)
 
 
 @torch.inference_mode()

@@ -229,3 +229,24 @@ def test_divergence_names_the_first_bad_step_though_the_loop_went_on():
             device="cpu",
             bf16=False,
         )
+
+
+def test_a_compiled_cell_gives_the_eager_records(suite_home, tmp_path):
+    """--compile: the same VTAB cell through torch.compile (inductor's CPU kernels here) gives the eager record up
+    to floating-point summation order."""
+    from transferbench.adapters import prepare_task, resolve_backbone
+    from transferbench.engine.runner import run_task
+    from transferbench.records.store import load_records
+
+    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["lr=0.01"])
+    backbone = [resolve_backbone("mu4_dpn@embedded")]
+    records = {}
+    for compiled in (False, True):
+        out = tmp_path / str(compiled)
+        assert run_task(task, backbone, out, show_progress=False, compile=compiled).failed == 0
+        (records[compiled],) = load_records([out])
+    eager, compiled = records[False], records[True]
+    assert compiled["key"] == eager["key"] and compiled["info"]["compiled"] is True and "compiled" not in eager["info"]
+    for split in ("val", "test"):  # accuracy over 200 and 797 images: one image is 0.5 and 0.13 points
+        assert compiled["metrics"][split]["accuracy"] == pytest.approx(eager["metrics"][split]["accuracy"], abs=0.6)
+    assert compiled["info"]["final_loss"] == pytest.approx(eager["info"]["final_loss"], rel=1e-4)

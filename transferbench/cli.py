@@ -106,6 +106,12 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
         "a bootstrap over examples). It changes no metric and no cell key",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the training steps through torch.compile (the first step of each model shape compiles, tens of "
+        "seconds; records equal the eager ones up to floating-point summation order; no cell key changes)",
+    )
+    p.add_argument(
         "--micro-batch",
         type=int,
         help="largest chunk of a batch run at once (gradient accumulation; "
@@ -782,6 +788,7 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
             check_data=False,
             log_samples=getattr(args, "log_samples", False),
             config=run_config(args),
+            compile=args.compile,
         )
     except UserError:
         _remove_empty(made)

@@ -208,6 +208,7 @@ def finetune(
         bf16=hp.get("bf16", "auto"),
         micro_batch=ctx.micro_batch,
         progress=ctx.progress,
+        compile=ctx.compile,
         desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
         on_step=None if on_step is None else (lambda step: on_step(model, step)),
     )

@@ -147,6 +147,7 @@ class PretrainAdapter(Adapter):
             bf16=hp["bf16"],
             micro_batch=ctx.micro_batch,
             progress=ctx.progress,
+            compile=ctx.compile,
             desc=f"pretrain {cell.backbone}",
             on_step=log,
         )

@@ -37,7 +37,8 @@ class CellContext:
     a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
     data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
     batch), progress bars and whether per-example results are kept (`log_samples`: an adapter that can returns
-    them under "samples", {split: bool array in the split's order}; the record's file beside it holds them)."""
+    them under "samples", {split: bool array in the split's order}; the record's file beside it holds them) and
+    whether the training steps run through torch.compile (`compile`)."""
 
     device: str | None
     show_progress: bool = True
@@ -45,6 +46,7 @@ class CellContext:
     workers: int = 0
     micro_batch: int | None = None
     log_samples: bool = False
+    compile: bool = False  # torch.compile the model for the training steps (engine.train.fit)
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(

@@ -94,6 +94,7 @@ def run_task(
     check_data: bool = True,
     log_samples: bool = False,
     config: dict | None = None,
+    compile: bool = False,
 ) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
@@ -117,7 +118,7 @@ def run_task(
     store.remove_stale_temps()
     results = Results(store)
     executor = executor or InlineExecutor()
-    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples)
+    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile)
     if check_data and hasattr(adapter, "check_data"):
         adapter.check_data(task, ctx)
     if task.hparams.get("pixels") == "auto":

@@ -208,6 +208,7 @@ def fit(
     power: float = 0.9,
     splittable: bool = True,
     on_step: Callable[[int], None] | None = None,
+    compile: bool = False,
 ) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
@@ -216,8 +217,10 @@ def fit(
     batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
     never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
     once the step's gradients are complete, before clipping (diagnostics read the gradient norms there).
-    The loss stays on the device: the host reads it every LOSS_EVERY steps and at the end (the only synchronisations
-    of the loop), and a non-finite loss raises Diverged there, naming the first step that had one.
+    `compile`: the forward and backward run through torch.compile (same parameters; results equal the eager
+    ones up to floating-point summation order). The loss stays on the device: the host reads it every LOSS_EVERY
+    steps and at the end (the only synchronisations of the loop), and a non-finite loss raises Diverged there,
+    naming the first step that had one.
     `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
     shape; the result's `bf16` and `bf16_choice` say what ran and why."""
     if schedule not in SCHEDULES:
@@ -244,6 +247,7 @@ def fit(
         bf16 = choice.bf16
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     micro = micro_batch
+    step_model = torch.compile(model) if compile else model  # the same parameters, compiled kernels
     # the loss stays on the device: the host reads it (one synchronisation) every LOSS_EVERY steps and at the end,
     # where a non-finite loss raises Diverged naming the first step that had one
     at = torch.zeros((), dtype=torch.long, device=device)  # the step, counted on the device
@@ -264,7 +268,7 @@ def fit(
                     xb = x[start : start + size].to(device, non_blocking=True)
                     yb = y[start : start + size].to(device, non_blocking=True)
                     with autocast(device, bf16):
-                        logits = model(xb)
+                        logits = step_model(xb)
                     loss = loss_fn(logits.float(), yb)
                     (loss * (len(xb) / len(x))).backward()
                     total = total + loss.detach() * (len(xb) / len(x))
@@ -298,6 +302,7 @@ def fit(
         "final_loss": float(total),
         "micro_batch": micro or 0,
         "bf16": bf16,
+        **({"compiled": True} if compile else {}),
         **({"bf16_choice": choice.info} if choice else {}),
     }
 

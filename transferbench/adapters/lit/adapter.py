@@ -406,6 +406,7 @@ def text_tower(features: list, captions, hp: dict, seed: int, pairs_key: str, ct
             device=ctx.device,
             bf16=hp.get("bf16", "auto"),
             progress=ctx.progress,
+            compile=ctx.compile,
             desc=f"text tower seed={seed}",
             splittable=False,
         )

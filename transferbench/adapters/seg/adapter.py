@@ -238,6 +238,7 @@ class SegAdapter(Adapter):
             bf16=hp.get("bf16", "auto"),
             micro_batch=ctx.micro_batch,
             progress=ctx.progress,
+            compile=ctx.compile,
             schedule=hp["schedule"],
             power=hp["power"],
             desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}",

@@ -161,7 +161,7 @@ def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path
         bf16=False,
     )
     cell = types.SimpleNamespace(hparams=hp, seed=0, backbone="mu4", checkpoint=str(path), dataset="d")
-    ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None)
+    ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False)
     model, info = finetune(
         cell, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto", posemb=task.hparams["posemb"]
     )

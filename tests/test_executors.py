@@ -324,3 +324,12 @@ def test_real_cells_give_the_same_records_in_process_and_in_the_pool_at_the_same
     a, b = load_records([tmp_path / "inline"]), load_records([tmp_path / "pool"])
     assert metrics(tmp_path / "inline") == metrics(tmp_path / "pool")
     assert [r["info"]["final_loss"] for r in a] == [r["info"]["final_loss"] for r in b]
+
+
+def test_gpu_slots_share_a_gpu_and_its_memory():
+    from transferbench.engine.executors import gpu_slots
+
+    assert gpu_slots(3, ["0", "1"]) == [("0", 0.5), ("1", 1.0), ("0", 0.5)]  # round-robin, memory split per GPU
+    assert gpu_slots(4, ["GPU-a"]) == [("GPU-a", 0.25)] * 4  # --jobs 4 on one GPU: a quarter each
+    assert gpu_slots(2, ["0", "1", "2"]) == [("0", 1.0), ("1", 1.0)]
+    assert gpu_slots(2, []) == [(None, 1.0)] * 2

@@ -111,7 +111,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def _init_worker(threads: int, gpu: str | None, pid) -> None:
+def gpu_slots(jobs: int, gpus: list[str]) -> list[tuple[str | None, float]]:
+    """Each worker slot's GPU and its share of that GPU's memory. Slots go round-robin over the visible GPUs, so
+    --jobs larger than the GPU count puts several cells on a GPU; a GPU with k slots gives each one 1/k of its
+    memory (torch.cuda.set_per_process_memory_fraction), so that no cell starves the others: one that needs more
+    runs out of memory in its own share and halves its micro-batch (engine.train.fit). Without GPUs: (None, 1)."""
+    if not gpus:
+        return [(None, 1.0)] * jobs
+    assigned = [gpus[i % len(gpus)] for i in range(jobs)]
+    return [(g, 1.0 / assigned.count(g)) for g in assigned]
+
+
+def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle workers ignore Ctrl-C; a computing one stops its cell
     _die_with_parent()
     if gpu is not None:  # before CUDA is initialised: the worker sees one GPU, as cuda:0
@@ -119,6 +130,8 @@ def _init_worker(threads: int, gpu: str | None, pid) -> None:
     import torch
     from threadpoolctl import threadpool_limits
 
+    if gpu is not None and memory_fraction < 1 and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(memory_fraction, 0)
     torch.set_num_threads(threads)
     threadpool_limits(threads)  # numpy's BLAS (few-shot solvers, statistics) too
     pid.value = os.getpid()
@@ -157,16 +170,19 @@ class PoolExecutor:
         self.adapter = adapter
         self.ctx = dataclasses.replace(ctx, show_progress=False)  # the driver's bar counts cells; workers stay quiet
         gpus = visible_gpus() if ctx.device is None or ctx.device == "cuda" else []
-        self._gpus = gpus if len(gpus) > 1 else []
+        self._gpus = gpu_slots(self.slots, gpus)
         self._pids = [self._mp.Value("i", 0, lock=False) for _ in range(self.slots)]
 
     def _pool(self, slot: int):
         from concurrent.futures import ProcessPoolExecutor
 
         if self._pools[slot] is None:
-            gpu = self._gpus[slot % len(self._gpus)] if self._gpus else None
+            gpu, fraction = self._gpus[slot]
             self._pools[slot] = ProcessPoolExecutor(
-                1, mp_context=self._mp, initializer=_init_worker, initargs=(self.threads, gpu, self._pids[slot])
+                1,
+                mp_context=self._mp,
+                initializer=_init_worker,
+                initargs=(self.threads, gpu, self._pids[slot], fraction),
             )
         return self._pools[slot]
 

@@ -193,6 +193,13 @@ def _stream(n_steps, bad_at=None):
         yield torch.ones(4), y
 
 
+def _plain_fit(model, steps, bad_at=None):
+    """SGD on the one-weight model over `_stream`, fp32 on the CPU."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kw = dict(base_lr=0.01, warmup=1, clip=None, loss_fn=mse, device="cpu", bf16=False)
+    return fit(model, _stream(steps, bad_at), opt, steps=steps, **kw)
+
+
 def test_the_loop_reads_the_loss_only_every_loss_every_steps(monkeypatch):
     """No host synchronisation inside the step loop: the loss is read at steps 50, 100 and the last one, and once
     more for the result, not twice a step as when every step checked it."""
@@ -203,10 +210,7 @@ def test_the_loop_reads_the_loss_only_every_loss_every_steps(monkeypatch):
         real = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, _n=name: reads.append(_n) or _real(t, *a))
     model = Scalar(0.5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    out = fit(
-        model, _stream(120), opt, steps=120, base_lr=0.01, warmup=1, clip=None, loss_fn=mse, device="cpu", bf16=False
-    )
+    out = _plain_fit(model, 120)
     assert train.LOSS_EVERY == 50 and sorted(reads) == ["__float__", "__int__", "__int__", "__int__"]
     assert out["final_loss"] == pytest.approx(float(mse(model.w.detach() * torch.ones(4), torch.ones(4))), rel=0.05)
 
@@ -214,21 +218,8 @@ def test_the_loop_reads_the_loss_only_every_loss_every_steps(monkeypatch):
 def test_divergence_names_the_first_bad_step_though_the_loop_went_on():
     from transferbench.engine.compute import Diverged
 
-    model = Scalar(0.5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with pytest.raises(Diverged, match=r"^non-finite loss inf at step 3$"):
-        fit(
-            model,
-            _stream(10, bad_at=3),
-            opt,
-            steps=10,
-            base_lr=0.01,
-            warmup=1,
-            clip=None,
-            loss_fn=mse,
-            device="cpu",
-            bf16=False,
-        )
+        _plain_fit(Scalar(0.5), 10, bad_at=3)
 
 
 def test_a_compiled_cell_gives_the_eager_records(suite_home, tmp_path):

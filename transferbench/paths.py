@@ -289,12 +289,13 @@ def digest_path(path) -> Path:
     return path.with_name(path.name + DIGEST_SUFFIX)
 
 
-def write_digest(path) -> Path:
-    """Write the digest file of a finished file `path` (as `sealed` does for cache entries): for files that
-    ship, such as the embedded checkpoints in transferbench/weights."""
+def write_digest(path, digest: dict | None = None) -> Path:
+    """Write the digest file of a finished file `path` (`digest`: its `file_digest`, computed here if not given),
+    atomically: `sealed` does it for every cache entry, and files that ship (the embedded checkpoints in
+    transferbench/weights) get theirs the same way."""
     side = digest_path(path)
     with atomic_path(side) as tmp:
-        tmp.write_text(json.dumps(file_digest(path)))
+        tmp.write_text(json.dumps(digest or file_digest(path)))
     return side
 
 
@@ -404,7 +405,7 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
             listed = {p.relative_to(tmp).as_posix(): file_digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps(listed, indent=1, sort_keys=True))
         else:
-            text = json.dumps(file_digest(tmp))
+            digest = file_digest(tmp)  # before the lock: readers wait no longer than the renames take
         with entry_lock(path):
             if path.exists() and damage(path, directory=directory) is None:
                 return  # another writer's whole entry stays; this one's temporary goes
@@ -412,10 +413,4 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
                 _remove(path)
             os.replace(tmp, path)
             if not directory:  # after the file: a file without its digest is damaged, never trusted
-                side = digest_path(path)
-                side_tmp = temp_path(side)
-                try:
-                    side_tmp.write_text(text)
-                    os.replace(side_tmp, side)
-                finally:
-                    side_tmp.unlink(missing_ok=True)
+                write_digest(path, digest)

@@ -58,11 +58,9 @@ class RecordStore:
         if p in self._finished:
             return self._finished[p]
         try:
-            rec = parse_record(p.read_bytes())
+            rec = read_record(p)
         except FileNotFoundError:
             return None
-        except OSError as e:
-            raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None
         except ValueError as e:  # torn: as if it were missing, set aside where a user can still look at it
             quarantine(p, f"not a valid record: {e}", "record")
             return None
@@ -163,6 +161,18 @@ def parse_record(data: bytes) -> dict:
     return rec
 
 
+def read_record(p: Path) -> dict:
+    """The record in file `p`: ValueError when it is not one (`parse_record`), FileNotFoundError when it is gone,
+    one UserError when it cannot be read at all."""
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None
+    return parse_record(data)
+
+
 def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
     """Every record under the given folders (recursively), in a stable order. A file that is not a valid
     record is skipped with one warning line (`transferbench run` into its folder sets it aside and computes
@@ -177,7 +187,7 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
             if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name == RESULTS_FILE:
                 continue
             try:
-                rec = parse_record(p.read_bytes())
+                rec = read_record(p)
             except ValueError as e:
                 if strict:
                     raise UserError(
@@ -192,8 +202,6 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
                     e,
                 )
                 continue
-            except OSError as e:
-                raise UserError(f"cannot read record {p} ({e.strerror or e}); check the folder's permissions") from None
             rec["_file"] = str(p)  # where it was read (its samples lie beside it); never written back
             out.append(rec)
     return out

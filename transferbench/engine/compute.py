@@ -123,14 +123,12 @@ def _git_state() -> tuple[str | None, bool | None]:
     an installed wheel, whose version says what it is."""
     here = Path(__file__).resolve().parent
     try:
-        top = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True, timeout=5
+        rev = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
         )
-        if top.returncode or Path(top.stdout.strip()).resolve() / "transferbench" != here.parent:
+        lines = rev.stdout.splitlines()
+        if rev.returncode or len(lines) != 2 or Path(lines[0]).resolve() / "transferbench" != here.parent:
             return None, None  # not a checkout of transferbench (a wheel, perhaps inside someone else's repository)
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        if sha.returncode or not sha.stdout.strip():
-            return None, None
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=here,
@@ -138,7 +136,7 @@ def _git_state() -> tuple[str | None, bool | None]:
             text=True,
             timeout=10,
         )
-        return sha.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+        return lines[1], bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None, None
 

@@ -19,23 +19,11 @@ CLI = [sys.executable, "-c", "import sys; from transferbench.cli import main; sy
 
 def test_one_line_per_cell_when_stderr_is_a_file(suite_home, tmp_path):
     err = tmp_path / "run.log"
+    argv = [*CLI, *"run fewshot --suite embedded --datasets mini_digits --backbone mu4 --seeds 0".split()]
+    argv += ["--out", str(tmp_path / "runs")]
     with open(err, "w") as f:
         proc = subprocess.run(
-            [
-                *CLI,
-                "run",
-                "fewshot",
-                "--suite",
-                "embedded",
-                "--datasets",
-                "mini_digits",
-                "--backbone",
-                "mu4",
-                "--seeds",
-                "0",
-                "--out",
-                str(tmp_path / "runs"),
-            ],
+            argv,
             stdout=subprocess.PIPE,
             stderr=f,
             text=True,
@@ -49,30 +37,16 @@ def test_one_line_per_cell_when_stderr_is_a_file(suite_home, tmp_path):
     assert sorted(int(m.group(1)) for m in cells) == [1, 5, 10, 25]
     assert [int(m.group(3)) for m in cells] == [1, 2, 3, 4]  # done / planned, in finishing order
     # the line's metric is the record's
-    import json
+    from transferbench.records.store import load_records
 
-    recs = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("*.json") if p.name != "results.json"]
+    recs = load_records([tmp_path / "runs"])
     by_shots = {r["hparams"]["shots"]: r["metrics"]["test"]["accuracy"] for r in recs}
     for m in cells:
         assert float(m.group(2)) == float(f"{by_shots[int(m.group(1))]:.4g}")
     # a rerun finds every cell finished: nothing computed, no cell lines
     with open(err, "w") as f:
         subprocess.run(
-            [
-                *CLI,
-                "run",
-                "fewshot",
-                "--suite",
-                "embedded",
-                "--datasets",
-                "mini_digits",
-                "--backbone",
-                "mu4",
-                "--seeds",
-                "0",
-                "--out",
-                str(tmp_path / "runs"),
-            ],
+            argv,
             stdout=subprocess.PIPE,
             stderr=f,
             env={**os.environ, "TRANSFERBENCH_HOME": str(suite_home)},

@@ -603,7 +603,7 @@ def _dry_run(name: str, args) -> int:
     from .backbones.weights import providers, resolve_backbone, split_backbone
     from .cell import BackboneRef
     from .engine.compute import default_device
-    from .engine.estimate import full_plan, probe, shape_of, stages
+    from .engine.estimate import full_plan, probe, stages, trained_shapes
     from .records.store import RecordStore
 
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
@@ -617,7 +617,7 @@ def _dry_run(name: str, args) -> int:
     cells = full_plan(task, refs)
     device = args.device or default_device()
     if args.probe:
-        for shape in sorted({shape_of(c) for c in cells if task.adapter.training_images(c)}):
+        for shape in trained_shapes(task, cells):
             print(f"probing {shape[0]} at {shape[1]} px on {device} ...", file=sys.stderr)
             probe(device, *shape)
     store = RecordStore(args.out) if args.out.is_dir() else None

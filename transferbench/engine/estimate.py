@@ -51,6 +51,17 @@ def shape_of(cell) -> tuple[str, int]:
     return cell.backbone.partition("@")[0], int(cell.hparams.get("resolution") or 224)
 
 
+def training_images(task, cell) -> int:
+    """The images `cell` trains the backbone on, as its adapter counts them (0 for an adapter that does not say)."""
+    count = getattr(task.adapter, "training_images", None)
+    return count(cell) if count else 0
+
+
+def trained_shapes(task, cells: list) -> list[tuple[str, int]]:
+    """The model shapes the cells that train a backbone train: what `--probe` measures."""
+    return sorted({shape_of(c) for c in cells if training_images(task, c)})
+
+
 def stages(task, cells: list, store=None, device: str = "cpu") -> list[Stage]:
     """Per stage (in plan order): cells, those already finished in `store`, training images and the estimated
     device-hours where every shape the stage trains has been probed on `device` (`Stage.unprobed` lists the rest)."""
@@ -60,7 +71,7 @@ def stages(task, cells: list, store=None, device: str = "cpu") -> list[Stage]:
         st = out.setdefault(c.stage or "-", Stage(c.stage or "-"))
         st.cells += 1
         st.finished += bool(store is not None and store.finished(c))
-        images = task.adapter.training_images(c) if hasattr(task.adapter, "training_images") else 0
+        images = training_images(task, c)
         st.images += images
         if images:
             shape = shape_of(c)

@@ -153,24 +153,147 @@ class InMemory(torch.utils.data.Dataset):
         return torch.from_numpy(self._array[i]).permute(2, 0, 1), int(self.labels[i])
 
 
-@pytest.mark.parametrize("augment", ["none", "crop", "flip", "crop_flip", "inception_flip"])
-def test_batched_augmentation_equals_the_per_example_pipeline(augment):
-    """In-memory sets are augmented a batch at a time from the same per-example draws; the tensors are the
-    per-example v2 pipeline's to within one uint8 interpolation level (they are equal on the CPUs measured)."""
-    from transferbench.engine.train import batched
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("augment", ["none", "crop", "flip", "crop_flip"])
+def test_resident_augmentation_equals_the_per_example_pipeline(augment, device):
+    """Small sets are held on the device and augmented a batch at a time from the same per-example draws: the
+    random crop is a gather and the flip a select, so the tensors are the per-example v2 pipeline's (the resize
+    runs once per set, on the CPU as per example)."""
     data = InMemory()
     tf = train_transform(8, augment)
-    assert batched(data, tf) and not batched(torch.utils.data.Subset(data, range(5)), tf)
-    fast = list(train_batches(data, tf, batch=5, steps=7, seed=3))
-    slow = list(train_batches(data, tf, batch=5, steps=7, seed=3, per_example=True))
+    fast = train_batches(data, tf, batch=5, steps=7, seed=3, device=device)
+    slow = train_batches(data, tf, batch=5, steps=7, seed=3, per_example=True)
+    assert fast.info() == {"data_path": "resident", "data_bytes": 24 * 3 * (9 * 9 if "crop" in augment else 8 * 8)}
+    assert slow.info()["data_path"] == "workers"
+    fast, slow = list(fast), list(slow)
     assert len(fast) == len(slow) == 7
     for (xf, yf), (xs, ys) in zip(fast, slow):
+        assert xf.device.type == yf.device.type == device
         assert xf.shape == xs.shape == (5, 3, 8, 8) and xf.dtype == xs.dtype == torch.float32
-        assert torch.equal(yf, ys)
-        torch.testing.assert_close(xf, xs, atol=2 / 255 + 1e-6, rtol=0)
+        assert torch.equal(yf.cpu(), ys)
+        torch.testing.assert_close(xf.cpu(), xs, atol=1e-6, rtol=0)
     if augment != "none":  # the draws differ between examples: some crops or flips differ from the first's
         assert not all(torch.equal(fast[0][0][0], x) for x in fast[0][0][1:])
+
+
+def smooth_images(n=24, h=40, w=36, seed=0) -> np.ndarray:
+    """uint8 (n, h, w, 3) images of low-frequency patterns (interpolation differences stay small on them)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = []
+    for a, b, c in rng.uniform(0, 6, (n, 3)):
+        v = 127.5 + 100 * np.sin(xx / 5 + a) * np.cos(yy / 7 - b) + 20 * np.sin((xx + yy) / 4 + c)
+        out.append(np.stack([v, v[::-1], v[:, ::-1]], -1))
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_resident_inception_crop_differs_from_the_per_example_one_by_interpolation_only(device):
+    """The inception crop's boxes are the per-example draws; roi_align resizes them all at once where the per-example
+    path runs an antialiased resize per image: on smooth images the two agree to within one uint8 level on average,
+    while the same crops one pixel off, or unflipped, are several levels away."""
+    data = InMemory()
+    data._array = smooth_images()
+    tf = train_transform(16, "inception_flip")
+    fast = list(train_batches(data, tf, batch=8, steps=3, seed=5, device=device))
+    slow = list(train_batches(data, tf, batch=8, steps=3, seed=5, per_example=True))
+    level = 2 / 255  # one uint8 level in the [-1, 1] range
+    for (xf, _), (xs, _) in zip(fast, slow):
+        assert float((xf.cpu() - xs).abs().mean()) < level
+    x = torch.from_numpy(data._array[:8]).permute(0, 3, 1, 2).to(device)
+    boxes, flips = tf.draw_batch(list(range(8)), 40, 36)
+    step = torch.where(boxes[:, :2] > 0, -1, 1)  # one pixel up and left, or down and right at the border
+    shifted = torch.cat([boxes[:, :2] + step, boxes[:, 2:]], 1)
+    reference = tf.apply(x, boxes, flips).cpu()
+    assert float((reference - tf.apply(x, shifted, flips).cpu()).abs().mean()) > 2 * level
+    assert float((reference - tf.apply(x, boxes, ~flips).cpu()).abs().mean()) > 2 * level
+
+
+class Decoded(torch.utils.data.Dataset):
+    """A source decoded per example, as tfds is: PIL images of several sizes, and an identity for the cache."""
+
+    def __init__(self, n=20, seed=0):
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        self.seed, self.labels = seed, rng.integers(0, 4, n)
+        self.images = [
+            Image.fromarray(rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8))
+            for h, w in rng.integers(10, 20, (n, 2))
+        ]
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.images[i], int(self.labels[i])
+
+    def identity(self):
+        return {"source": "test", "n": len(self), "seed": self.seed}
+
+
+def test_a_decoded_source_is_resized_once_cached_and_trained_from_memory(tmp_path, monkeypatch, caplog):
+    """A source with images of several sizes (tfds) is decoded once through the transform's resize, cached by its
+    identity, and gives the per-example pipeline's batches; a damaged cache entry is set aside and decoded again."""
+    import logging
+
+    from transferbench.engine import resident
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    data, tf = Decoded(), train_transform(8, "crop_flip")
+    slow = list(train_batches(data, tf, batch=6, steps=5, seed=1, per_example=True))
+    fast = train_batches(data, tf, batch=6, steps=5, seed=1, workers=2)
+    assert fast.info() == {"data_path": "resident", "data_bytes": 20 * 3 * 9 * 9}  # resized to 8 * 8 // 7 = 9
+    for (xf, yf), (xs, ys) in zip(list(fast), slow, strict=True):
+        torch.testing.assert_close(xf, xs, atol=1e-6, rtol=0)  # the same pixels, scaled in place
+        assert torch.equal(yf, ys)
+    (entry,) = (tmp_path / "decoded").glob("*.npz")
+    monkeypatch.setattr(resident, "_decode", lambda *a: pytest.fail("decoded again although cached"))
+    again = list(train_batches(data, tf, batch=6, steps=5, seed=1))
+    assert all(torch.allclose(a[0], b[0], atol=1e-6, rtol=0) for a, b in zip(again, slow))
+    monkeypatch.undo()
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    entry.write_bytes(entry.read_bytes()[:-100])
+    with caplog.at_level(logging.WARNING, logger="transferbench"):
+        healed = list(train_batches(data, tf, batch=6, steps=5, seed=1))
+    assert "damaged decoded training set" in caplog.text
+    assert all(torch.allclose(a[0], b[0], atol=1e-6, rtol=0) for a, b in zip(healed, slow))
+
+
+def test_where_the_resident_path_stops(monkeypatch):
+    """Over RESIDENT_BYTES of resized pixels, inception crops of images of their own sizes, and per-example ops
+    (RandAugment) keep the worker pipeline, and say so."""
+    from torchvision.transforms import v2
+
+    from transferbench.engine import resident
+
+    data, tf = InMemory(n=10), train_transform(8, "crop")
+    assert resident.plan(data, tf).info() == {"data_path": "resident", "data_bytes": 10 * 3 * 81}
+    assert resident.plan(InMemory(), train_transform(8, "inception_flip")).path == "resident"  # one size: it fits
+    monkeypatch.setattr(resident, "RESIDENT_BYTES", 10 * 3 * 81 - 1)
+    over = train_batches(data, tf, batch=2, steps=1, seed=0)
+    assert over.info()["data_path"] == "workers" and "over the" in over.plan.why
+    assert resident.plan(Decoded(), train_transform(8, "inception_flip")).path == "workers"
+    randaug = train_transform(8, "flip", randaug=v2.RandAugment(2, 5))
+    assert resident.plan(data, randaug).path == "workers"
+
+
+def test_a_tfds_split_has_an_identity_only_with_a_named_label_rule():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from transferbench.data.tfds_source import TfdsDataset
+
+    with tfds.testing.mock_data(num_examples=30):
+        plain = TfdsDataset("cifar10", "train[:10]")
+        ruled = TfdsDataset("cifar10", "train[:10]", label_fn=lambda ex: 0, label_rule="zero")
+        unnamed = TfdsDataset("cifar10", "train[:10]", label_fn=lambda ex: 0)
+        other = TfdsDataset("cifar10", "train[:12]")
+    assert plain.identity()["label"] == "label" and ruled.identity()["label"] == "zero"
+    assert unnamed.identity() is None
+    assert plain.identity()["version"] == str(plain.sources["train"].dataset_info.version)
+    assert other.identity() != plain.identity()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"resize_small": 10}, {"resize_square": 12}])
@@ -241,3 +364,55 @@ def test_a_compiled_cell_gives_the_eager_records(suite_home, tmp_path):
     for split in ("val", "test"):  # accuracy over 200 and 797 images: one image is 0.5 and 0.13 points
         assert compiled["metrics"][split]["accuracy"] == pytest.approx(eager["metrics"][split]["accuracy"], abs=0.6)
     assert compiled["info"]["final_loss"] == pytest.approx(eager["info"]["final_loss"], rel=1e-4)
+
+
+def test_a_cell_gives_the_same_records_on_either_data_path(suite_home, tmp_path, monkeypatch):
+    """One VTAB cell (random crops) trained from the resident set and through the per-example workers: the same
+    batches, so the same accuracies and final loss up to floating-point summation order; the record says which
+    path ran."""
+    from transferbench.adapters import prepare_task, resolve_backbone
+    from transferbench.engine import resident
+    from transferbench.engine.runner import run_task
+    from transferbench.records.store import load_records
+
+    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["lr=0.01"])
+    backbone = [resolve_backbone("mu4_dpn@embedded")]
+    records, default = {}, resident.RESIDENT_BYTES
+    for limit in (default, 0):
+        monkeypatch.setattr(resident, "RESIDENT_BYTES", limit)
+        out = tmp_path / str(limit)
+        assert run_task(task, backbone, out, show_progress=False).failed == 0
+        (records[limit],) = load_records([out])
+    memory, workers = records[default], records[0]
+    assert memory["info"]["data_path"] == "resident" and workers["info"]["data_path"] == "workers"
+    crop_source = memory["hparams"]["resolution"] * 8 // 7  # random crops from the set resized to 8/7
+    nbytes = memory["info"]["train_examples"] * 3 * crop_source**2
+    assert memory["info"]["data_bytes"] == workers["info"]["data_bytes"] == nbytes
+    for split in ("val", "test"):
+        assert memory["metrics"][split]["accuracy"] == pytest.approx(workers["metrics"][split]["accuracy"], abs=0.6)
+    assert memory["info"]["final_loss"] == pytest.approx(workers["info"]["final_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_the_fused_update_used_on_cuda_is_the_default_update(name):
+    """optimizer_options turns on the fused kernel for CUDA devices only; five steps of it (run on the CPU here,
+    on the GPU where there is one) end where torch's default per-tensor update ends."""
+    from transferbench.engine.train import optimizer_options
+
+    assert optimizer_options("cuda:1") == {"fused": True} and optimizer_options("cpu") == {}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4} if name == "SGD" else {"lr": 0.01, "weight_decay": 0.1}
+    ends = []
+    for options in ({}, {"fused": True}):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(7, 3).to(device)
+        start = model.weight.detach().cpu().clone()
+        opt = getattr(torch.optim, name)(model.parameters(), **kw, **options)
+        assert opt.defaults.get("fused") is options.get("fused", opt.defaults.get("fused"))
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 7, device=device)).square().sum().backward()
+            opt.step()
+        ends.append(model.weight.detach().cpu())
+    assert float((ends[0] - start).abs().max()) > 1e-3  # the steps moved it
+    torch.testing.assert_close(ends[1], ends[0], rtol=1e-5, atol=1e-6)

@@ -32,6 +32,7 @@ CACHES = {
     "classifiers": "fine-tuned classifiers under test for robustness (adapters.corruption)",
     "lit": "trained LiT text towers (adapters.lit)",
     "cost-probe": "milliseconds per training image per device kind and model shape (engine.estimate)",
+    "decoded": "small training sets decoded once and resized, held on the training device (engine.resident)",
 }
 HOME_VARIABLE = "TRANSFERBENCH_HOME"
 DEFAULT_HOME = "~/.cache/transferbench"

@@ -22,7 +22,7 @@ from ..data import vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
-from ..engine.train import LOSSES, fit, train_batches
+from ..engine.train import LOSSES, fit, optimizer_options, train_batches
 from ..errors import UserError
 from ..spec import SpecError
 from .base import Adapter
@@ -141,7 +141,8 @@ def open_split(ds: dict, role: str, data_dir=None):
     elif ds["source"] == "embedded":
         parts = [sources.open_split(ds, ds[r]) for r in roles]
     else:
-        return sources.open_split(ds, "+".join(ds[r] for r in roles), data_dir, vtab_data.LABEL_RULES[ds["label"]])
+        split = "+".join(ds[r] for r in roles)
+        return sources.open_split(ds, split, data_dir, vtab_data.LABEL_RULES[ds["label"]], label_rule=ds["label"])
     return parts[0] if len(parts) == 1 else Joined(parts)
 
 
@@ -185,7 +186,13 @@ def finetune(
     loss = hp.get("loss", "softmax")
     if loss not in LOSSES:
         raise UserError(f"loss={loss!r}: choose one of {', '.join(LOSSES)}")
-    opt = torch.optim.SGD(model.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=hp["lr"],
+        momentum=hp["momentum"],
+        weight_decay=hp["weight_decay"],
+        **optimizer_options(ctx.device),
+    )
     batches = train_batches(
         train,
         train_transform(hp["resolution"], augment, pixels=pixels.of(hp)),
@@ -193,6 +200,7 @@ def finetune(
         steps=hp["steps"],
         seed=cell.seed,
         workers=ctx.workers,
+        device=ctx.device,
     )
     started = time.time()
     out = fit(
@@ -215,6 +223,7 @@ def finetune(
     train_seconds = time.time() - started
     return model, {
         **out,
+        **batches.info(),
         "train_examples": len(train),
         "head": "checkpoint" if head_kept else "new",
         "loss": loss,

@@ -124,12 +124,19 @@ class PretrainAdapter(Adapter):
         )
         model.reset_classifier(train.num_classes, bias=float(hp.get("init_head_bias", 0.0)))
         model.to(ctx.device)
-        opt = augreg.adamw(model, lr=hp["lr"], wd=hp["wd"], betas=(0.9, hp["beta2"]))
+        opt = augreg.adamw(model, lr=hp["lr"], wd=hp["wd"], betas=(0.9, hp["beta2"]), device=ctx.device)
         px = pixels.of(hp)
         transform = train_transform(hp["resolution"], hp["augment"], pixels=px, randaug=augreg.randaugment(r["aug"]))
         batches = train_batches(
-            train, transform, batch=hp["batch"], steps=hp["steps"], seed=cell.seed, workers=ctx.workers
+            train,
+            transform,
+            batch=hp["batch"],
+            steps=hp["steps"],
+            seed=cell.seed,
+            workers=ctx.workers,
+            device=ctx.device,
         )
+        data_path = batches.info()
         if r["mixup"]:
             batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
         started = time.time()
@@ -176,6 +183,7 @@ class PretrainAdapter(Adapter):
             **metrics,
             "info": {
                 **out,
+                **data_path,
                 **{k: v for k, v in r.items() if k != "randaug"},
                 "randaug": list(r["randaug"]) if r["randaug"] else None,
                 "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])

@@ -69,7 +69,7 @@ def with_generator_version(ds):
     return ds.model_copy(update={"version": embedded.version(name)})
 
 
-def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None = None):
+def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None = None, label_rule: str | None = None):
     """`entry`: the dataset's spec fields (name, source, tfds, set). Missing data raises
     DataMissingError (a UserError) naming where it looked."""
     if entry.get("source") == "embedded":
@@ -77,7 +77,7 @@ def open_split(entry: dict, split: str, data_dir=None, label_fn: Callable | None
         return embedded.open_set(name, lambda root: FolderDataset(root, name, split))
     from .tfds_source import TfdsDataset
 
-    return TfdsDataset(entry["tfds"], split, label_fn=label_fn, data_dir_=data_dir)
+    return TfdsDataset(entry["tfds"], split, label_fn=label_fn, data_dir_=data_dir, label_rule=label_rule)
 
 
 def missing(entries: list[dict], splits: Callable[[dict], list[str]], data_dir=None, opener=None) -> list[str]:

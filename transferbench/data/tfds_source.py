@@ -33,7 +33,9 @@ def _split_names(spec: str) -> list[str]:
 class TfdsDataset(torch.utils.data.Dataset):
     """Examples of `split` (a tfds split string, e.g. 'train[:800]+train[45000:45200]') as (image, label).
 
-    label_fn maps the example dict (numpy values) to an int; default `example['label']`.
+    label_fn maps the example dict (numpy values) to an int; default `example['label']`. `label_rule` names it
+    (data.vtab.LABEL_RULES), which gives the split an identity (`identity()`: what caches of its decoded images
+    are keyed on); a label_fn without a name leaves it without one.
     """
 
     def __init__(
@@ -45,11 +47,13 @@ class TfdsDataset(torch.utils.data.Dataset):
         label_fn: Callable[[dict], int] | None = None,
         image_key: str = "image",
         data_dir_=None,
+        label_rule: str | None = None,
     ):
         import tensorflow_datasets as tfds
 
         self.name, self.split, self.transform = name, split, transform
         self.label_fn = label_fn or (lambda ex: int(ex["label"]))
+        self.label_rule = label_rule or (None if label_fn else "label")
         self.image_key = image_key
         where = data_dir(data_dir_)
         self.sources = {}
@@ -77,6 +81,21 @@ class TfdsDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def identity(self) -> dict | None:
+        """What determines this split's examples: the tfds name and version, the split string, the image feature
+        and the label rule (None without a named rule)."""
+        if self.label_rule is None:
+            return None
+        version = str(next(iter(self.sources.values())).dataset_info.version)
+        return {
+            "source": "tfds",
+            "name": self.name,
+            "version": version,
+            "split": self.split,
+            "image": self.image_key,
+            "label": self.label_rule,
+        }
 
     def example(self, i: int) -> dict:
         s, j = self.index[i]

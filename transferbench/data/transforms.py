@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
-from .pixels import DEFAULT_PIXELS, stats
+from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
 
 AUGMENTATIONS = ("none", "crop", "flip", "crop_flip", "inception_flip")
 
@@ -71,36 +70,63 @@ class ImageTransform:
         flip = self.flip is not None and bool(torch.rand(1) < self.flip.p)
         return box, flip
 
+    def draw_batch(self, seeds, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every example's draws as two CPU tensors: boxes (n, 4) int64 (top, left, height, width; the whole image
+        without a crop) and flips (n,) bool."""
+        draws = [self.draws(s, height, width) for s in seeds]
+        boxes = torch.tensor([d[0] or (0, 0, height, width) for d in draws], dtype=torch.int64).reshape(-1, 4)
+        return boxes, torch.tensor([d[1] for d in draws], dtype=torch.bool)
+
     def batch(self, prepared: torch.Tensor, seeds=None) -> torch.Tensor:
         """float32 (B, C, res, res), normalised, from `prepared` rows (uint8, after `prepare`), each example with
         its seed's draws (`seeds` None: a deterministic pipeline)."""
+        if not self.random:
+            return self.apply(prepared)
+        n, _, h, w = prepared.shape
+        return self.apply(prepared, *self.draw_batch(seeds if seeds is not None else [None] * n, h, w))
+
+    def apply(self, prepared: torch.Tensor, boxes=None, flips=None) -> torch.Tensor:
+        """The random ops from given draws (`draw_batch`), then the scaling, batched on `prepared`'s device (uint8
+        rows after `prepare`): a random crop and a flip are one gather of uint8 pixels (the per-example pipeline's
+        pixels exactly); a random resized crop (inception) is torchvision's roi_align, bilinear samples averaged
+        per output pixel, which differs from the per-example antialiased resize by interpolation only; the
+        scaling runs in place (data.pixels.normalise_uint8)."""
         x = prepared
-        if self.random:
-            n, _, h, w = x.shape
-            draws = [self.draws(s, h, w) for s in (seeds if seeds is not None else [None] * n)]
-            boxes = [d[0] for d in draws]
-            if isinstance(self.crop, v2.RandomCrop):  # one size: a gather
-                size = boxes[0][2]
-                top = torch.tensor([b[0] for b in boxes])[:, None] + torch.arange(size)
-                left = torch.tensor([b[1] for b in boxes])[:, None] + torch.arange(size)
-                x = x[torch.arange(n)[:, None, None], :, top[:, :, None], left[:, None, :]].permute(0, 3, 1, 2)
-            elif self.crop is not None:  # boxes of every size, each resized to the output
-                x = torch.stack(
-                    [
-                        F.resized_crop(
-                            x[i],
-                            *boxes[i],
-                            self.crop.size,
-                            interpolation=self.crop.interpolation,
-                            antialias=self.crop.antialias,
-                        )
-                        for i in range(n)
-                    ]
-                )
+        device = x.device
+        n, c, h, w = x.shape
+        if self.crop is None or isinstance(self.crop, v2.RandomCrop):
+            # crop and flip as one gather of uint8 pixels: each output pixel's source, flipped columns read
+            # right to left
+            size = (h, w) if self.crop is None else tuple(int(v) for v in self.crop.size)
+            boxes = torch.zeros(n, 4, dtype=torch.int64) if boxes is None else boxes
+            flips = torch.zeros(n, dtype=torch.bool) if flips is None or self.flip is None else flips
+            if self.crop is not None or bool(flips.any()):
+                boxes, flips = boxes.to(device, non_blocking=True), flips.to(device, non_blocking=True)
+                rows = torch.arange(size[0], device=device)
+                cols = torch.arange(size[1], device=device)
+                cols = torch.where(flips[:, None], size[1] - 1 - cols, cols)  # (n, width)
+                source = (boxes[:, :1, None] + rows[:, None]) * w + boxes[:, 1:2, None] + cols[:, None, :]
+                index = source.reshape(n, 1, -1).expand(n, c, -1)
+                x = x.reshape(n, c, h * w).gather(2, index).view(n, c, *size)
+        else:
+            x = resized_crops(x, boxes.to(device, non_blocking=True), tuple(self.crop.size))
             if self.flip is not None:
-                flips = torch.tensor([d[1] for d in draws])
+                flips = flips.to(device, non_blocking=True)
                 x = torch.where(flips[:, None, None, None], x.flip(-1), x)
-        return v2.Compose(self.suffix)(x.contiguous()).as_subclass(torch.Tensor)
+        return normalise_uint8(x, self.pixels)
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Each uint8 image's box (top, left, height, width) resized to `size`, as one batched roi_align (bilinear;
+    an adaptive number of samples per output pixel, so a large box is averaged rather than aliased), rounded back
+    to uint8 like the per-example resize."""
+    from torchvision.ops import roi_align
+
+    n = len(images)
+    top, left, h, w = boxes.to(torch.float32).unbind(1)
+    rois = torch.stack([torch.arange(n, device=images.device, dtype=torch.float32), left, top, left + w, top + h], 1)
+    out = roi_align(images.float(), rois, size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def eval_transform(

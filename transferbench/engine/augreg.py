@@ -129,13 +129,23 @@ def scale_and_bias(model: nn.Module) -> list[str]:
 
 
 def scenic_adamw(
-    model: nn.Module, *, lr: float, weight_decay: float, skip_scale_and_bias: bool = True, betas=(0.9, 0.999)
+    model: nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    skip_scale_and_bias: bool = True,
+    betas=(0.9, 0.999),
+    device: str = "cpu",
 ) -> torch.optim.AdamW:
     """optax.adamw as scenic configures it: decay lr_t * weight_decay * param (torch AdamW's semantics, which
     optax.adamw shares), not on `scale_and_bias(model)` with `skip_scale_and_bias`."""
     skip = set(scale_and_bias(model)) if skip_scale_and_bias else set()
     decayed = [n for n, _ in model.named_parameters() if n not in skip]
-    return torch.optim.AdamW(decay_groups(model, decayed, weight_decay), lr=lr, betas=betas)
+    from .train import optimizer_options
+
+    return torch.optim.AdamW(
+        decay_groups(model, decayed, weight_decay), lr=lr, betas=betas, **optimizer_options(device)
+    )
 
 
 def decoupled_wd(wd: float, lr: float) -> float:
@@ -143,7 +153,10 @@ def decoupled_wd(wd: float, lr: float) -> float:
     return float(wd) / float(lr) if wd else 0.0
 
 
-def adamw(model: nn.Module, *, lr: float, wd: float, betas=(0.9, 0.999)) -> torch.optim.AdamW:
+def adamw(model: nn.Module, *, lr: float, wd: float, betas=(0.9, 0.999), device: str = "cpu") -> torch.optim.AdamW:
     """AdamW decaying the kernels only, by sched(t) * wd per step as big_vision does (engine.train.fit sets each
     step's lr = lr * sched(t))."""
-    return torch.optim.AdamW(decay_groups(model, kernel_names(model), decoupled_wd(wd, lr)), lr=lr, betas=betas)
+    from .train import optimizer_options
+
+    groups = decay_groups(model, kernel_names(model), decoupled_wd(wd, lr))
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **optimizer_options(device))

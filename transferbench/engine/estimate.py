@@ -106,10 +106,11 @@ def probe(device: str, name: str, resolution: int, *, batch: int | None = None, 
 
     from ..backbones import create_backbone
     from .precision import device_kind
+    from .train import optimizer_options
 
     batch = batch or (32 if device.startswith("cuda") else 4)
     model = create_backbone(name, img_size=resolution, num_classes=10).to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, **optimizer_options(device))
     x = torch.randn(batch, 3, resolution, resolution, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
     bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()

@@ -8,9 +8,10 @@ size (up to float summation order) on the same machine.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
-from itertools import chain, islice
+from itertools import chain
 
 import numpy as np
 import torch
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 from ..data.pixels import DEFAULT_PIXELS, normalise_uint8
 from .compute import check_finite
 from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
+
+log = logging.getLogger("transferbench")
 
 
 def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
@@ -37,6 +40,14 @@ def poly_lr(step: int, *, base: float, warmup: int, total: int, power: float = 0
 
 
 SCHEDULES = ("cosine", "poly")
+
+
+def optimizer_options(device) -> dict:
+    """Keyword arguments for torch's SGD and AdamW on `device`: on CUDA the fused update (one kernel for every
+    parameter: the step's optimizer time falls from a launch per tensor to one); elsewhere torch's default (the
+    per-tensor loop on the CPU, where the fused kernel has shown no gain). Same update up to float rounding
+    (tested)."""
+    return {"fused": True} if str(device).startswith("cuda") else {}
 
 
 def schedule_lr(name: str, step: int, *, base: float, warmup: int, total: int, power: float = 0.9) -> float:
@@ -106,9 +117,25 @@ class _EpochSampler(torch.utils.data.Sampler):
 
 
 def batched(dataset, transform) -> bool:
-    """Whether a dataset and transform take the batched path: an in-memory set (decoded once into an array of
-    equal-size images) and a transform that can run on a whole batch (data.transforms.ImageTransform)."""
+    """Whether a dataset and transform take the batched evaluation path: an in-memory set (decoded once into an
+    array of equal-size images) and a transform that can run on a whole batch (data.transforms.ImageTransform)."""
     return hasattr(dataset, "array") and hasattr(transform, "batch") and getattr(transform, "batchable", True)
+
+
+class Batches:
+    """An iterator of training batches that says which data path made them (`info()`: engine.resident.Plan)."""
+
+    def __init__(self, it: Iterator, plan):
+        self.it, self.plan = it, plan
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.it)
+
+    def info(self) -> dict:
+        return self.plan.info()
 
 
 def train_batches(
@@ -121,14 +148,27 @@ def train_batches(
     workers: int = 0,
     joint: bool = False,
     per_example: bool = False,
-) -> Iterator:
+    device: str = "cpu",
+) -> Batches:
     """`steps` batches of (images, labels) from the shuffled, repeated dataset; `joint`: the transform
-    maps (image, target) pairs (segmentation). In-memory sets are transformed a batch at a time, from the
-    same per-example seeds and draws (same tensors as the per-example path; `per_example` forces that path, for
-    the tests and benchmarks that compare the two)."""
+    maps (image, target) pairs (segmentation). A small set (engine.resident: under RESIDENT_BYTES once resized) is
+    decoded once, held on `device`, and augmented there a batch at a time from the same per-example seeds and
+    draws (the per-example path's tensors; an inception crop's up to interpolation); `per_example` forces the
+    worker pipeline, for the tests and benchmarks that compare the two."""
+    from . import resident
+
     sampler = _EpochSampler(len(dataset), seed, batch * steps)
-    if not joint and not per_example and batched(dataset, transform):
-        return _array_train_batches(dataset, transform, sampler, batch)
+    if joint:
+        chosen = resident.Plan("workers", 0, "joint image-and-target transforms run per example")
+    elif per_example:
+        chosen = resident.Plan("workers", 0, "the per-example path was asked for")
+    else:
+        chosen = resident.plan(dataset, transform)
+    log.debug("training data path: %s (%s)", chosen.path, chosen.why)
+    if chosen.path == "resident":
+        data = resident.images(dataset, transform, workers=workers)
+        it = resident.batches(data, transform, sampler, batch=batch, device=device, workers=workers)
+        return Batches(it, chosen)
     loader = torch.utils.data.DataLoader(
         _Seeded(dataset, transform, joint),
         batch_size=batch,
@@ -136,17 +176,9 @@ def train_batches(
         num_workers=workers,
         persistent_workers=False,
         prefetch_factor=4 if workers else None,
+        pin_memory=str(device).startswith("cuda"),
     )
-    return iter(loader)
-
-
-def _array_train_batches(dataset, transform, sampler, batch: int) -> Iterator:
-    images = transform.prepare(torch.from_numpy(dataset.array()).permute(0, 3, 1, 2))  # the resize, once
-    labels = torch.as_tensor(np.asarray(dataset.labels), dtype=torch.int64)
-    drawn = iter(sampler)
-    while chunk := list(islice(drawn, batch)):
-        idx = torch.tensor([i for i, _ in chunk])
-        yield transform.batch(images[idx], [s for _, s in chunk]), labels[idx]
+    return Batches(iter(loader), chosen)
 
 
 def tensor_batches(*tensors: torch.Tensor, batch: int, steps: int, seed: int) -> Iterator:

@@ -19,7 +19,7 @@ from ...data.image_text import pairs_identity as files_identity
 from ...data.sources import DatasetEntry, missing_data, open_split, require_tfds_name
 from ...data.transforms import eval_transform
 from ...engine.features import cache_key, cached, extract, extract_pairs, precision
-from ...engine.train import BF16_SETTINGS, fit, tensor_batches
+from ...engine.train import BF16_SETTINGS, fit, optimizer_options, tensor_batches
 from ...errors import UserError
 from ...hashing import digest
 from ...paths import cache, sealed, verified
@@ -392,7 +392,7 @@ def text_tower(features: list, captions, hp: dict, seed: int, pairs_key: str, ct
         groups = parameter_groups(
             model, float(hp["weight_decay"]), lr=float(hp["lr"]), decay=hp.get("decay", "open_clip")
         )
-        opt = torch.optim.AdamW(groups, lr=float(hp["lr"]), betas=(0.9, 0.999))
+        opt = torch.optim.AdamW(groups, lr=float(hp["lr"]), betas=(0.9, 0.999), **optimizer_options(ctx.device))
         started = time.time()
         out = fit(
             model,

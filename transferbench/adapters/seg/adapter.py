@@ -213,7 +213,9 @@ class SegAdapter(Adapter):
         backbone.reset_classifier(0)
         model = LinearSegmenter(backbone, num_classes, tokens=hp.get("decoder_tokens", "norm")).to(ctx.device)
         skip = bool(hp.get("skip_scale_and_bias", False))
-        opt = augreg.scenic_adamw(model, lr=hp["lr"], weight_decay=hp["weight_decay"], skip_scale_and_bias=skip)
+        opt = augreg.scenic_adamw(
+            model, lr=hp["lr"], weight_decay=hp["weight_decay"], skip_scale_and_bias=skip, device=ctx.device
+        )
         transform = train_transform(
             hp["crop"],
             ratio=(hp["ratio_min"], hp["ratio_max"]),
@@ -222,7 +224,14 @@ class SegAdapter(Adapter):
             pixels=pixels.of(hp),
         )
         batches = train_batches(
-            train, transform, batch=hp["batch"], steps=steps, seed=cell.seed, workers=ctx.workers, joint=True
+            train,
+            transform,
+            batch=hp["batch"],
+            steps=steps,
+            seed=cell.seed,
+            workers=ctx.workers,
+            joint=True,
+            device=ctx.device,
         )
         started = time.time()
         out = fit(

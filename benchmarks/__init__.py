@@ -23,8 +23,8 @@ def interleaved_medians(
     """Median seconds per call of each function, timed in rotating rounds (at least `min_rounds`, and at
     least `seconds` per function): each round runs every function for about `block` seconds, the next
     round starts with the next function. Slow drift of the machine (other tenants, clocks, caches) then
-    hits every function alike, which timing one function after another does not: on this VM
-    back-to-back medians of the same model moved by up to 10%."""
+    hits every function alike, which timing one function after another does not: on a shared 2-core
+    machine back-to-back medians of the same model moved by up to 10%."""
     calls = {}
     for name, fn in fns.items():  # warm-up, timed: the number of calls that fills a block
         t0 = time.perf_counter()

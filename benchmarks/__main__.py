@@ -9,8 +9,9 @@ per call is compared. The end-to-end rows run
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
 through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache rows under 1, the bf16 and
-data-path rows about 1, the executor rows about 15 (the embedded VTAB suite with --jobs 1, --jobs 2 and Ray), the
-rest about 3. CI does not run this.
+data-path rows about 1, the paper-scale step rows about 3 on a CPU (b32 at batch 8 and the data paths alone; the
+GPU rows print "no GPU") or about 15 on one H100, the executor rows about 15 (the embedded VTAB suite with --jobs
+1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from . import (
     fewshot_solver,
     gemm_peak,
     lit_speed,
+    paper_step,
     precision_choice,
     seg_eval,
 )
@@ -133,6 +135,10 @@ def main() -> None:
     section(
         "bf16 auto vs off vs on on an embedded cell, and the batched data path",
         precision_choice.markdown(precision_choice.run()),
+    )
+    section(
+        "Paper-scale fine-tuning step: ours vs timm, data path, MFU, a VTAB-1k cell, DTN in bf16",
+        paper_step.markdown(paper_step.run(seconds=args.seconds)),
     )
     section("ViT-B/32 inference vs the GEMM peak", gemm_peak.markdown(gemm_peak.run(seconds=args.seconds)))
     section("Few-shot solver vs big_vision's algorithm", fewshot_solver.markdown(fewshot_solver.run(args.seconds)))

@@ -20,6 +20,9 @@ class BackboneRef:
     checkpoint: str | None
     sha256: str
     pixels: str = ""  # the pixel normalisation the weights state ('' = none stated; data.pixels)
+    # what else the weights state of their input ((key, value) pairs: input_size, crop_pct, interpolation, pixels;
+    # timm tags' pretrained_cfg), recorded in each cell's hyper-parameters as `backbone_preprocess`
+    preprocess: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ def make_cell(
     hparams = dict(hparams)
     if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
         hparams["pixels"] = backbone.pixels or DEFAULT_PIXELS
+    if backbone.preprocess:  # only backbones that state it: every other cell's key stays as it was
+        hparams["backbone_preprocess"] = dict(backbone.preprocess)
     return Cell(
         task=spec.task,
         dataset=dataset.name,

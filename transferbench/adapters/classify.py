@@ -180,6 +180,10 @@ def finetune(
     )
     if not head_kept:
         model.reset_classifier(classes)  # a new zero-initialised head, whatever the checkpoint had
+        head = model.get_classifier() if hasattr(model, "get_classifier") else None
+        if isinstance(head, torch.nn.Linear):  # timm's reset_classifier initialises it at random
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
     model.to(ctx.device)
     if hp["optimizer"] != "sgd":
         raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")

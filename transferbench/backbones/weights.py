@@ -33,7 +33,12 @@ def split_backbone(spec: str) -> tuple[str, str]:
 def resolve_backbone(spec: str) -> BackboneRef:
     """Check the name and hash the checkpoint (no model is built); a provider's word is resolved by its
     provider, which may pretrain."""
+    from .registry import find_family
+
     name, checkpoint = split_backbone(spec)
+    family = find_family(name)
+    if hasattr(family, "resolve"):  # a family that knows its own weights (timm: its tags' Hugging Face cache)
+        return family.resolve(spec, name, checkpoint)
     if not checkpoint:
         return BackboneRef(spec, name, None, RANDOM_INIT)
     words = providers()

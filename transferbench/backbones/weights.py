@@ -35,8 +35,8 @@ def resolve_backbone(spec: str) -> BackboneRef:
     provider, which may pretrain."""
     from .registry import find_family
 
-    name, checkpoint = split_backbone(spec)
-    family = find_family(name)
+    name, _, checkpoint = spec.partition("@")
+    family = find_family(name)  # unknown names fail here with close matches, as in split_backbone
     if hasattr(family, "resolve"):  # a family that knows its own weights (timm: its tags' Hugging Face cache)
         return family.resolve(spec, name, checkpoint)
     if not checkpoint:

@@ -55,12 +55,13 @@ class ImageTransform:
         same images are revisited every epoch."""
         return v2.Compose(self.prefix)(images).as_subclass(torch.Tensor)
 
-    def draws(self, seed: int | None, height: int, width: int) -> tuple[tuple | None, bool]:
-        """(crop box (top, left, height, width) or None, flip) for one example: the CPU generator seeded with
-        `seed` as engine.train seeds each example, then the pipeline's own transforms draw, in their order."""
+    def draws(self, seed: int | None, height: int, width: int) -> tuple[tuple, bool]:
+        """(crop box (top, left, height, width), the whole image without a crop; flip) for one example: the CPU
+        generator seeded with `seed` as engine.train seeds each example, then the pipeline's own transforms draw,
+        in their order."""
         if seed is not None:
             torch.random.default_generator.manual_seed(seed)
-        box = None
+        box = (0, 0, height, width)
         if self.crop is not None:
             if self._shape_probe is None or tuple(self._shape_probe.shape[-2:]) != (height, width):
                 self._shape_probe = tv_tensors.Image(torch.empty(3, height, width, dtype=torch.uint8))
@@ -74,7 +75,7 @@ class ImageTransform:
         """Every example's draws as two CPU tensors: boxes (n, 4) int64 (top, left, height, width; the whole image
         without a crop) and flips (n,) bool."""
         draws = [self.draws(s, height, width) for s in seeds]
-        boxes = torch.tensor([d[0] or (0, 0, height, width) for d in draws], dtype=torch.int64).reshape(-1, 4)
+        boxes = torch.tensor([d[0] for d in draws], dtype=torch.int64).reshape(-1, 4)
         return boxes, torch.tensor([d[1] for d in draws], dtype=torch.bool)
 
     def batch(self, prepared: torch.Tensor, seeds=None) -> torch.Tensor:

@@ -54,10 +54,13 @@ class Plan:
 def fixed_size(transform) -> tuple[int, int] | None:
     """The (height, width) every image has after the transform's deterministic head, or None when it keeps each
     image's own size (no resize before the random op)."""
-    sizes = {
-        tuple(transform.prepare(torch.zeros(1, 3, h, w, dtype=torch.uint8)).shape[-2:]) for h, w in ((37, 53), (61, 29))
-    }
+    sizes = {_prepared_size(transform, h, w) for h, w in ((37, 53), (61, 29))}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def _prepared_size(transform, height: int, width: int) -> tuple[int, int]:
+    """The (height, width) the transform's deterministic head makes of an image of this size."""
+    return tuple(transform.prepare(torch.zeros(1, 3, height, width, dtype=torch.uint8)).shape[-2:])
 
 
 def plan(dataset, transform, *, limit: int | None = None) -> Plan:
@@ -66,8 +69,7 @@ def plan(dataset, transform, *, limit: int | None = None) -> Plan:
         return Plan("workers", 0, "the transform has per-example ops (RandAugment)")
     n = len(dataset)
     if hasattr(dataset, "array"):
-        h, w = dataset.array().shape[1:3]
-        size = tuple(transform.prepare(torch.zeros(1, 3, h, w, dtype=torch.uint8)).shape[-2:])
+        size = _prepared_size(transform, *dataset.array().shape[1:3])
     else:
         size = fixed_size(transform)
         if size is None:
@@ -137,7 +139,7 @@ class _Draws(torch.utils.data.Dataset):
     def __getitem__(self, item):
         i, seed = item
         box, flip = self.transform.draws(seed, self.height, self.width)
-        return i, torch.tensor(box or (0, 0, self.height, self.width)), flip
+        return i, torch.tensor(box), flip
 
 
 def batches(data: tuple[torch.Tensor, torch.Tensor], transform, sampler, *, batch: int, device: str, workers: int = 0):

@@ -95,7 +95,7 @@ def test_what_timm_offers_that_is_not_a_vit_is_refused_in_one_line(tiny_file):
         ("timm:resnet18", "lacks patch_embed.grid_size, num_prefix_tokens"),
         ("timm:vit_tinny_patch16_224", "has no model 'vit_tinny_patch16_224'; did you mean vit_tiny_patch16_224"),
         ("timm:vit_tiny_patch16_224.no_such_tag", "knows no tag 'no_such_tag'"),
-        (f"timm:vit_small_patch16_224@{path}", "does not fit timm's vit_small_patch16_224"),
+        (f"timm:vit_small_patch16_224@{path}", "does not fit its VisionTransformer: other shapes"),
     ):
         with pytest.raises(UserError, match=words) as e:
             create_backbone(resolve_backbone(spec).name, checkpoint=resolve_backbone(spec).checkpoint)

@@ -91,13 +91,16 @@ def make_cell(
 ) -> Cell:
     """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
     metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here. A `pixels`
-    hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none)."""
+    hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none); `posemb`
+    becomes the backbone's own resampling where it states one (timm: and py: models resample their own)."""
     spec = task.spec
     hparams = dict(hparams)
     if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
         hparams["pixels"] = backbone.pixels or DEFAULT_PIXELS
     if backbone.preprocess:  # only backbones that state it: every other cell's key stays as it was
         hparams["backbone_preprocess"] = dict(backbone.preprocess)
+        if "posemb" in hparams and "posemb" in hparams["backbone_preprocess"]:
+            hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
     return Cell(
         task=spec.task,
         dataset=dataset.name,

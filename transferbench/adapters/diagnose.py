@@ -24,12 +24,14 @@ the tables (one per measure) and the figures.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import torch
 
 from ..backbones import create_backbone
+from ..backbones.api import patch_grid, patch_size, require
 from ..backbones.checkpoint import read_training_log
 from ..backbones.measures import ATTN_STD_TOKENS, Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
@@ -42,6 +44,13 @@ from ..reporting.diagnostics import REPORT
 from .classify import ClassificationAdapter, finetune, open_split
 from .classify import classification_entry as entry
 
+log = logging.getLogger(__name__)
+NEEDS = {
+    "forward_intermediates": "the per-layer token measures",
+    "patch grid": "attention distance on the grid",
+    "blocks": "per-block gradient norms",
+}
+ATTENTION_DISTANCES = ("attn_distance", "attn_distance_patches")
 STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "min")}
 
 
@@ -84,12 +93,19 @@ def forward_diagnostics(model, data, hp: dict, ctx, seed: int = 0) -> dict:
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))
     summary = probe.summary()
-    patch = float(model.patch_size)
-    summary["attn_distance_patches"] = {
-        "mean": (np.asarray(summary["attn_distance"]["mean"]) / patch).tolist(),
-        "sd": (np.asarray(summary["attn_distance"]["sd"]) / patch).tolist(),
-        "n": summary["attn_distance"]["n"],
-    }
+    if "attn_distance" in summary:
+        patch = float(probe.patch)
+        summary["attn_distance_patches"] = {
+            "mean": (np.asarray(summary["attn_distance"]["mean"]) / patch).tolist(),
+            "sd": (np.asarray(summary["attn_distance"]["sd"]) / patch).tolist(),
+            "n": summary["attn_distance"]["n"],
+        }
+    if probe.skipped:
+        summary["skipped"] = probe.skipped
+        why = sorted(set(probe.skipped.values()))
+        log.warning(
+            "diagnose %s: skipping %s (%s)", getattr(model, "name", ""), ", ".join(probe.skipped), "; ".join(why)
+        )
     return summary
 
 
@@ -139,6 +155,13 @@ class DiagnoseAdapter(ClassificationAdapter):
                 )
 
     def plan(self, task, backbone, results):
+        for hp in task.grid():  # what every diagnostic reads; attention maps are skipped where unreadable
+            grid = patch_grid(require(backbone.name, task.spec.task, NEEDS, img_size=int(hp["resolution"])))
+            if grid[0] * grid[1] < 2:
+                raise UserError(
+                    f"resolution={hp['resolution']} gives backbone {backbone.name!r} a {grid[0]}x{grid[1]} patch "
+                    "grid: the token measures compare at least 2 patches (set --set resolution=N)"
+                )
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
@@ -161,19 +184,15 @@ class DiagnoseAdapter(ClassificationAdapter):
                 **summary,
                 **weight_measures(model),
                 "depth": len(model.blocks),
-                "heads": model.blocks[0].attn.num_heads,
-                "patch_size": model.patch_size,
-                "grid": list(model.grid_size),
-                "dtn_layers": model.dtn_layers,
+                "heads": getattr(model.blocks[0].attn, "num_heads", None),
+                "patch_size": patch_size(model),
+                "grid": list(patch_grid(model)),
+                "dtn_layers": int(getattr(model, "dtn_layers", 0)),
                 "upstream": read_training_log(cell.checkpoint),
             }
             metrics = {
-                "patch_cosine": summary["patch_cosine"]["mean"][-1],
-                "attn_std": summary["attn_std"]["mean"][-1],
-                "token_norm": summary["token_norm"]["mean"][-1],
-                "attn_distance": float(np.mean(summary["attn_distance"]["mean"])),
-                "attn_distance_patches": float(np.mean(summary["attn_distance_patches"]["mean"])),
-            }
+                k: summary[k]["mean"][-1] for k in ("patch_cosine", "attn_std", "token_norm") if k in summary
+            } | {k: float(np.mean(summary[k]["mean"])) for k in ATTENTION_DISTANCES if k in summary}
         else:
             data = open_split(ds, "train", ctx.data_dir)
             diag = gradient_diagnostics(cell, data, ds["classes"], ds["augment"], ctx)

@@ -51,13 +51,17 @@ def _checkpoint_resolution(path: str) -> int | None:
 
 
 def base_resolution(hp: dict, backbone) -> int:
-    """`base_resolution` as a number: 'checkpoint' is the resolution the checkpoint was trained at."""
+    """`base_resolution` as a number: 'checkpoint' is the resolution the weights were trained at (what a timm tag
+    or a py: model states, else what the checkpoint file says)."""
     value = hp.get("base_resolution", "checkpoint")
     if value != "checkpoint":
         try:
             return int(value)
         except (TypeError, ValueError):
             raise UserError(f"base_resolution={value!r}: give a number of pixels or 'checkpoint'") from None
+    stated = dict(backbone.preprocess).get("input_size")
+    if stated:  # timm tags' pretrained_cfg, a py: model's patch_embed.img_size
+        return int(stated)
     if backbone.checkpoint is None:
         raise UserError(
             f"backbone {backbone.spec!r} has no checkpoint, so no resolution of its own: give "

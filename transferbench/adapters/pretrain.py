@@ -105,6 +105,11 @@ class PretrainAdapter(Adapter):
     }
 
     def plan(self, task, backbone, results):
+        if backbone.name.startswith(("timm:", "py:")):
+            raise UserError(
+                f"backbone {backbone.name!r}: pretrain trains transferbench's own ViT names (App. C's recipe per "
+                "size); a timm: or py: backbone brings its weights as @FILE (or a cached tag) to the transfer tasks"
+            )
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):

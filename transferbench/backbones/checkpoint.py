@@ -48,19 +48,21 @@ class Checkpoint:
 
 def save_checkpoint(model: nn.Module, path, **metadata) -> Path:
     """Write `model`'s weights as safetensors with its name, img size, classes and config in the
-    header. Atomic (temp file + rename): a killed run never leaves a torn checkpoint."""
+    header (a timm: or py: model: its state dict under its own keys and its name; its family rebuilds it).
+    Atomic (temp file + rename): a killed run never leaves a torn checkpoint."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise CheckpointError(f"save_checkpoint writes safetensors; name the file '{path.stem}.safetensors'")
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
-    meta.update(
-        format=FORMAT,
-        format_version="1",
-        name=getattr(model, "name", None) or "",
-        img_size=json.dumps(list(model.img_size)),
-        num_classes=str(model.num_classes),
-        config=json.dumps(model.config, sort_keys=True),
-    )
+    meta["name"] = getattr(model, "name", None) or ""
+    if isinstance(getattr(model, "config", None), dict):  # transferbench's ViT: the header makes it rebuildable
+        meta.update(
+            format=FORMAT,
+            format_version="1",
+            img_size=json.dumps(list(model.img_size)),
+            num_classes=str(model.num_classes),
+            config=json.dumps(model.config, sort_keys=True),
+        )
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=meta)

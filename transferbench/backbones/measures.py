@@ -211,29 +211,44 @@ class TrainingLog:
 
 
 class Probe:
-    """Per-image measures of every layer of a VisionTransformer over batches (inference mode):
-    patch_cosine, token_norm, attn_std (each a list per layer of (B,) values) and attn_distance ((B, H))."""
+    """Per-image measures of every layer of a Vision Transformer with timm's API (backbones.api) over batches
+    (inference mode): patch_cosine, token_norm, attn_std (each a list per layer of (B,) values) and attn_distance
+    ((B, H)); `skipped` names the measures this model does not allow, with why."""
 
     MEASURES = ("patch_cosine", "attn_std", "token_norm", "attn_distance")
 
+    ATTENTION = ("attn_std", "attn_distance")
+
     def __init__(self, model: nn.Module, attn_std_tokens: str = "patches"):
+        from .api import attention_kind, patch_grid, patch_size
+
         if attn_std_tokens not in ATTN_STD_TOKENS:
             raise ValueError(f"attn_std_tokens {attn_std_tokens!r}: choose one of {', '.join(ATTN_STD_TOKENS)}")
         self.model, self.attn_std_tokens = model, attn_std_tokens
-        self.values = {k: [[] for _ in model.blocks] for k in self.MEASURES}
+        self.grid, self.patch = patch_grid(model), patch_size(model) or 1
+        self.dtn_layers = int(getattr(model, "dtn_layers", 0))
+        # what cannot be measured on this model, and why (the attention of a block that is not timm's Attention
+        # nor transferbench's cannot be read)
+        self.skipped = (
+            {}
+            if attention_kind(model)
+            else {k: f"{type(model.blocks[0].attn).__name__} attention maps cannot be read" for k in self.ATTENTION}
+        )
+        self.values = {k: [[] for _ in model.blocks] for k in self.MEASURES if k not in self.skipped}
 
     def _attention(self, layer: int, probs: torch.Tensor) -> None:
-        m = self.model
-        prefix = m.num_prefix_tokens if layer >= m.dtn_layers else 0  # DTN blocks run before the cls token joins
+        prefix = self.model.num_prefix_tokens if layer >= self.dtn_layers else 0  # DTN blocks run before cls joins
         std_prefix = prefix if self.attn_std_tokens == "patches" else 0
         self.values["attn_std"][layer].append(attention_row_std(probs, std_prefix).cpu())
-        self.values["attn_distance"][layer].append(attention_distance(probs, m.grid_size, m.patch_size, prefix).cpu())
+        self.values["attn_distance"][layer].append(attention_distance(probs, self.grid, self.patch, prefix).cpu())
 
     @torch.inference_mode()
     def __call__(self, x: torch.Tensor) -> None:
-        from .vit import attention_maps
+        from contextlib import nullcontext
 
-        with attention_maps(self.model, self._attention):
+        from .api import attention_maps
+
+        with nullcontext() if self.skipped else attention_maps(self.model, self._attention):
             layers = self.model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True)
         for i, tokens in enumerate(layers):
             self.values["patch_cosine"][i].append(patch_cosine(tokens).cpu())

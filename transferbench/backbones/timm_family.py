@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError, close_matches
+from .api import check_api
 
 PREFIX = "timm:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
-FEATURE_API = ("forward_features", "forward_head", "reset_classifier")
 
 
 def split(name: str) -> tuple[str, str]:
@@ -63,10 +63,16 @@ def pretrained_cfg(name: str) -> dict:
 
 
 def preprocessing(name: str) -> dict:
-    """What the weights expect: pixels (data.pixels form), input size, crop fraction, interpolation."""
+    """What the tag's weights expect: pixels (data.pixels form), input size, crop fraction, interpolation, and
+    the position-embedding resampling a timm model does (its own: 'timm')."""
+    return {"posemb": "timm", **preprocessing_of(pretrained_cfg(name))}
+
+
+def preprocessing_of(cfg: dict) -> dict:
+    """A pretrained_cfg's pixels (data.pixels form; '' where it states none), input size, crop fraction and
+    interpolation."""
     from ..data.pixels import PRESETS
 
-    cfg = pretrained_cfg(name)
     mean, std = tuple(cfg.get("mean", ())), tuple(cfg.get("std", ()))
     pixels = next((k for k, (m, s) in PRESETS.items() if _close(m, mean) and _close(s, std)), "")
     if not pixels and len(mean) == 3 and len(std) == 3:
@@ -131,24 +137,6 @@ def read_state_dict(path) -> dict:
     return sd
 
 
-def check_api(model, name: str, *, grid: bool = True) -> None:
-    """One UserError naming what `model` lacks of timm's API (and, with `grid`, of a patch grid)."""
-    missing = [attr for attr in FEATURE_API if not callable(getattr(model, attr, None))]
-    if grid:
-        missing += [] if patch_grid(model) else ["patch_embed.grid_size"]
-        missing += [] if isinstance(getattr(model, "num_prefix_tokens", None), int) else ["num_prefix_tokens"]
-    if missing:
-        raise UserError(
-            f"backbone {name!r} ({type(model).__name__}) lacks {', '.join(missing)}: transferbench takes a Vision "
-            "Transformer with timm's API (see docs/backbones.md#bring-your-own-vit)"
-        )
-
-
-def patch_grid(model) -> tuple[int, int] | None:
-    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-    return tuple(int(g) for g in grid) if grid is not None and len(grid) == 2 else None
-
-
 def load_weights(model, path, name: str) -> None:
     """The file's weights into `model`, through the model module's own `checkpoint_filter_fn` where timm has one
     (its key conversions and position-embedding resampling to the model's grid); a classifier of another shape
@@ -169,7 +157,7 @@ def load_weights(model, path, name: str) -> None:
         missing = [k for k in missing if not k.startswith(head + ".")]
     if shapes or missing or unexpected:
         raise UserError(
-            f"backbone {name!r}: {path} does not fit timm's {split(name)[0]}: "
+            f"backbone {name!r}: {path} does not fit its {type(model).__name__}: "
             + "; ".join(
                 f"{what} {', '.join(keys[:4])}{' …' if len(keys) > 4 else ''}"
                 for what, keys in (("other shapes", shapes), ("missing", missing), ("unexpected", unexpected))

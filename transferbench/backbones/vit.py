@@ -166,6 +166,7 @@ class VisionTransformer(nn.Module):
         num_patches = self.grid_size[0] * self.grid_size[1]
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, stem)
+        self.patch_embed.img_size, self.patch_embed.grid_size = img_size, self.grid_size  # timm's PatchEmbed API
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)

@@ -67,7 +67,9 @@ def value_order(value) -> tuple:
     return (1, 0.0, canon({"v": value}))
 
 
-NOT_AXES = ("pixels",)  # properties of the weights, which differ between backbones: never report columns
+# properties of the weights, which differ between backbones: never report columns (nor is a hyper-parameter that
+# a backbone's `backbone_preprocess` states for it: a timm: model's own posemb resampling)
+NOT_AXES = ("pixels", "backbone_preprocess")
 
 
 def task_axes(records: list[dict]) -> list[str]:
@@ -76,7 +78,11 @@ def task_axes(records: list[dict]) -> list[str]:
     values = defaultdict(set)
     for r in records:
         for k, v in r["hparams"].items():
-            if k not in r.get("select", []) and k not in NOT_AXES:
+            if (
+                k not in r.get("select", [])
+                and k not in NOT_AXES
+                and k not in r["hparams"].get("backbone_preprocess", {})
+            ):
                 values[k].add(canon({"v": v}))
     return sorted(k for k, vs in values.items() if len(vs) > 1)
 

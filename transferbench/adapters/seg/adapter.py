@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...backbones import create_backbone
+from ...backbones.api import patch_grid, require
 from ...backbones.checkpoint import POSEMB_METHODS
 from ...data import embedded, pixels
 from ...data.folder import DataMissingError
@@ -29,9 +30,10 @@ DECODER_TOKENS = ("prenorm", "norm")
 
 
 class LinearSegmenter(nn.Module):
-    """Segmenter's linear decoder on a timm-style ViT (`forward_intermediates`, `forward_features`,
-    `num_prefix_tokens`, `grid_size`): patch tokens -> Linear(D, K) -> (B, K, h, w) -> bilinear upsampling to
-    the input size. The head is initialised as Segmenter's (truncated normal, std 0.02; bias 0).
+    """Segmenter's linear decoder on a ViT with timm's API (backbones.api: `forward_intermediates`,
+    `forward_features`, `num_prefix_tokens`, `patch_embed.grid_size`, `embed_dim`): patch tokens -> Linear(D, K)
+    -> (B, K, h, w) -> bilinear upsampling to the input size. The head is initialised as Segmenter's (truncated
+    normal, std 0.02; bias 0).
 
     `tokens`: 'prenorm' (DPN App. G's `out_with_norm = False`): the last block's patch tokens, before the
     encoder's final norm, which then takes no part; 'norm': after it (`forward_features`)."""
@@ -58,7 +60,7 @@ class LinearSegmenter(nn.Module):
     def grid_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(B, K, h, w) on the patch grid, before upsampling."""
         tokens = self.patch_tokens(x)
-        gh, gw = self.backbone.grid_size
+        gh, gw = patch_grid(self.backbone)
         # (B, h, w, K) seen as (B, K, h, w): channels-last, no copy; the upsampled logits stay channels-last,
         # which makes the interpolation, the window stitching and the per-pixel argmax cheaper on CPUs
         return self.head(tokens).reshape(x.shape[0], gh, gw, self.num_classes).permute(0, 3, 1, 2)
@@ -188,6 +190,11 @@ class SegAdapter(Adapter):
         )
 
     def plan(self, task, backbone, results):
+        for hp in task.grid():  # a model without a patch grid is refused here, before any cell runs
+            needs = {"patch grid": "the linear decoder reads the patch tokens on it"}
+            if hp.get("decoder_tokens", "norm") == "prenorm":
+                needs["forward_intermediates"] = "decoder_tokens=prenorm reads the last block before the final norm"
+            require(backbone.name, task.spec.task, needs, img_size=int(hp["crop"]))
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
 
     def run(self, cell, ctx):

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...backbones.api import patch_grid
 from ...data.pixels import DEFAULT_PIXELS
 from ...data.segmentation import eval_image
 from .metric import SegMetric
@@ -119,7 +120,7 @@ def grid_window_logits(
     if (ph, pw) != (h, w):
         images = F.pad(images, (0, pw - w, 0, ph - h))
     ys, xs = window_starts(ph, window, stride), window_starts(pw, window, stride)
-    gh, gw = model.backbone.grid_size
+    gh, gw = patch_grid(model.backbone)
     rows = _window_maps(h, ph, out_size[0], window, gh, ys, device)  # (H0, gh) per window row
     cols = _window_maps(w, pw, out_size[1], window, gw, xs, device)  # (W0, gw) per window column
     boxes = [(i, a, b) for i in range(n) for a in range(len(ys)) for b in range(len(xs))]

@@ -39,7 +39,8 @@ def test_a_timm_file_gives_timms_own_logits_features_and_resampling(tiny_file):
     # at 384 px the position embeddings are resampled as timm resamples them (its resample_abs_pos_embed)
     big = create_backbone(ref.name, checkpoint=ref.checkpoint, num_classes=3, img_size=384)
     expected = timm.layers.resample_abs_pos_embed(reference.pos_embed.detach(), (24, 24), num_prefix_tokens=1)
-    assert big.patch_embed.grid_size == (24, 24)
+    assert big.patch_embed.grid_size == (24, 24) and big.posemb_resample == "checkpoint_filter_fn"
+    assert ours.posemb_resample is None  # the file's own grid: nothing resampled
     torch.testing.assert_close(big.pos_embed.detach(), expected)
     assert big.get_classifier().out_features == 3  # a head of another size is new, not loaded
 

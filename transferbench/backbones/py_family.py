@@ -151,7 +151,7 @@ class PyFamily:
         if checkpoint is not None:
             load_weights(model, checkpoint, name)
         if img_size is not None:
-            model.posemb_resample = resize_input(model, int(img_size), name)
+            model.posemb_resample = resize_input(model, int(img_size), name) or getattr(model, "posemb_resample", None)
         if _num_classes(model) != int(num_classes):
             model.reset_classifier(int(num_classes))
         model.name = name

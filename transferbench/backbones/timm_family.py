@@ -144,8 +144,11 @@ def load_weights(model, path, name: str) -> None:
     sd = read_state_dict(path)
     module = sys.modules.get(type(model).__module__)
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    before = tuple(sd["pos_embed"].shape) if isinstance(sd.get("pos_embed"), torch.Tensor) else None
     if filter_fn is not None:
         sd = filter_fn(sd, model)
+    after = tuple(sd["pos_embed"].shape) if isinstance(sd.get("pos_embed"), torch.Tensor) else None
+    model.posemb_resample = "checkpoint_filter_fn" if before != after else None  # recorded as info.posemb_resample
     own = model.state_dict()
     head = str(getattr(model, "pretrained_cfg", {}).get("classifier") or "head")
     heads = {k for k in sd if k.startswith(head + ".") and (k not in own or own[k].shape != sd[k].shape)}

@@ -95,6 +95,28 @@ def test_a_py_factory_gives_its_own_model_its_weights_and_its_own_resampling(byo
         )
 
 
+def test_pooling_as_a_task_asks_keeps_the_arrangement_a_model_already_has():
+    """pool=gap on a timm ViT (token pooling by default) averages the final-normed patch tokens (no fc_norm); on
+    EVA-02, which averages already, it leaves the model as built (its fc_norm after the average)."""
+    from transferbench.backbones.api import pool_arguments
+
+    with torch.device("meta"):
+        vit, eva = (timm.create_model(n) for n in ("vit_tiny_patch16_224", "eva02_tiny_patch14_224"))
+    assert pool_arguments(vit, "gap") == {"global_pool": "avg", "fc_norm": False}
+    assert pool_arguments(vit, "tok") == {} and pool_arguments(eva, "gap") == {}
+    assert pool_arguments(eva, "tok") == {"global_pool": "token"}
+    torch.manual_seed(0)
+    own = randomize_(timm.create_model("eva02_tiny_patch14_224", img_size=28, num_classes=0), 0.05).eval()
+    gap = create_backbone("timm:eva02_tiny_patch14_224", img_size=28, pool="gap").eval()
+    gap.load_state_dict(own.state_dict())  # the same modules: strict load
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gap.forward_head(gap.forward_features(x), pre_logits=True),
+            own.fc_norm(own.forward_features(x)[:, 1:].mean(1)),
+        )
+
+
 def test_a_py_factory_is_refused_in_one_line_for_what_it_cannot_do(byo):
     for spec, words in (
         ("py:byo_models", "write py:MODULE:FACTORY"),

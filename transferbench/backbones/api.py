@@ -90,6 +90,29 @@ def resize_input(model, img_size: int, name: str) -> str | None:
     return "set_input_size"
 
 
+POOLS = {"tok": "token", "gap": "avg"}  # transferbench's pool names -> timm's global_pool
+
+
+def pool_arguments(plain: nn.Module, pool: str) -> dict:
+    """The model arguments that make `plain` (the model as built without them) pool as `pool` asks ('tok',
+    'gap', or timm's own names). None where it already pools so (its own arrangement kept: EVA's fc_norm after
+    the average); else timm's `global_pool`, and for an average the final norm kept before it (`fc_norm=False`,
+    or EVA's `use_fc_norm=False`), as transferbench's ViT pools."""
+    import inspect
+
+    want = POOLS.get(pool, pool)
+    if getattr(plain, "global_pool", None) == want:
+        return {}
+    out = {"global_pool": want}
+    if want == "avg":
+        params = inspect.signature(type(plain).__init__).parameters
+        for key in ("fc_norm", "use_fc_norm"):
+            if key in params:
+                out[key] = False
+                break
+    return out
+
+
 def attention_kind(model) -> str | None:
     """How `attention_maps` reads the model's attention: 'builtin' (transferbench's ViT), 'timm' (every block's
     `attn` is timm's `Attention`), or None (it cannot)."""

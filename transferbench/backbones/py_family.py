@@ -5,8 +5,9 @@
 The factory is called without arguments, except for the task options it names in its signature (or takes as
 `**kwargs`): ADE20K's `drop_path_rate`; for a pooling other than the model's own (`pool: gap|tok`, as the
 embedded few-shot and LiT tasks ask), timm's `global_pool='avg'|'token'` with `fc_norm=False` (the final norm
-kept before the average, as transferbench's ViT and `timm:` models pool). An option it does not name that would
-change the model is refused in one line. Then
+kept before the average, as transferbench's ViT pools; nothing where it pools so already:
+backbones.api.pool_arguments). An option it does not name that would change the model is refused in one line.
+Then
 
 1. the weights file's state dict is loaded (safetensors or torch; through the module's `checkpoint_filter_fn`
    where it has one; a classifier of another shape is left as the factory made it);
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .api import DOCS, check_api, input_size, resize_input
+from .api import DOCS, check_api, input_size, pool_arguments, resize_input
 
 PREFIX = "py:"
 # a factory argument a task asks for -> the task setting that asks for nothing
@@ -142,12 +143,10 @@ class PyFamily:
                 f"backbone {name!r}: py: models resample position embeddings with their own set_input_size "
                 "(posemb=set_input_size)"
             )
-        if "pool" in overrides:  # ours: tok | gap; timm's global_pool: token | avg
-            pool = overrides.pop("pool")
-            overrides["global_pool"] = {"tok": "token", "gap": "avg"}.get(pool, pool)
-            if overrides["global_pool"] == "avg":  # as timm: models, the final norm before the average
-                overrides["fc_norm"] = False
-        model = build(name, overrides, optional=("fc_norm",))
+        if "pool" in overrides:  # ours: tok | gap -> timm's global_pool (+ where the final norm goes)
+            with torch.device("meta"):
+                overrides.update(pool_arguments(build(name, {}), overrides.pop("pool")))
+        model = build(name, overrides, optional=("fc_norm", "use_fc_norm"))
         if checkpoint is not None:
             load_weights(model, checkpoint, name)
         if img_size is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError, close_matches
-from .api import check_api
+from .api import check_api, pool_arguments
 
 PREFIX = "timm:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
@@ -209,11 +209,9 @@ class TimmFamily:
             raise UserError(f"backbone {name!r}: timm models resample position embeddings as timm does (posemb=timm)")
         arch, _ = split(name)
         kwargs = {"img_size": img_size} if img_size is not None else {}
-        if "pool" in overrides:  # ours: tok | gap; timm's global_pool: token | avg
-            pool = overrides.pop("pool")
-            kwargs["global_pool"] = {"tok": "token", "gap": "avg"}.get(pool, pool)
-            if kwargs["global_pool"] == "avg":  # the weights' final norm before the average, not a new fc_norm
-                kwargs["fc_norm"] = False
+        if "pool" in overrides:  # ours: tok | gap -> timm's global_pool (+ where the final norm goes)
+            with torch.device("meta"):
+                kwargs.update(pool_arguments(timm.create_model(arch, pretrained=False), overrides.pop("pool")))
         try:
             model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **kwargs, **overrides)
         except TypeError as e:

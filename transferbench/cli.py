@@ -495,6 +495,10 @@ def cmd_list(args) -> int:
                 tablefmt="github",
             )
         )
+        print(
+            "\nAlso any timm ViT as timm:MODEL[.TAG][@FILE] (timm.list_models('*vit*')) and your own module as "
+            "py:MODULE:FACTORY[@FILE]: docs/backbones.md#bring-your-own-vit"
+        )
     elif args.what == "adapters":
         from .adapters import list_adapters
 

@@ -143,6 +143,7 @@ def test_ade20k_refuses_a_module_without_a_patch_grid_and_pretrain_any_byo_befor
     assert main(["run", "ade20k", "--suite", "embedded", "--backbone", "py:byo_models:Pooled", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cannot run ade20k: it lacks patch grid" in err and "forward_intermediates" in err
+    assert "--set decoder_tokens=norm" in err  # the setting that needs no forward_intermediates
     assert not list(out.rglob("*.json"))  # nothing ran
     # upstream pretraining is App. C's recipe for transferbench's own sizes: a py: or timm: name is refused
     assert main(["run", "pretrain", "--suite", "embedded", "--backbone", "py:byo_models:make_model"]) == 2

@@ -193,7 +193,10 @@ class SegAdapter(Adapter):
         for hp in task.grid():  # a model without a patch grid is refused here, before any cell runs
             needs = {"patch grid": "the linear decoder reads the patch tokens on it"}
             if hp.get("decoder_tokens", "norm") == "prenorm":
-                needs["forward_intermediates"] = "decoder_tokens=prenorm reads the last block before the final norm"
+                needs["forward_intermediates"] = (
+                    "decoder_tokens=prenorm reads the last block before the final norm; --set decoder_tokens=norm "
+                    "reads forward_features"
+                )
             require(backbone.name, task.spec.task, needs, img_size=int(hp["crop"]))
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
 

@@ -90,9 +90,12 @@ def test_the_tags_normalisation_reaches_the_cell_and_the_transform(tiny_file):
     assert deit.hparams["backbone_preprocess"]["interpolation"] == "bicubic" and deit.key != augreg.key
 
 
-def test_what_timm_offers_that_is_not_a_vit_is_refused_in_one_line(tiny_file):
+def test_what_timm_offers_that_is_not_a_vit_is_refused_in_one_line(tiny_file, tmp_path):
     _, path = tiny_file
+    torn = tmp_path / "torn.safetensors"
+    torn.write_bytes(path.read_bytes()[:1000])  # a copy cut short: detected, never trusted
     for spec, words in (
+        (f"timm:vit_tiny_patch16_224@{torn}", "is not a valid safetensors file"),
         ("timm:resnet18", "lacks patch_embed.grid_size, num_prefix_tokens"),
         ("timm:vit_tinny_patch16_224", "has no model 'vit_tinny_patch16_224'; did you mean vit_tiny_patch16_224"),
         ("timm:vit_tiny_patch16_224.no_such_tag", "knows no tag 'no_such_tag'"),

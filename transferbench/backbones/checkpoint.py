@@ -131,17 +131,47 @@ def read_checkpoint(path) -> Checkpoint:
         else:
             ckpt = convert_timm(sd)
     elif p.suffix in _TORCH_SUFFIXES:
-        try:
-            obj = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - the unpickler's message says which global it refused
-            raise CheckpointError(
-                f"refusing to load {p}: it is not a plain tensor state dict "
-                f"(weights_only=True: {_first_line(e)}); re-save it as a state dict or "
-                "safetensors"
-            ) from None
-        ckpt = convert_timm(obj)
+        ckpt = convert_timm(_torch_load(p))
     ckpt.path = str(p)
     return ckpt
+
+
+def _torch_load(p: Path):
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - the unpickler's message says which global it refused
+        raise CheckpointError(
+            f"refusing to load {p}: it is not a plain tensor state dict "
+            f"(weights_only=True: {_first_line(e)}); re-save it as a state dict or "
+            "safetensors"
+        ) from None
+
+
+def read_state_dict(path) -> dict[str, torch.Tensor]:
+    """A `.safetensors` or torch file's tensors under the file's own keys (no conversion), unwrapped as
+    `unwrap_state_dict` does; a file that is not one is one CheckpointError (`check_checkpoint_file`)."""
+    p = check_checkpoint_file(path)
+    if p.suffix == ".safetensors":
+        with safe_open(str(p), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    if p.suffix not in _TORCH_SUFFIXES:
+        raise CheckpointError(
+            f"{p}: give the weights as .safetensors or a torch state dict ({', '.join(_TORCH_SUFFIXES)})"
+        )
+    return unwrap_state_dict(_torch_load(p))
+
+
+def unwrap_state_dict(sd) -> dict[str, torch.Tensor]:
+    """A training script's checkpoint -> its model's tensors: the wrappers in the order of timm's
+    load_state_dict(use_ema=True) (EMA weights first; DeepSpeed's `module` last), then timm's clean_state_dict
+    (DDP and torch.compile prefixes, in either order)."""
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"expected a state dict, got {type(sd).__name__}")
+    for key in ("state_dict_ema", "model_ema", "state_dict", "model", "module"):
+        if isinstance(sd.get(key), dict):
+            sd = sd[key]
+            break
+    return {re.sub(r"^(?:_orig_mod\.|module\.)*", "", k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
 
 
 def checkpoint_resolution(path) -> tuple[int, int] | None:
@@ -322,15 +352,7 @@ def _few(items: list[str], n: int = 6) -> str:
 def convert_timm(sd) -> Checkpoint:
     """timm VisionTransformer state dict -> ours. The only layout change is the conv stem:
     (D, C, p, p) -> Linear over (p1 p2 c), i.e. `permute(0, 2, 3, 1).flatten(1)`."""
-    if not isinstance(sd, dict):
-        raise CheckpointError(f"expected a state dict, got {type(sd).__name__}")
-    # training-script wrappers, in the order of timm's load_state_dict(use_ema=True): EMA weights first
-    for key in ("state_dict_ema", "model_ema", "state_dict", "model"):
-        if isinstance(sd.get(key), dict):
-            sd = sd[key]
-            break
-    # timm's clean_state_dict: DDP and torch.compile wrapper prefixes, in either order
-    sd = {re.sub(r"^(?:_orig_mod\.|module\.)*", "", k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    sd = unwrap_state_dict(sd)
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
         raise CheckpointError("not a timm ViT state dict: no patch_embed.proj.weight / pos_embed")
     w = sd["patch_embed.proj.weight"]

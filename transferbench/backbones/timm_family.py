@@ -24,6 +24,7 @@ import torch
 
 from ..errors import UserError, close_matches
 from .api import check_api, pool_arguments
+from .checkpoint import read_state_dict
 
 PREFIX = "timm:"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
@@ -123,25 +124,11 @@ def cached_weights(name: str) -> Path:
     )
 
 
-def read_state_dict(path) -> dict:
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        sd = load_file(str(path))
-    else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("state_dict", "model", "module"):  # training checkpoints wrap the weights
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-    return sd
-
-
 def load_weights(model, path, name: str) -> None:
     """The file's weights into `model`, through the model module's own `checkpoint_filter_fn` where timm has one
     (its key conversions and position-embedding resampling to the model's grid); a classifier of another shape
     is left as the model made it (a new head). Keys that do not fit are one UserError."""
-    sd = read_state_dict(path)
+    sd = read_state_dict(path)  # one CheckpointError line for a file that is not weights
     module = sys.modules.get(type(model).__module__)
     filter_fn = getattr(module, "checkpoint_filter_fn", None)
     before = tuple(sd["pos_embed"].shape) if isinstance(sd.get("pos_embed"), torch.Tensor) else None

@@ -116,6 +116,10 @@ class PyFamily:
     def accepts(self, name: str) -> bool:
         return name.startswith(PREFIX)
 
+    def code_roots(self, name: str) -> list[str]:
+        """The module the factory lives in (its fingerprint adds what it imports from its own folder or package)."""
+        return [factory_of(name).__module__]
+
     def resolve(self, spec: str, name: str, checkpoint: str):
         """The reference of `py:MODULE:FACTORY[@FILE]`: the factory imported and its model built on the meta
         device (the API checked, no weights in memory), the file's sha256, what the model states of its input."""

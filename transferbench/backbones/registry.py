@@ -122,6 +122,17 @@ def find_family(name: str):
     raise _unknown(name)
 
 
+def backbone_code(spec: str) -> tuple[str, ...]:
+    """The modules whose code builds backbone `spec` (`NAME[@WEIGHTS]`), as roots of a fingerprint: its family's
+    module (transferbench's ViT, timm:, py:, a plugin's), and what the family adds (a `py:` model's own module)."""
+    name = spec.partition("@")[0]
+    family = find_family(name)
+    roots = (family.fn.__module__ if isinstance(family, _Single) else type(family).__module__,)
+    if hasattr(family, "code_roots"):
+        roots += tuple(family.code_roots(name))
+    return roots
+
+
 def parse_name(name: str, _raise: bool = True) -> dict:
     """Name -> VisionTransformer keyword arguments (architecture + default img_size)."""
     rep = name.endswith("_rep")

@@ -121,7 +121,7 @@ def test_truncated_corruption_arrays_are_set_aside_and_regenerated(tmp_path, mon
         return images, labels
 
     assert corruptions.cached("k", compute)[1] is False and corruptions.cached("k", compute)[1] is True
-    folder = corruptions.cache_dir() / "k"
+    folder = corruptions.cache_dir() / corruptions.entry_name("k")  # the key with its code's fingerprint
     truncate(folder / array, keep)  # unchecked, np.load said 'mmap length is greater than file size' here
     data, hit = corruptions.cached("k", compute)
     assert (hit, len(calls)) == (False, 2)

@@ -35,6 +35,7 @@ import torch
 
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes, save_checkpoint
+from ..backbones.registry import backbone_code
 from ..cell import make_cell
 from ..data import corruptions as C
 from ..data import pixels
@@ -47,6 +48,7 @@ from ..data.transforms import AUGMENTATIONS, eval_transform
 from ..engine.precision import for_forward
 from ..engine.train import BF16_SETTINGS, accuracy
 from ..errors import UserError
+from ..fingerprint import CORRUPT, for_cache
 from ..hashing import digest
 from ..paths import cache, sealed, verified
 from ..reporting.robustness import REPORT, mce, relative_mce  # noqa: F401 (mce, relative_mce: public names)
@@ -54,7 +56,6 @@ from ..spec import SpecError
 from .base import Adapter
 from .classify import finetune
 
-CLASSIFIER_VERSION = "1"
 TRAIN_KEYS = (
     "optimizer",
     "lr",
@@ -213,10 +214,11 @@ def home_dir() -> Path:
 
 def classifier_key(cell) -> str:
     """What determines the fine-tuned classifier: backbone and weights, the clean training data, the training
-    hyper-parameters and the seed (not the corruption nor how the test images are made)."""
+    hyper-parameters and the seed (not the corruption nor how the test images are made), and the fingerprint of
+    the code and libraries that fine-tune it."""
     ds = entry(cell)
     ident = {
-        "v": CLASSIFIER_VERSION,
+        "code": for_cache("classifiers", *backbone_code(cell.backbone)).digest,
         "backbone": cell.backbone.partition("@")[0],
         "weights": cell.checkpoint_sha256,
         "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
@@ -277,6 +279,7 @@ def classifier(cell, ctx):
 
 class CorruptionAdapter(Adapter):
     name = "corruption"
+    libraries = CORRUPT
     dataset_schema = CorruptionDataset
     hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "classifier": ("auto", "finetune", "checkpoint")}
 

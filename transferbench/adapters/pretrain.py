@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from ..backbones import create_backbone, parse_name, save_checkpoint
 from ..backbones.checkpoint import training_log_path
 from ..backbones.measures import TrainingLog
+from ..backbones.registry import backbone_code
 from ..cell import RANDOM_INIT, BackboneRef
 from ..data import pixels
 from ..data.sources import open_split
@@ -33,6 +34,7 @@ from ..engine import augreg
 from ..engine.runner import Results, run_task
 from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
 from ..errors import UserError
+from ..fingerprint import for_cache
 from ..hashing import file_sha256
 from ..paths import atomic_path, cache, damage, expand, portable, quarantine
 from ..records.store import RecordStore
@@ -56,7 +58,10 @@ def load_split(cell, split: str, data_dir=None):
 
 
 def checkpoint_path(cell) -> Path:
-    return cache("checkpoints") / f"{cell.backbone}-{cell.dataset}-{cell.key}.safetensors"
+    """Where pretraining `cell` puts its checkpoint: named by the cell and the fingerprint of the code that trains it
+    (a shipped checkpoint is named by the cell alone: it is an input, identified by its sha256 in every cell key)."""
+    code = for_cache("checkpoints", *backbone_code(cell.backbone)).digest
+    return cache("checkpoints") / f"{cell.backbone}-{cell.dataset}-{cell.key}-{code}.safetensors"
 
 
 GRAD_LOG_LAST = 1000  # DPN Fig. 2: per-layer gradient norms over the last 1,000 steps of upstream training
@@ -254,7 +259,8 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
                 f"(the record under {out} is reused afterwards)",
                 file=sys.stderr,
             )
-        run_task(task, [ref], out, show_progress=show_progress)
+        # a cache, not a user's records: a pretraining record of other code is computed again, never kept
+        run_task(task, [ref], out, show_progress=show_progress, stale="recompute")
         rec = store.get(cell)
         if rec is None or rec["status"] != "ok":
             why = rec["reason"] if rec else "no record"

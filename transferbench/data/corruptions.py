@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 
 from ..errors import UserError
+from ..fingerprint import for_cache, stamp
 from ..paths import cache, sealed, verified
 from .folder import DataMissingError
 from .imagenet_c import CORRUPTIONS, FAMILIES, SEVERITIES  # noqa: F401 (public names)
@@ -211,6 +212,12 @@ def cache_key(**identity) -> str:
     return digest(identity)
 
 
+def entry_name(key: str) -> str:
+    """A cache entry's folder name: its content key (`cache_key`) with the fingerprint of what generates it (the
+    key alone also seeds the corruptions' draws, which no code change may move)."""
+    return stamp(key, for_cache("corruptions"))
+
+
 class ArraySet(torch.utils.data.Dataset):
     """uint8 images (N, H, W, 3) and labels held as arrays (a cache entry, memory-mapped): the training
     loop's fast path (`array()`) and a Dataset of PIL images for everything else."""
@@ -236,6 +243,7 @@ def cached(key: str, compute) -> tuple[ArraySet, bool]:
     and generated again (paths.verified)."""
     from filelock import FileLock
 
+    key = entry_name(key)
     folder = cache_dir() / key
     folder.parent.mkdir(parents=True, exist_ok=True)
 

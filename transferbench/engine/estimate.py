@@ -16,11 +16,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from ..backbones.registry import backbone_code
+from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths import cache, sealed, verified
 
 log = logging.getLogger("transferbench")
-PROBE_VERSION = "1"
 
 
 class Chosen:
@@ -87,7 +88,8 @@ def stages(task, cells: list, store=None, device: str = "cpu") -> list[Stage]:
 def _key(device: str, name: str, resolution: int) -> str:
     from .precision import device_kind
 
-    return digest({"v": PROBE_VERSION, "device": device_kind(device), "backbone": name, "resolution": resolution})
+    code = for_cache("cost-probe", *backbone_code(name)).digest
+    return digest({"code": code, "device": device_kind(device), "backbone": name, "resolution": resolution})
 
 
 def read_probe(device: str, name: str, resolution: int) -> dict | None:

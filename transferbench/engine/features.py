@@ -1,11 +1,12 @@
 """Frozen features, extracted once and cached by content.
 
-The cache key hashes everything that determines the features: the backbone name and its weights'
-sha256, the representation (pre-logits, and which pooling), the transform (resolution, resize, pixel range), the dataset
-(name, source, tfds name or embedded set, data version) and the split. Change any one and the cache
-misses. Entries are `.npz` files (features float32, labels int64) under $TRANSFERBENCH_HOME/features,
-written atomically with their size and checksum beside them (`KEY.npz.digest`), checked before a hit is
-read: a damaged entry is set aside and computed again (paths.verified).
+The cache key hashes everything that determines the features: the backbone name and its weights' sha256, the
+representation (pre-logits, and which pooling), the transform (resolution, resize, pixel range, bf16), the dataset
+(name, source, tfds name or embedded set, data version), the split, and the fingerprint of the code and libraries
+that compute them (`code`: the extractor, the data readers and transforms, the backbone family's modules and a `py:`
+model's own). Change any one and the cache misses. Entries are `.npz` files (features float32, labels int64) under
+$TRANSFERBENCH_HOME/features, written atomically with their size and checksum beside them (`KEY.npz.digest`),
+checked before a hit is read: a damaged entry is set aside and computed again (paths.verified).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..backbones.registry import backbone_code
+from ..fingerprint import Fingerprint, for_cache
 from ..paths import cache, sealed, verified
 
 log = logging.getLogger("transferbench")
-FEATURES_VERSION = "1"  # bump when extraction itself changes
 
 
 def cache_dir() -> Path:
@@ -47,6 +49,11 @@ def precision(setting, device: str, *, backbone: str, resolution: int, pool: str
     )
 
 
+def code(backbone: str) -> Fingerprint:
+    """The fingerprint of what computes backbone `backbone`'s features (fingerprint.CACHE_CODE['features'])."""
+    return for_cache("features", *backbone_code(backbone))
+
+
 def cache_key(
     *, backbone: str, weights_sha256: str, transform: dict, dataset: dict, split: str, pool: str = "model"
 ) -> str:
@@ -55,7 +62,7 @@ def cache_key(
 
     representation = "pre_logits" if pool == "model" else f"pre_logits:{pool}"
     ident = {
-        "v": FEATURES_VERSION,
+        "code": code(backbone).digest,
         "backbone": backbone,
         "weights": weights_sha256,
         "representation": representation,

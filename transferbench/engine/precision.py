@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
+from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths import cache, quarantine, sealed, verified
 
 BF16_SETTINGS = ("auto", "on", "off", True, False)
-PROBE_VERSION = "2"  # bump when the probe's procedure changes: older decisions are not reused
 PROBE_PAIRS = 7  # timed (fp32, bf16) step pairs at most ...
 PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
 
@@ -103,8 +103,7 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
     if device == "cpu" and not cpu_bf16_units():
         return Precision(False, {"setting": "auto", "decided_by": "no cpu bf16 units (emulated bf16 is slower)"})
     kind = device_kind(device)
-    key = digest({"v": PROBE_VERSION, "device": kind, "step": signature}, 24)
-    path = cache("bf16-probe") / f"{key}.json"
+    path = cache("bf16-probe") / f"{probe_key(kind, signature)}.json"
     timing = _read(path)
     cached = timing is not None
     if timing is None:
@@ -121,6 +120,11 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
             "bf16_ms": timing["bf16_ms"],
         },
     )
+
+
+def probe_key(kind: str, signature: dict) -> str:
+    """A bf16 decision's cache key: the device kind, the step's shape and the fingerprint of the probe's code."""
+    return digest({"code": for_cache("bf16-probe").digest, "device": kind, "step": signature}, 24)
 
 
 def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float = PROBE_SECONDS) -> dict:

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths import cache, sealed, verified
 
 log = logging.getLogger("transferbench")
 RESIDENT_BYTES = 1 << 30
-DECODED_VERSION = "1"  # bump when decoding itself changes
 
 
 @dataclass
@@ -90,8 +90,7 @@ def images(dataset, transform, *, workers: int = 0) -> tuple[torch.Tensor, torch
     ident = dataset.identity() if hasattr(dataset, "identity") else None
     if ident is None:
         return _decode(dataset, transform, workers)
-    key = digest({"v": DECODED_VERSION, "dataset": ident, "head": [repr(op) for op in transform.prefix]})
-    path = cache("decoded") / f"{key}.npz"
+    path = cache("decoded") / f"{decoded_key(ident, transform)}.npz"
     if verified(path, "decoded training set"):
         log.info("decoded training set from the cache: %s", path)
         with np.load(path) as z:
@@ -100,6 +99,14 @@ def images(dataset, transform, *, workers: int = 0) -> tuple[torch.Tensor, torch
     with sealed(path, suffix=".npz") as tmp:
         np.savez(tmp, images=x.numpy(), labels=y.numpy())
     return x, y
+
+
+def decoded_key(identity: dict, transform) -> str:
+    """A decoded split's cache key: the source's identity, the transform's deterministic head, and the fingerprint
+    of the code and libraries that decode and resize it."""
+    return digest(
+        {"code": for_cache("decoded").digest, "dataset": identity, "head": [repr(op) for op in transform.prefix]}
+    )
 
 
 def _decode(dataset, transform, workers: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,6 @@ retrieval), adapter (the adapter and the text-tower cache).
 """
 
 from .adapter import (
-    LIT_VERSION,
     TRAIN_KEYS,
     LitAdapter,
     LitDataset,
@@ -60,7 +59,6 @@ from .zeroshot import (
 
 __all__ = [
     "IMAGE_HEADS",
-    "LIT_VERSION",
     "LOGIT_SCALE_MAX",
     "LOSSES",
     "LitAdapter",

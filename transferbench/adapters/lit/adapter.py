@@ -21,6 +21,7 @@ from ...data.transforms import eval_transform
 from ...engine.features import cache_key, cached, extract, extract_pairs, precision
 from ...engine.train import BF16_SETTINGS, fit, optimizer_options, tensor_batches
 from ...errors import UserError
+from ...fingerprint import TEXT, for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified
 from ...spec import SpecError
@@ -28,7 +29,6 @@ from ..base import Adapter, plan_select_then_final
 from .towers import DECAY, IMAGE_HEADS, LOSSES, LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
 from .zeroshot import PROMPTS, class_names_for, retrieval_recall, templates_for, topk_accuracy, zero_shot_classifier
 
-LIT_VERSION = "2"  # bump when text-tower training changes (part of the tower cache key)
 AUGMENT = ("none", "flip")
 
 
@@ -79,6 +79,7 @@ def open_zero_shot(ds: dict, data_dir=None):
 
 class LitAdapter(Adapter):
     name = "lit"
+    libraries = TEXT
     dataset_schema = LitDataset
     hparam_choices = {
         "bf16": BF16_SETTINGS,
@@ -314,10 +315,11 @@ class LitAdapter(Adapter):
 
 
 def tower_key(pairs_key: str, hp: dict, seed: int) -> str:
-    """The text tower's identity: the cached pair features it trains on, every hyper-parameter that shapes
-    training (not the zero-shot ones) and the seed."""
+    """The text tower's identity: the cached pair features it trains on (their key holds the image tower's code),
+    every hyper-parameter that shapes training (not the zero-shot ones), the seed, and the fingerprint of the code
+    and libraries that train it (the tower, its loss, the training loop, open_clip's tokenizer)."""
     shaping = {k: hp.get(k) for k in TRAIN_KEYS}
-    return digest({"v": LIT_VERSION, "pairs": pairs_key, "hp": shaping, "seed": seed})
+    return digest({"code": for_cache("lit").digest, "pairs": pairs_key, "hp": shaping, "seed": seed})
 
 
 TRAIN_KEYS = (

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ...fingerprint import for_cache
 from ...paths import cache
 
 VERSIONS = {
@@ -21,6 +22,20 @@ VERSIONS = {
     "upstream": "5",
     "scenes": "1",
     "captions": "1",
+}
+# the module of each set's generator: its code (import closure) and the data packages are the set's fingerprint,
+# kept in its info.json; a set made by other code is generated again (`ensure`)
+GENERATOR_MODULE = {
+    "digits": "digits",
+    "mnist": "digits",
+    "dsprites_loc": "sprites",
+    "dsprites_ori": "sprites",
+    "clevr_count": "clevr",
+    "clevr_dist": "clevr",
+    "photos": "photos",
+    "upstream": "upstream",
+    "scenes": "scenes",
+    "captions": "captions",
 }
 DOWNSTREAM = ("digits", "mnist", "dsprites_loc", "dsprites_ori", "clevr_count", "clevr_dist", "photos")
 SEGMENTATION = ("scenes",)
@@ -46,6 +61,11 @@ def embedded_root() -> Path:
     return cache("embedded")
 
 
+def generator_code(name: str) -> str:
+    """The fingerprint digest of the code and libraries that generate set `name`."""
+    return for_cache("embedded", f"{__package__}.{GENERATOR_MODULE[name]}").digest
+
+
 def version(name: str) -> str:
     return f"{name}-v{VERSIONS[name]}"
 
@@ -69,6 +89,7 @@ def _info(name: str, seed: int, num_classes: int, source: str, **extra) -> dict:
         "num_classes": num_classes,
         "source": source,
         "generator_version": VERSIONS[name],
+        "code": generator_code(name),
         "seed": seed,
         "version": version(name),
         **extra,

@@ -79,6 +79,14 @@ def _apply_deprecated(args) -> None:
 
 def _execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
+    p.add_argument(
+        "--stale",
+        choices=("recompute", "keep"),
+        help="what to do with finished cells whose record another code or library version computed (each record "
+        "holds the fingerprint of the code that computed it): by default the run stops before computing anything "
+        "and names how many differ and what changed; recompute: compute them again; keep: keep them as finished "
+        "(report and leaderboard then name both fingerprints and say the table mixes them)",
+    )
     p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
     p.add_argument(
         "--no-progress",
@@ -724,6 +732,9 @@ def _write_results(path: Path, task, args, summary, records: list, tables: list)
             "diverged": summary.diverged,
             "failed": summary.failed,
             "skipped": summary.skipped,
+            "stale": summary.stale,
+            "stale_policy": summary.stale_policy,
+            "caches": summary.caches,
         },
         "results": json.loads(render(tables, "json", header=report_header(records, tables))),
     }
@@ -798,6 +809,7 @@ def _run(task, backbones: list, out: Path, args, executor, made: list[Path]):
             log_samples=getattr(args, "log_samples", False),
             config=run_config(args),
             compile=args.compile,
+            stale=args.stale or "stop",
         )
     except UserError:
         _remove_empty(made)
@@ -815,6 +827,7 @@ def cmd_pretrain(args) -> int:
         raise UserError("give --backbone (e.g. --backbone mu4,mu4_dpn,mu4_dtn)")
     args.task, args.datasets, args.seeds, args.reference = ["pretrain"], None, None, None
     args.out = cache("pretrain")
+    args.stale = args.stale or "recompute"  # a cache: a pretraining of other code is done again unless kept
     return cmd_run(args)
 
 

@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,28 @@ def _home_words() -> str:
         else f"${HOME_VARIABLE} (unset: {DEFAULT_HOME})"
     )
     return where
+
+
+TALLY: Counter = Counter()  # (cache folder, 'read' | 'computed') -> entries, in this process (`tally`)
+
+
+def tally(path, what: str) -> None:
+    """Count one cache entry read (`verified` found it whole) or computed (`sealed` put it in place), by the cache
+    folder it lies in: each cell's outcome carries its counts, and a run's summary line adds them up."""
+    try:
+        kind = Path(path).resolve().relative_to(home().resolve()).parts[0]
+    except (ValueError, IndexError):
+        return
+    if kind in CACHES:
+        TALLY[(kind, what)] += 1
+
+
+def tally_since(before: Counter) -> dict:
+    """{cache folder: {'read': n, 'computed': m}} counted since the snapshot `before` (a copy of TALLY)."""
+    out: dict = {}
+    for (kind, what), n in (TALLY - before).items():
+        out.setdefault(kind, {"read": 0, "computed": 0})[what] = n
+    return out
 
 
 def check_home() -> Path:
@@ -383,12 +406,14 @@ def verified(path, what: str = "cache entry", *, directory: bool = False) -> boo
     if not path.exists():
         return False
     if damage(path, directory=directory) is None:
+        tally(path, "read")
         return True
     with entry_lock(path):
         if not path.exists():
             return False
         why = damage(path, directory=directory)
         if why is None:
+            tally(path, "read")
             return True
         quarantine(path, why, what)
     return False
@@ -407,6 +432,7 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
             (tmp / MANIFEST).write_text(json.dumps(listed, indent=1, sort_keys=True))
         else:
             digest = file_digest(tmp)  # before the lock: readers wait no longer than the renames take
+        tally(path, "computed")
         with entry_lock(path):
             if path.exists() and damage(path, directory=directory) is None:
                 return  # another writer's whole entry stays; this one's temporary goes

@@ -25,6 +25,9 @@ class Adapter:
     dataset_schema: ClassVar[type[BaseModel] | None] = None
     # hyper-parameters that take one of a few values: checked, with the spec's and --set's, before anything runs
     hparam_choices: ClassVar[dict[str, tuple]] = {}
+    # distributions that do arithmetic in this adapter's cells beyond fingerprint.CORE and DATA (open_clip's
+    # tokenizer, the corruption generator): their versions are part of each record's fingerprint
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     def validate(self, spec: TaskSpec, source: str = "<spec>") -> None:
         if self.dataset_schema is None:

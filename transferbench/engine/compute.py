@@ -147,12 +147,33 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def cell_code(adapter, backbone: str):
+    """The fingerprint of the code and libraries that compute a cell of `adapter` for backbone `backbone`
+    (`NAME[@WEIGHTS]`): the adapter's module and the backbone family's (with their import closures), the core and
+    data libraries and the adapter's own `libraries`. Each record keeps it; `run` compares it with the code at
+    hand before it skips a finished cell."""
+    from ..backbones.registry import backbone_code
+    from ..fingerprint import CORE, DATA, of
+
+    return of(
+        (type(adapter).__module__, *backbone_code(backbone)), CORE + DATA + tuple(getattr(adapter, "libraries", ()))
+    )
+
+
 def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     """Run one cell where the executor put it and return its outcome (status, metrics, info, reason,
-    seconds, environment, traceback): everything its record needs besides the cell. A UserError comes back
-    as {"stop": message}: the runner stops the run with it."""
+    seconds, environment, traceback, the fingerprint of the code that computed it, the cache entries it read
+    and computed): everything its record needs besides the cell. A UserError comes back as {"stop": message}:
+    the runner stops the run with it."""
+    from ..paths import TALLY, tally_since
+
     if ctx.device is None:
         ctx = dataclasses.replace(ctx, device=default_device())
+    try:
+        code = cell_code(adapter, cell.backbone).record()  # the code as the cell starts
+    except UserError as e:
+        return {"stop": str(e)}
+    before = TALLY.copy()
     started = time.time()
     metrics, info, reason, tb, samples = {}, {}, "", None, {}
     try:
@@ -180,6 +201,8 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         "info": info,
         "seconds": round(time.time() - started, 3),
         "environment": environment(),
+        "fingerprint": code,
+        "caches": tally_since(before),
         "traceback": tb,
         **({"samples": samples} if status == "ok" and samples else {}),
     }

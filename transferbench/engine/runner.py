@@ -16,12 +16,14 @@ from tqdm.auto import tqdm
 
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
+from ..fingerprint import differences
 from ..paths import portable
 from ..records.aggregate import select_best
 from ..records.store import FINISHED, SCHEMA_VERSION, RecordStore, Timeout, tidy
 from .compute import (  # the names other modules and plugins import from here
     CellContext,
     Diverged,
+    cell_code,
     check_finite,
     compute_cell,
     default_device,
@@ -34,6 +36,8 @@ __all__ = [
     "Diverged",
     "Results",
     "RunSummary",
+    "STALE",
+    "cell_code",
     "check_finite",
     "compute_cell",
     "default_device",
@@ -45,12 +49,18 @@ __all__ = [
 
 log = logging.getLogger("transferbench")
 
+# what `run` does with a finished cell whose record another code computed (its fingerprint differs from the code's at
+# hand): stop before computing anything and say so (the default), compute it again, or keep it (reports then name
+# both fingerprints)
+STALE = ("stop", "recompute", "keep")
+
 
 class Results:
-    """Planning's view of the records: adapters ask it which setting won a finished first stage."""
+    """Planning's view of the records: adapters ask it which setting won a finished first stage. With `current`
+    (record, cell) -> bool, a record of other code counts as unfinished (it is being computed again)."""
 
-    def __init__(self, store: RecordStore):
-        self.store = store
+    def __init__(self, store: RecordStore, current=None):
+        self.store, self.current = store, current
 
     def best(self, cells: list) -> dict | None:
         """The winning `select` setting among `cells` once all of them are finished, else None."""
@@ -59,7 +69,39 @@ class Results:
         recs = [self.store.get(c) for c in cells]
         if any(r is None or r["status"] not in FINISHED for r in recs):
             return None
+        if self.current is not None and not all(self.current(r, c) for r, c in zip(recs, cells, strict=True)):
+            return None
         return select_best(recs, cells[0].select, cells[0].mode)
+
+
+class CodeCheck:
+    """Whether a finished record was computed by the code at hand: its fingerprint against `cell_code` of the cell's
+    adapter and backbone, computed once per backbone in this run."""
+
+    def __init__(self, adapter):
+        self.adapter, self._code = adapter, {}
+
+    def code(self, cell) -> dict:
+        if cell.backbone not in self._code:
+            self._code[cell.backbone] = cell_code(self.adapter, cell.backbone).record()
+        return self._code[cell.backbone]
+
+    def current(self, record: dict, cell) -> bool:
+        return (record.get("fingerprint") or {}).get("digest") == self.code(cell)["digest"]
+
+    def message(self, task: str, out, stale: list, finished: int) -> str:
+        """The one line that stops a run over `stale` finished cells ((record, cell) pairs) of other code."""
+        why: dict[str, int] = {}
+        for record, cell in stale:
+            for d in differences(record.get("fingerprint"), self.code(cell)):
+                why[d] = why.get(d, 0) + 1
+        ranked = sorted(why, key=lambda d: (-why[d], d))
+        what = "; ".join(ranked[:4]) + (f"; and {len(ranked) - 4} more" if len(ranked) > 4 else "")
+        return (
+            f"{task}: {len(stale)} of {finished} finished cells in {out} were computed by other code ({what}): rerun "
+            "with --stale recompute to compute them again, or with --stale keep to keep them (reports then name both "
+            "fingerprints); nothing was computed"
+        )
 
 
 @dataclass
@@ -69,11 +111,27 @@ class RunSummary:
     diverged: int = 0
     failed: int = 0
     skipped: int = 0
+    stale: int = 0  # finished cells of other code: computed again (--stale recompute) or kept (--stale keep)
+    stale_policy: str = "stop"
     failures: list = field(default_factory=list)
+    caches: dict = field(default_factory=dict)  # cache folder -> {'read': n, 'computed': m}, over computed cells
+
+    def add_caches(self, counts: dict) -> None:
+        for kind, c in (counts or {}).items():
+            mine = self.caches.setdefault(kind, {"read": 0, "computed": 0})
+            for what in ("read", "computed"):
+                mine[what] += int(c.get(what, 0))
 
     def line(self) -> str:
+        stale = ""
+        if self.stale:
+            stale = f", {self.stale} of other code {'kept' if self.stale_policy == 'keep' else 'computed again'}"
+        caches = "; ".join(
+            f"{kind} {c['computed']} computed, {c['read']} read" for kind, c in sorted(self.caches.items())
+        )
         return (
             f"{self.ok} ok, {self.diverged} diverged, {self.failed} failed, {self.skipped} skipped (already finished)"
+            f"{stale}; cache entries: {caches or 'none used'}"
         )
 
 
@@ -95,6 +153,7 @@ def run_task(
     log_samples: bool = False,
     config: dict | None = None,
     compile: bool = False,
+    stale: str = "stop",
 ) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
@@ -105,8 +164,15 @@ def run_task(
     function alone plans, locks and writes records. The plan is asked again whenever cells finish, so a
     second stage (VTAB's final cells) starts as soon as its first stage is done while other datasets still
     run. A cell whose worker process died (engine.executors.WorkerLost) is submitted again up to `retries`
-    times, then recorded failed."""
+    times, then recorded failed.
+
+    A finished cell is skipped only when its record's fingerprint is the code's at hand (`cell_code`); for finished
+    cells of other code, `stale` (STALE) says what happens: 'stop' raises one UserError before anything is computed
+    (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as finished."""
     from .executors import InlineExecutor, WorkerLost
+
+    if stale not in STALE:
+        raise ValueError(f"stale={stale!r}; one of {', '.join(STALE)}")
 
     adapter = adapter or task.adapter
     if adapter is None:
@@ -116,7 +182,8 @@ def run_task(
         )
     store = RecordStore(out)
     store.remove_stale_temps()
-    results = Results(store)
+    check = CodeCheck(adapter)
+    results = Results(store, None if stale == "keep" else check.current)
     executor = executor or InlineExecutor()
     ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile)
     if check_data and hasattr(adapter, "check_data"):
@@ -130,7 +197,7 @@ def run_task(
                     b.spec,
                     DEFAULT_PIXELS,
                 )
-    summary = RunSummary(uuid.uuid4().hex[:12])
+    summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)
     attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
     queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
     held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
@@ -152,12 +219,21 @@ def run_task(
             refresh=True,
         )
 
+    def is_done(cell) -> bool:
+        """Finished, by the code at hand unless stale cells are kept."""
+        return store.finished(cell) and (stale == "keep" or check.current(store.get(cell), cell))
+
     def replan():
         planned = list({c.key: c for b in backbones for c in adapter.plan(task, b, results)}.values())
         first = not attempted
         fresh = [c for c in planned if c.key not in attempted]
         attempted.update(c.key for c in fresh)
-        todo = [c for c in fresh if force or not store.finished(c)]
+        finished = [c for c in fresh if not force and store.finished(c)]
+        old = [(store.get(c), c) for c in finished if not check.current(store.get(c), c)]
+        if old and stale == "stop":
+            raise UserError(check.message(task.name, out, old, len(finished)))
+        summary.stale += len(old)
+        todo = [c for c in fresh if force or not is_done(c)]
         summary.skipped += len(fresh) - len(todo)
         if len(fresh) > len(todo):
             log.info("%s: %d cells already finished under %s: skipped", task.name, len(fresh) - len(todo), out)
@@ -177,8 +253,8 @@ def run_task(
         except Timeout:
             return False
         try:
-            # finished already, or by the run that held the lock (fresh even under --force)
-            if store.finished(cell) and (after_wait or not force):
+            # finished already, or by the run that held the lock (fresh even under --force); by the code at hand
+            if is_done(cell) and (after_wait or not force):
                 lock.release()
                 summary.skipped += 1
                 bar.update(1)
@@ -207,6 +283,7 @@ def run_task(
                 raise UserError(outcome["stop"])
             status = _write_record(cell, outcome, store, summary, config)
             setattr(summary, status, getattr(summary, status) + 1)
+            summary.add_caches(outcome.get("caches"))
             bar.update(1)
             lines.cell(cell, outcome)
             changed = True
@@ -317,6 +394,8 @@ def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, 
         "run_id": summary.run_id,
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "environment": outcome["environment"],
+        "fingerprint": outcome.get("fingerprint"),
+        "caches": outcome.get("caches") or {},
         "argv": sys.argv[1:],
         **({"config": config} if config else {}),
     }

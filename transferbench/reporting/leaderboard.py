@@ -13,7 +13,16 @@ from ..records.aggregate import aggregate
 from ..records.store import load_records
 from .figures import plot_absolute, plot_deltas, use_colours
 from .overview import overview_markdown, task_order
-from .tables import build_tables, delta_markdown, report_kinds, sanity_table, stem_references, to_markdown
+from .tables import (
+    build_tables,
+    code_line,
+    code_summary,
+    delta_markdown,
+    report_kinds,
+    sanity_table,
+    stem_references,
+    to_markdown,
+)
 
 TITLES = {
     "vtab": "VTAB-1k",
@@ -121,6 +130,8 @@ def write_leaderboard(
             f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
             f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
             f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.",
+            "",
+            code_line(code_summary(recs)),
             "",
         ]
         if report is not None and report.section is not None:

@@ -67,6 +67,7 @@ class TaskTable:
     tally: list | None = None  # the columns a wins / ties / losses count reads (None: every non-group column)
     question: str = "stem"  # stem: vs the plain backbone; sanity: vs random init of the same architecture
     axes: dict = field(default_factory=dict)  # the report-axis values of a table split by axis ({'shots': 25})
+    code: dict = field(default_factory=dict)  # what code computed its records (code_summary)
 
     @property
     def reference(self) -> str | None:
@@ -329,6 +330,60 @@ def row_name(t: TaskTable, b: str) -> str:
     return b + (" (ref)" if b in t.refs.values() else "")
 
 
+def code_summary(records: list[dict]) -> dict:
+    """What code computed `records`: each fingerprint's digest with its number of cells, how many records hold
+    none (computed before records held one), and what differs between them (`mixed`): a module hashed two ways, a
+    library at two versions, or records with and without a fingerprint. Records of backbones of different families
+    have different fingerprints without differing in any module they share: they do not mix."""
+    counts: dict[str, int] = defaultdict(int)
+    modules, libraries = defaultdict(set), defaultdict(set)
+    missing = 0
+    for r in records:
+        fp = r.get("fingerprint") or {}
+        if not fp.get("digest"):
+            missing += 1
+            continue
+        counts[fp["digest"]] += 1
+        for m, h in (fp.get("modules") or {}).items():
+            modules[m].add(h)
+        for lib, v in (fp.get("libraries") or {}).items():
+            libraries[lib].add(v or "absent")
+    mixed = [f"{m} in {len(h)} versions" for m, h in sorted(modules.items()) if len(h) > 1]
+    mixed += [f"{lib} {' and '.join(sorted(v))}" for lib, v in sorted(libraries.items()) if len(v) > 1]
+    if missing and counts:
+        mixed.append(f"{missing} cells without a fingerprint")
+    return {"fingerprints": dict(sorted(counts.items())), "unrecorded": missing, "mixed": mixed}
+
+
+def code_line(code: dict) -> str:
+    """The markdown line that names a table's code: its fingerprint(s), and loudly whether they mix."""
+    if not code:
+        return ""
+    prints = ", ".join(f"`{d}` ({n} cells)" for d, n in code["fingerprints"].items())
+    if code["mixed"]:
+        return (
+            f"**Mixed code**: these cells were computed by different code ({'; '.join(code['mixed'])}); "
+            f"fingerprints {prints or 'none'}. Rerun with `--stale recompute` to compute every cell with one code."
+        )
+    if not code["fingerprints"]:
+        return f"Code: not recorded ({code['unrecorded']} cells computed before records held a fingerprint)."
+    return f"Code: fingerprint {prints}."
+
+
+def annotate_code(tables: list[TaskTable], records: list[dict]) -> list[TaskTable]:
+    """Each table's `code`: the summary of the records of its task and protocol version(s)."""
+    for t in tables:
+        mine = [
+            r
+            for r in records
+            if r["task"] == t.task
+            and str(r.get("protocol_version")) in t.protocol_versions
+            and all((r.get("hparams") or {}).get(k) == v for k, v in t.axes.items())
+        ]
+        t.code = code_summary(mine or [r for r in records if r["task"] == t.task])
+    return tables
+
+
 def to_markdown(t: TaskTable, title: bool = True) -> str:
     direction = {"max": "higher is better", "min": "lower is better"}.get(t.mode, "descriptive")
     head = [t.row_label, *t.columns, "seeds"]
@@ -345,6 +400,8 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
         if title
         else [f"{t.setting + ': ' if t.setting else ''}{t.metric} ({direction})", ""]
     )
+    if title and t.code:
+        out += [code_line(t.code), ""]
     if t.pixels:
         out += [pixels_line(t.pixels, list(t.rows)), ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
@@ -546,6 +603,7 @@ def report_header(records: list[dict], tables: list[TaskTable]) -> dict:
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "reported_with": __version__,
         "git_sha": sorted({e.get("git_sha") or "unknown" for e in env}),
+        "code": {t.task: code_summary([r for r in records if r["task"] == t.task]) for t in tables},
         "versions": {k: sorted(v) for k, v in sorted(versions.items())},
         "records": len(records),
     }
@@ -582,4 +640,4 @@ def report_tables(records: list[dict], reference: str | None = None, split_axes:
     out = build_tables(aggregate(rest), reference=reference, split_axes=split_axes) if rest else []
     for kind, recs in kinds.items():
         out += installed[kind].tables(recs, reference)
-    return out
+    return annotate_code(out, records)

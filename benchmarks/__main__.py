@@ -8,10 +8,10 @@ per call is compared. The end-to-end rows run
 `transferbench run vtab|seg|lit|imagenet_c|hires|diagnose --suite embedded`, each in a fresh $TRANSFERBENCH_HOME
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
-through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache rows under 1, the bf16 and
-data-path rows about 1, the paper-scale step rows about 3 on a CPU (b32 at batch 8 and the data paths alone; the
-GPU rows print "no GPU") or about 15 on one H100, the executor rows about 15 (the embedded VTAB suite with --jobs
-1, --jobs 2 and Ray), the rest about 3. CI does not run this.
+through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache and fingerprint rows under 1,
+the bf16 and data-path rows about 1, the paper-scale step rows about 3 on a CPU (b32 at batch 8 and the data paths
+alone; the GPU rows print "no GPU") or about 15 on one H100, the executor rows about 15 (the embedded VTAB suite with
+--jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from . import (
     dtn_layer,
     executors,
     fewshot_solver,
+    fingerprint,
     gemm_peak,
     lit_speed,
     paper_step,
@@ -157,6 +158,7 @@ def main() -> None:
         corruption_speed.markdown(corruption_speed.run(600, 32, 16, 2, args.seconds)),
     )
     section("Caches: verifying an entry vs reading it", cache_verify.markdown(cache_verify.run(200, args.seconds)))
+    section("Code fingerprints vs git rev-parse", fingerprint.markdown(fingerprint.run(args.seconds)))
     section(
         "Diagnostics: all measures vs a plain forward pass at the b16 shape",
         diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)),

@@ -279,8 +279,8 @@ def test_py_and_timm_cells_of_the_same_weights_agree_and_compare_in_one_table(su
     specs = [f"timm:vit_tiny_patch16_224@{path}", f"py:byo_ti:make@{path}"]
     refs = [resolve_backbone(s) for s in specs]
     out = tmp_path / "out"
-    for name in ("vtab", "fewshot"):
-        task = prepare_task(name, suite="embedded", datasets=["mini_digits"], seeds=[0])
+    for name in ("vtab", "fewshot"):  # fp32: bf16 auto is a timing probe per backbone, which may choose differently
+        task = prepare_task(name, suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["bf16=off"])
         assert run_task(task, refs, out, show_progress=False).failed == 0
     records = load_records([out])
 

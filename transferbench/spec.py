@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +55,10 @@ class TaskSpec(BaseModel):
     mode: Literal["max", "min"] = "max"
     select: list[str] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0])
+    # what one seed is across the datasets, which decides a suite mean's interval (records.stats.suite_mean):
+    # dataset = each dataset's cell of a seed is a run of its own (VTAB, few-shot); task = one run per seed serves
+    # every dataset (LiT's text tower, ImageNet-C's classifier)
+    seed_scope: Literal["dataset", "task"] = "dataset"
     hparams: dict[str, Any] = Field(default_factory=dict)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     groups: list[str] = Field(default_factory=list)
@@ -143,6 +148,19 @@ def installed_specs() -> dict[str, Path]:
             if entry.name.endswith((".yaml", ".yml")):
                 found.setdefault(Path(entry.name).stem, Path(str(entry)))
     return found
+
+
+@cache
+def seed_scope(task: str) -> str:
+    """An installed task's `seed_scope` ('dataset' for a task no installed spec names: each cell its own run)."""
+    path = installed_specs().get(task)
+    if path is None:
+        return "dataset"
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return "dataset"
+    return str(data.get("seed_scope", "dataset")) if isinstance(data, dict) else "dataset"
 
 
 def list_tasks() -> list[str]:

@@ -5,6 +5,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import scipy.stats
 
 from transferbench.cli import main
 from transferbench.records.aggregate import aggregate
-from transferbench.records.stats import mcnemar
+from transferbench.records.stats import mde_se, paired_bootstrap
 from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.leaderboard import overview
 from transferbench.reporting.overview import tally, task_order
@@ -88,8 +89,11 @@ def test_overview_cells_and_wins_ties_losses_by_hand():
     recs = records("vtab") + [dict(r, task="fewshot", key="f" + r["key"]) for r in records("fewshot")]
     lines = "\n".join(overview(recs))
     row = next(x for x in lines.splitlines() if x.startswith("| mu4_dpn@embedded vs mu4@embedded"))
-    # the mean over a and b: 54.5 vs 55.5; per seed (3 - 5)/2, (3 - 4)/2, (3 - 6)/2: significantly worse
-    assert "*54.5 ± 0.7 (Δ -1.0 ± 0.5)*" in row
+    # the mean over a and b: 54.5 vs 55.5. Welch over the two datasets (each of variance 1 over 3 seeds): se =
+    # sqrt(1/3 + 1/3) / 2, df = 4, t = 2.776: ± 1.1. The differences: a 3, 3, 3 (no spread), b -5, -4, -6 (variance
+    # 1): se = sqrt(1/3) / 2 on df 2 (only b varies), t = 4.303: ± 1.2, not significant; MDE on n - 1 = 2 df
+    mde = mde_se(math.sqrt(1 / 3) / 2, 2)
+    assert f"54.5 ± 1.1 (Δ -1.0, n.s. (MDE ±{mde:.1f}))" in row and f"{mde:.1f}" == "1.6"
     # random mu4_dpn vs mu4: per seed (1 + 2)/2, (-1 - 5)/2, (3 + 1)/2 = 1.5, -3, 2: not significant
     row = next(x for x in lines.splitlines() if x.startswith("| mu4_dpn vs mu4 "))
     assert "(Δ +0.2, n.s. (MDE ±" in row
@@ -166,7 +170,7 @@ def test_samples_beside_the_record_decide_single_seed_comparisons(tmp_path):
     (t,) = build_tables(aggregate(load_records([tmp_path])))
     d = t.rows["mu4_dpn@embedded"]["a"].delta
     assert d.method == "examples" and d.mean == pytest.approx(100 * (a.mean() - b.mean()))
-    assert d.p == pytest.approx(mcnemar(a, b))
+    assert d.p == paired_bootstrap(a, b).p and (d.p < 0.05) == d.excludes_zero
     # a damaged samples file is not trusted: the comparison falls back to the seeds (one seed: no interval)
     victim = next((tmp_path / "vtab" / "a").glob("*.samples.npz"))
     victim.write_bytes(victim.read_bytes()[:-10])

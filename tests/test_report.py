@@ -378,3 +378,33 @@ def test_a_closed_pipe_ends_quietly_with_exit_0(toy_runs, argv):
         text=True,
     )
     assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 1
+
+
+def test_every_comparison_of_the_committed_leaderboard_has_one_verdict():
+    """Over every comparison the committed records make (each task's tables, their sanity tables and the
+    overview's headlines): the mark, the interval and the p-value come from one test, so they agree."""
+    from pathlib import Path
+
+    from transferbench.records.store import load_records
+    from transferbench.reporting.overview import headline_cells
+    from transferbench.reporting.tables import report_tables, sanity_table, stem_references
+
+    records = load_records([Path(__file__).resolve().parent.parent / "results" / "runs"])
+    tables = report_tables(records)
+    tables += [s for s in map(sanity_table, list(tables)) if s is not None]
+    cells = [v for t in tables for row in t.rows.values() for v in row.values()]
+    refs = {}
+    for t in tables:
+        refs.setdefault(t.task, set()).update(t.rows)
+    cells += [
+        v
+        for _, values, _ in headline_cells(tables, lambda task: stem_references(refs.get(task, ())))
+        for v in values.values()
+    ]
+    judged = [v for v in cells if v.delta is not None and v.delta.ci is not None]
+    assert len(judged) > 500  # the leaderboard's comparisons, suite means among them
+    assert any(v.delta.method == "welch" for v in judged) and any(v.shared for v in judged)
+    for v in judged:
+        d = v.delta
+        assert d.p is not None and (d.p < 0.05) == d.excludes_zero, d
+        assert (v.better or v.worse) == d.excludes_zero, d

@@ -110,8 +110,8 @@ def _execution_options(p: argparse.ArgumentParser) -> None:
         "--log-samples",
         action="store_true",
         help="keep each cell's per-example test results (VTAB-1k, LiT zero-shot) in a compressed file "
-        "beside its record; reports then compare single-seed cells per example (McNemar's test, "
-        "a bootstrap over examples). It changes no metric and no cell key",
+        "beside its record; reports then compare single-seed cells per example (a paired bootstrap "
+        "over examples). It changes no metric and no cell key",
     )
     p.add_argument(
         "--compile",

@@ -1,13 +1,14 @@
 """High-res fine-tune tables: per dataset the accuracy at the base resolution, at the high one and their paired
-gain (high − base over the seeds both have, mean ± 95% t-interval), then the means over datasets (bootstrap over
-seeds within each dataset); paired differences vs each row's reference (tables.stem_references) per column.
+gain (high − base over the seeds both have, mean ± 95% t-interval), then the means over datasets (Welch's t over
+the independent dataset means: one fine-tuning per set and seed); paired differences vs each row's reference
+(tables.stem_references) per column.
 One table per (task, base → high resolution)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ..records.stats import bootstrap_suite_mean, mean_ci
+from ..records.stats import mean_ci, suite_mean
 from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references
 
 REPORT = "hires"
@@ -77,7 +78,7 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
                 if not all(mine.get(d, {}).get(p) for d in datasets):
                     continue  # a backbone missing a dataset has no comparable mean
                 per = {f"{d} {p}": dict(mine[d][p]) for d in datasets}
-                row[col] = Cellv(bootstrap_suite_mean({d: list(v.values()) for d, v in per.items()}), seeds=per)
+                row[col] = Cellv(suite_mean(per, shared=False), seeds=per)  # one fine-tuning per set and seed
             table.rows[b] = row
             table.seeds[b] = seed_counts(v.estimate.n for v in row.values() if v.estimate)
         out.append(pair(table, stem_references(backbones, reference)))

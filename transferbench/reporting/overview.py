@@ -4,7 +4,8 @@ losses against its reference over every (task, dataset, setting) the records hol
 hurts" made checkable — with the losses named.
 
 A headline reads one column of one of a task's tables (`HEADLINES`); where a task has one table per dataset
-(ImageNet-C), the datasets' values are averaged (bootstrap over seeds within each dataset) and paired alike.
+(ImageNet-C), the datasets' values are averaged (records.stats.suite_mean, as the task's seed_scope says) and
+paired alike.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from ..records.stats import bootstrap_suite_mean, holm
+from ..records.stats import holm, suite_mean
+from ..spec import seed_scope
 from .tables import Cellv, TaskTable, _fmt, _judge, _paired, mark, mde_text
 
 PAPER_ORDER = ("vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires")  # then other tasks; diagnostics last
@@ -105,11 +107,13 @@ def headline_cells(tables: list[TaskTable], refs_of: Callable[[str], dict]) -> l
                 continue  # missing a dataset: no comparable mean
             cells = [t.rows[b][c] for t, c in have]
             values[b] = (
-                cells[0] if len(cells) == 1 else _combine(cells, [f"{t.setting.split(';')[0]}/{c}" for t, c in have])
+                cells[0]
+                if len(cells) == 1
+                else _combine(cells, [f"{t.setting.split(';')[0]}/{c}" for t, c in have], h.task)
             )
         refs = refs_of(h.task)
         for b, v in values.items():
-            v = Cellv(v.estimate, seeds=v.seeds, samples=v.samples)
+            v = Cellv(v.estimate, seeds=v.seeds, samples=v.samples, shared=v.shared)
             r = refs.get(b)
             if r in values:
                 v.delta = _paired(v, values[r])
@@ -120,15 +124,17 @@ def headline_cells(tables: list[TaskTable], refs_of: Callable[[str], dict]) -> l
     return out
 
 
-def _combine(cells: list[Cellv], names: list[str]) -> Cellv:
-    """The mean of several datasets' values (each over seeds) as a suite mean."""
+def _combine(cells: list[Cellv], names: list[str], task: str) -> Cellv:
+    """The mean of several datasets' values (each over seeds) as a suite mean of `task` (records.stats.suite_mean,
+    as the task's `seed_scope` says)."""
     seeds = {}
     for name, v in zip(names, cells):
         if isinstance(next(iter(v.seeds.values())), dict):
             seeds.update({f"{name}/{k}": x for k, x in v.seeds.items()})
         else:
             seeds[name] = v.seeds
-    return Cellv(bootstrap_suite_mean({k: list(x.values()) for k, x in seeds.items()}), seeds=seeds)
+    shared = seed_scope(task) == "task"
+    return Cellv(suite_mean(seeds, shared=shared), seeds=seeds, shared=shared)
 
 
 def overview_cell(v: Cellv | None, is_ref: bool, decimals: int = 1) -> str:

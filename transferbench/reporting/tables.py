@@ -27,7 +27,8 @@ from ..errors import UserError, close_matches
 from ..hashing import canon
 from ..plugins import load_group
 from ..records.aggregate import Entry, aggregate, value_order
-from ..records.stats import Estimate, bootstrap_suite_mean, paired_bootstrap, paired_difference, paired_suite_difference
+from ..records.stats import Estimate, paired_bootstrap, paired_difference, paired_suite_difference, suite_mean
+from ..spec import seed_scope
 
 ALL = "mean"  # the column averaging every dataset of a task
 MARKS_TEXT = (
@@ -44,6 +45,7 @@ class Cellv:
     seeds: dict | None = None  # what pairs: {seed: value}, or for a suite mean {dataset column: {seed: value}}
     selected: dict | None = None  # the `select` setting (learning rate, ...) the final cells of this column used
     samples: dict | None = None  # {seed: per-example correctness} where the records logged them (--log-samples)
+    shared: bool = False  # a suite mean whose seeds are shared by its datasets (spec seed_scope: task)
 
 
 @dataclass
@@ -152,13 +154,14 @@ def pair(t: TaskTable, refs: dict[str, str], question: str = "stem") -> TaskTabl
 
 
 def _paired(v: Cellv, ref: Cellv) -> Estimate | None:
-    """The paired difference of two cells: over seeds, or for suite means the bootstrap of per-dataset paired
-    differences; per example (McNemar, bootstrap over examples) where the seeds give no interval and both sides
-    logged their samples."""
+    """The paired difference of two cells: over seeds, or for suite means the suite mean of per-dataset paired
+    differences (records.stats.suite_mean: over per-seed means where the seeds are shared, Welch's t over dataset
+    means where not); per example (a paired bootstrap over examples) where the seeds give no interval and both
+    sides logged their samples."""
     if not v.seeds or not ref.seeds:
         return None
     suite = isinstance(next(iter(v.seeds.values())), dict)
-    d = paired_suite_difference(v.seeds, ref.seeds) if suite else paired_difference(v.seeds, ref.seeds)
+    d = paired_suite_difference(v.seeds, ref.seeds, shared=v.shared) if suite else paired_difference(v.seeds, ref.seeds)
     if (d is None or d.ci is None) and v.samples and ref.samples:
         shared = sorted(set(v.samples) & set(ref.samples))
         if len(shared) == 1 and len(v.samples[shared[0]]) == len(ref.samples[shared[0]]):
@@ -288,10 +291,8 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
             if not all(col in row and row[col].estimate for col in members_g):
                 continue  # a backbone missing a dataset has no comparable suite mean
             per = {c: cell_of[(b, c)].per_seed for c in members_g}
-            row[g] = Cellv(
-                bootstrap_suite_mean({c: list(v.values()) for c, v in per.items()}),
-                seeds={c: dict(v) for c, v in per.items()},
-            )
+            shared = seed_scope(task) == "task"
+            row[g] = Cellv(suite_mean(per, shared=shared), seeds={c: dict(v) for c, v in per.items()}, shared=shared)
         t.rows[b] = row
         t.seeds[b] = seed_counts(ns)
     return t
@@ -307,7 +308,16 @@ def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
     if e is None:
         return "—"
     mean = f"{e.mean:+.{decimals}f}" if signed else f"{e.mean:.{decimals}f}"
-    return mean if e.ci is None else f"{mean} ± {e.ci:.{decimals}f}"
+    if e.ci is None:
+        return mean
+    return f"{mean} (no variation)" if e.degenerate == "no variation" else f"{mean} ± {e.ci:.{decimals}f}"
+
+
+def suite_words(task: str) -> str:
+    """How a suite mean's interval of `task` is made, in a footnote's words (docs/statistics.md)."""
+    if seed_scope(task) == "task":
+        return "t over the per-seed means, one run per seed serving every dataset"
+    return "Welch's t over the independent dataset means"
 
 
 def mark(text: str, v: Cellv | None, fmt: str = "md") -> str:
@@ -320,9 +330,13 @@ def mark(text: str, v: Cellv | None, fmt: str = "md") -> str:
 
 
 def mde_text(d: Estimate | None, decimals: int = 1) -> str:
-    """'n.s. (MDE ±x)' for a difference that is not significant: a tie is a tie only for effects above x."""
+    """'n.s. (MDE ±x)' for a difference that is not significant: a tie is a tie only for effects above x; 'n/a (one
+    seed)' without an interval; 'n.s. (no variation)' where every paired difference is the same (no power to speak
+    of, rather than an MDE of 0)."""
     if d is None or d.ci is None:
         return "n/a (one seed)"
+    if d.degenerate == "no variation":
+        return "n.s. (no variation)"
     return "n.s." + (f" (MDE ±{d.mde:.{decimals}f})" if d.mde is not None else "")
 
 
@@ -407,15 +421,8 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     if t.refs:
         out += delta_markdown(t)
-    out.append(
-        t.footnote
-        if t.footnote
-        else "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
-        f" within each dataset); {MARKS_TEXT}."
-        if t.refs
-        else "Cells: mean ± 95% CI half-width over seeds (t-interval; group means: bootstrap over seeds"
-        " within each dataset)."
-    )
+    cells = f"Cells: mean ± 95% CI half-width over seeds (t-interval; group means: {suite_words(t.task)})"
+    out.append(t.footnote if t.footnote else f"{cells}; {MARKS_TEXT}." if t.refs else f"{cells}.")
     out += [f"- note: {n}" for n in t.notes]
     return "\n".join(out) + "\n"
 

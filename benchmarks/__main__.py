@@ -9,9 +9,9 @@ per call is compared. The end-to-end rows run
 under /usr/bin/time (about 9, 4, 3, 4, 3 and 1 minutes on 2 cores); the segmentation evaluation row takes about 8
 minutes (2,000 label maps through mmsegmentation's IoUMetric among them), the diagnostics row about 8 (1,000 images
 through ViT-B/16 twice), the LiT rows about 1, the corruption rows about 1, the cache and fingerprint rows under 1,
-the bf16 and data-path rows about 1, the paper-scale step rows about 3 on a CPU (b32 at batch 8 and the data paths
-alone; the GPU rows print "no GPU") or about 15 on one H100, the executor rows about 15 (the embedded VTAB suite with
---jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
+the coverage rows about 2, the bf16 and data-path rows about 1, the paper-scale step rows about 3 on a CPU (b32 at
+batch 8 and the data paths alone; the GPU rows print "no GPU") or about 15 on one H100, the executor rows about 15
+(the embedded VTAB suite with --jobs 1, --jobs 2 and Ray), the rest about 3. CI does not run this.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from . import (
     backbone_overhead,
     cache_verify,
     corruption_speed,
+    coverage,
     diagnostics_speed,
     dtn_layer,
     executors,
@@ -159,6 +160,7 @@ def main() -> None:
     )
     section("Caches: verifying an entry vs reading it", cache_verify.markdown(cache_verify.run(200, args.seconds)))
     section("Code fingerprints vs git rev-parse", fingerprint.markdown(fingerprint.run(args.seconds)))
+    section("Coverage of suite-mean intervals: before and now", coverage.markdown(coverage.run()))
     section(
         "Diagnostics: all measures vs a plain forward pass at the b16 shape",
         diagnostics_speed.markdown(diagnostics_speed.run(images=1000, batch=50, rounds=1)),

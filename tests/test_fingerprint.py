@@ -260,7 +260,7 @@ def test_an_edited_backbone_gives_new_numbers_from_the_same_home_and_a_reporting
     digests = {json.loads(p.read_text())["fingerprint"]["digest"] for p in (tmp_path / "a").rglob("fewshot/*/*.json")}
     assert digests == {json.loads(p.read_text())["fingerprint"]["digest"] for p in (tmp_path / "b").rglob("*/*/*.json")}
 
-    # the deliberate bug of the issue: position embeddings no longer added
+    # a deliberate bug in the forward: position embeddings no longer added
     vit = copy / "transferbench" / "backbones" / "vit.py"
     text = vit.read_text()
     assert "x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens :]" in text

@@ -163,6 +163,12 @@ def seed_scope(task: str) -> str:
     return str(data.get("seed_scope", "dataset")) if isinstance(data, dict) else "dataset"
 
 
+def seeds_shared(task: str) -> bool:
+    """Whether one run per seed serves every dataset of `task` (`seed_scope: task`): its suite intervals are then
+    over per-seed suite means (records.stats.suite_mean)."""
+    return seed_scope(task) == "task"
+
+
 def list_tasks() -> list[str]:
     return sorted(installed_specs())
 

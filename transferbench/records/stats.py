@@ -86,17 +86,6 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Estimate:
     return Estimate(mean, half, int(x.size), mean - half, mean + half, sd=sd)
 
 
-def t_pvalue(values: Sequence[float]) -> float | None:
-    """Two-sided p-value of the one-sample t-test of mean 0 (a paired t-test on differences); None for n < 2."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size < 2:
-        return None
-    sd = x.std(ddof=1)
-    if sd == 0:
-        return 1.0 if x.mean() == 0 else 0.0
-    return float(2 * _scipy.t.sf(abs(x.mean()) / (sd / math.sqrt(x.size)), x.size - 1))
-
-
 def mde(sd: float | None, n: int, level: float = LEVEL, power: float = 0.8) -> float | None:
     """The minimum detectable effect of a two-sided paired t-test on `n` pairs whose differences have standard
     deviation `sd`: the smallest δ > 0 with power(δ) = `power` at `level`. None for n < 2, an unknown sd or no
@@ -111,19 +100,18 @@ def mde_se(se: float | None, df: float | None, level: float = LEVEL, power: floa
     of freedom: the δ with P(|T| > t(level, df)) = `power` for T ~ noncentral t(df, δ / se)."""
     if se is None or df is None or not np.isfinite(se) or se <= 0 or df <= 0:
         return None
-    sd, n = se, 1  # the noncentrality is delta / se
     crit = _scipy.t.ppf(0.5 + level / 2, df)
 
     def short(delta):
-        nc = delta * math.sqrt(n) / sd
+        nc = delta / se
         upper, lower = _scipy.nct.sf(crit, df, nc), _scipy.nct.cdf(-crit, df, nc)
         # far in the tail scipy's noncentral t can return NaN where the probability is 0 (lower) or 1 (upper)
         return (1.0 if np.isnan(upper) else upper) + (0.0 if np.isnan(lower) else lower) - power
 
-    high = sd
+    high = se
     while short(high) < 0:
         high *= 2
-    return float(brentq(short, 0.0, high, xtol=1e-10 * sd))
+    return float(brentq(short, 0.0, high, xtol=1e-10 * se))
 
 
 def seeds_for(sd: float, target: float, level: float = LEVEL, power: float = 0.8, most: int = 1000) -> int | None:
@@ -223,10 +211,9 @@ def welch_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LE
     dfs = np.array([a.size - 1 for a in arrays], dtype=np.float64)
     se = float(math.sqrt(v.sum()) / len(arrays))
     df = float(v.sum() ** 2 / (v**2 / dfs).sum()) if v.sum() > 0 else float(dfs.sum())
-    sd = float(math.sqrt(v.sum() / len(arrays)) * math.sqrt(n))  # a typical seed-to-seed spread, for display
     # the MDE on the fewest degrees of freedom a dataset has: Welch's df is itself estimated, and on it the test
     # reaches only 36-80% power at the MDE with few seeds; on n - 1 it has at least 80% (tests/test_stats.py)
-    return t_estimate(point, se, df, n, level, sd=sd, method="welch", power_df=float(n - 1))
+    return t_estimate(point, se, df, n, level, method="welch", power_df=float(n - 1))
 
 
 def seed_suite_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LEVEL) -> Estimate:

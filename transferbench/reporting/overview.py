@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from ..records.stats import holm, suite_mean
-from ..spec import seed_scope
+from ..spec import seeds_shared
 from .tables import Cellv, TaskTable, _fmt, _judge, _paired, mark, mde_text
 
 PAPER_ORDER = ("vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires")  # then other tasks; diagnostics last
@@ -133,7 +133,7 @@ def _combine(cells: list[Cellv], names: list[str], task: str) -> Cellv:
             seeds.update({f"{name}/{k}": x for k, x in v.seeds.items()})
         else:
             seeds[name] = v.seeds
-    shared = seed_scope(task) == "task"
+    shared = seeds_shared(task)
     return Cellv(suite_mean(seeds, shared=shared), seeds=seeds, shared=shared)
 
 

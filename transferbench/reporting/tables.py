@@ -28,7 +28,7 @@ from ..hashing import canon
 from ..plugins import load_group
 from ..records.aggregate import Entry, aggregate, value_order
 from ..records.stats import Estimate, paired_bootstrap, paired_difference, paired_suite_difference, suite_mean
-from ..spec import seed_scope
+from ..spec import seeds_shared
 
 ALL = "mean"  # the column averaging every dataset of a task
 MARKS_TEXT = (
@@ -291,7 +291,7 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
             if not all(col in row and row[col].estimate for col in members_g):
                 continue  # a backbone missing a dataset has no comparable suite mean
             per = {c: cell_of[(b, c)].per_seed for c in members_g}
-            shared = seed_scope(task) == "task"
+            shared = seeds_shared(task)
             row[g] = Cellv(suite_mean(per, shared=shared), seeds={c: dict(v) for c, v in per.items()}, shared=shared)
         t.rows[b] = row
         t.seeds[b] = seed_counts(ns)
@@ -315,7 +315,7 @@ def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
 
 def suite_words(task: str) -> str:
     """How a suite mean's interval of `task` is made, in a footnote's words (docs/statistics.md)."""
-    if seed_scope(task) == "task":
+    if seeds_shared(task):
         return "t over the per-seed means, one run per seed serving every dataset"
     return "Welch's t over the independent dataset means"
 

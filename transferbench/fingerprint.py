@@ -162,10 +162,8 @@ def closure(roots: tuple) -> dict:
             top = m.split(".")[0]
             if top == NAME:
                 todo.append((m, None))
-            elif home is not None and top == home[1]:
-                todo.append((m, home))
-            elif home is not None and home[2] and _locate(m, home) is not None:
-                todo.append((m, home))
+            elif home is not None and (top == home[1] or (home[2] and _locate(m, home) is not None)):
+                todo.append((m, home))  # its own package, or a module beside a lone one
     return dict(sorted(out.items()))
 
 

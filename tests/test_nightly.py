@@ -19,12 +19,6 @@ def baseline(tmp_path):
     return base
 
 
-def tolerance(backbone: str, split: str) -> float:
-    """regress's tolerance for the quick suite's alpha cells: max(0.5, the baseline's std over seeds 0 and 1)."""
-    values = [toy_accuracy(backbone, 5.0, 0.01, s, split, "alpha") for s in (0, 1)]
-    return max(0.5, float(np.std(values, ddof=1)))
-
-
 def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, capsys):
     out = tmp_path / "nightly"
     assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-23"]) == 0
@@ -32,9 +26,12 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     report = (night / "REGRESSION.md").read_text()
     # 2 backbones x (select on val, final on test), every one compared on both seeds
     assert report.startswith(
-        f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, 4 unchanged of 4 compared"
+        f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, 4 unchanged, 0 untested of 4 "
+        "compared; pooled over each task and backbone 0 regressed, 0 improved of 2; 0 seed spreads changed; 0 protocol "
+        "changes; 0 cells missing from current, 0 new."
     )
-    assert "0 cells missing from current, 0 new." in report
+    # one kind of machine and the same libraries: every value reproduced exactly
+    assert "| mu4        | 0         | 4          |" in report.split("## Exact reproduction")[1]
     assert "## toy" in (night / "LEADERBOARD.md").read_text()
     assert capsys.readouterr().out.strip() == report.strip()
     # the same date again resumes: every cell is skipped
@@ -47,25 +44,22 @@ def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monk
     out = tmp_path / "nightly"
     assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-24"]) == 1
     report = (out / "2026-11-24" / "REGRESSION.md").read_text()
-    assert "**REGRESSION**: 4 regressed, 0 improved, 0 unchanged of 4 compared" in report
-    rows = [line for line in report.splitlines() if line.startswith("| toy ")]
+    # every seed 5 points down: paired differences that do not vary, p = 0; each backbone's pooled test fires too
+    assert report.startswith("# Nightly 2026-11-24")
+    assert "**REGRESSION** (6 regressed): 4 regressed, 0 improved" in report
+    section = report.split("## Regressions")[1].split("##")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| toy ")]
     assert len(rows) == 4
     for backbone in ("mu4", "mu4_dpn"):
         for split, stage in (("val", "select"), ("test", "final")):
             base = np.mean([toy_accuracy(backbone, 5.0, 0.01, s, split, "alpha") for s in (0, 1)])
             cells = [
-                "toy",
-                "alpha",
-                backbone,
-                split,
-                "accuracy",
-                f"{base:.2f}",
-                f"{base - 5:.2f}",
-                "-5.00",
-                f"{tolerance(backbone, split):.2f}",
-                "2",
+                *("toy", "alpha", backbone, split, "accuracy", f"{base:.2f}", f"{base - 5:.2f}", "-5.00"),
+                *("[-5.00, -5.00]", "2", stage),
             ]
-            assert any([c.strip() for c in row.strip("|").split("|")][:10] == cells and stage in row for row in rows)
+            parsed = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+            # p: the t of two differences equal up to rounding
+            assert any(r[:9] + r[10:] == cells and float(r[9]) < 1e-9 for r in parsed), (cells, rows)
     assert "REGRESSION" in capsys.readouterr().out
 
 
@@ -74,7 +68,10 @@ def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
     out = tmp_path / "nightly"
     assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "d"]) == 1
     report = (out / "d" / "REGRESSION.md").read_text()
-    assert "**OK**: 0 regressed" in report and "; 4 cells of current failed." in report
+    # the select cells failed, so the final cells never ran: both fail the night, and the missing ones are named
+    assert report.split("\n")[2].startswith("**REGRESSION** (4 cells failed, 4 cells missing): 0 regressed")
+    assert "; 4 cells missing from current, 0 new; 4 cells of current failed." in report
+    assert "- toy / alpha / mu4_dpn final seed 1" in report.split("## Missing from current")[1]
     failed = report.split("## Failed in current")[1]
     assert failed.count("RuntimeError: toy failure on alpha") == 4
 

@@ -23,7 +23,7 @@ examples:
   transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k
   transferbench report runs/vtab --reference b32
   transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
-  transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22 --threshold 0.5
+  transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22
   transferbench run vtab --suite embedded --jobs 2                # two cells at once on this machine
   transferbench run vtab --backbone b16,b16_dpn --executor ray --address auto --gpus-per-cell 1 --data-dir /shared/tfds
   transferbench nightly --baseline results/runs --suite embedded --out nightly
@@ -429,14 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
         "regress",
         help="compare two records folders; exit 1 on regression",
         formatter_class=fmt,
-        description="Match cells of --current against --baseline and flag each metric that gets worse by more "
-        "than max(--threshold, the baseline's seed-to-seed std). Prints a markdown report; exits 1 on "
-        "a regression, 0 otherwise.",
-        epilog="example:\n  transferbench regress --baseline nightly/old --current nightly/new --threshold 0.5",
+        description="Match the cells of --current with those of --baseline on what they are (task, dataset, "
+        "backbone, stage, seed, report axes) and gate the change: a setting that differs is a protocol change "
+        "and fails unless accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on "
+        "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
+        "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
+        "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, a changed "
+        "seed spread or an unaccepted protocol change, 0 otherwise (docs/regression.md).",
+        epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
+        "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose",
     )
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
-    rg.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
+    _gate_options(rg)
     rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
     rg.add_argument("--output", "-o", type=Path, help="also write the report to this file")
     _strict_option(rg)
@@ -447,8 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
         description="The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the "
         "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
-        "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression or a failed "
-        "cell (and, with --fail-on-missing, on baseline cells the run lacks), 2 on bad input, else 0.",
+        "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression, a changed seed "
+        "spread, an unaccepted protocol change, a failed cell or a baseline cell the run lacks (--allow-missing "
+        "to let that pass), 2 on bad input, else 0.",
         epilog="examples:\n  transferbench nightly --baseline results/runs --suite embedded --out nightly\n"
         "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
         "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
@@ -473,8 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("--out", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)")
     _deprecated(nt, "-o", type=Path)
     nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
-    nt.add_argument("--threshold", type=float, default=0.5, help="smallest drop that counts, in metric units (0.5)")
-    nt.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when the run lacks baseline cells")
+    _gate_options(nt)
+    nt.add_argument(
+        "--allow-missing", action="store_true", help="pass a night that lacks baseline cells (default: it fails)"
+    )
     _execution_options(nt)
     for sp in (run, pt, nt):
         sp.epilog = (sp.epilog or "") + "\n\n" + ENVIRONMENT
@@ -899,14 +907,51 @@ def cmd_leaderboard(args) -> int:
     return 0
 
 
+def _gate_options(p) -> None:
+    from .reporting.regress import ALPHA, FLOOR
+
+    p.add_argument(
+        "--floor",
+        "--threshold",
+        dest="floor",
+        type=float,
+        default=FLOOR,
+        help=f"smallest change of one comparison that counts, in metric units ({FLOOR}; half of it for a pooled mean)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help=f"family-wise error rate of the tests of one run of the gate, Holm-corrected ({ALPHA})",
+    )
+    p.add_argument(
+        "--accept",
+        type=_csv,
+        default=[],
+        metavar="TASK[:SETTING]",
+        help="protocol changes made on purpose: TASK (every setting of it), TASK:SETTING or :SETTING "
+        "(e.g. fewshot:pool, vtab:protocol_version)",
+    )
+
+
+def _check_gate_options(args) -> None:
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha {args.alpha}: give a family-wise error rate between 0 and 1, e.g. 0.01")
+    if args.floor < 0:
+        raise UserError(f"--floor {args.floor}: give a change in metric units, 0 or more, e.g. 0.5")
+
+
 def cmd_regress(args) -> int:
     from .records.store import load_records
     from .reporting.regress import verdict
 
+    _check_gate_options(args)
     text, code = verdict(
         load_records([args.baseline], strict=args.strict),
         load_records([args.current], strict=args.strict),
-        args.threshold,
+        args.floor,
+        alpha=args.alpha,
+        accept=args.accept,
         fail_on_missing=args.fail_on_missing,
     )
     print(text)
@@ -925,6 +970,7 @@ def cmd_nightly(args) -> int:
     from .reporting.regress import verdict
 
     executor = _check_execution_options(args)
+    _check_gate_options(args)
     date = args.date or datetime.now(timezone.utc).strftime("%Y-%m-%d")
     if not date or "/" in date or date.startswith("."):
         raise UserError(f"--date {date!r}: give a plain folder name such as 2026-11-23")
@@ -947,8 +993,10 @@ def cmd_nightly(args) -> int:
     text, code = verdict(
         [r for r in baseline if (r["task"], r["backbone"]) in ran],
         load_records([current]),
-        args.threshold,
-        fail_on_missing=args.fail_on_missing,
+        args.floor,
+        alpha=args.alpha,
+        accept=args.accept,
+        fail_on_missing=not args.allow_missing,
         fail_on_failed=True,
         title=f"Nightly {date}: {current} vs {args.baseline}",
     )

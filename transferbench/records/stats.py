@@ -272,6 +272,40 @@ def paired_suite_difference(
     return suite_mean(diffs, shared=shared, level=level)
 
 
+def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> Estimate:
+    """100 · (accuracy of a − accuracy of b) on the same examples, with McNemar's exact test: under "a and b are
+    equally accurate" each example that one gets right and the other wrong falls either way with probability 1/2,
+    so the p-value is the two-sided binomial test of the discordant counts (no interval)."""
+    a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"per-example results must be non-empty and of one length: {a.shape} vs {b.shape}")
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    p = 1.0 if only_a + only_b == 0 else float(_scipy.binomtest(only_a, only_a + only_b, 0.5).pvalue)
+    return Estimate(100.0 * (only_a - only_b) / a.size, None, int(a.size), p=p, method="examples")
+
+
+def variance_ratio(current: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """(ratio, p): the ratio of the seed-to-seed standard deviations current / baseline, each pooled over groups
+    (within-group variances weighted by their degrees of freedom), and the two-sided F-test of "the variances are
+    equal" on the pooled degrees of freedom. A spread of exactly 0 against a positive one has p = 0; nan where a
+    side has no degree of freedom or both spreads are 0."""
+
+    def pooled(groups):
+        groups = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
+        df = sum(g.size - 1 for g in groups)
+        return (sum(((g - g.mean()) ** 2).sum() for g in groups) / df if df else math.nan), df
+
+    vc, dfc = pooled(current)
+    vb, dfb = pooled(baseline)
+    if not dfc or not dfb or (vc == 0 and vb == 0):
+        return math.nan, math.nan
+    if vc == 0 or vb == 0:
+        return (0.0 if vc == 0 else math.inf), 0.0
+    f = vc / vb
+    p = 2 * min(_scipy.f.cdf(f, dfc, dfb), _scipy.f.sf(f, dfc, dfb))
+    return math.sqrt(f), float(min(1.0, p))
+
+
 def pool(parts: list[dict]) -> dict:
     """Pool per-seed {"mean", "sd", "n"} summaries (arrays of the same shape) into one over all their samples:
     the grand mean and the standard deviation from the within- and between-part sums of squares."""

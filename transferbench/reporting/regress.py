@@ -1,134 +1,570 @@
-"""Regression verdict between two records folders (e.g. last night's and tonight's).
+"""The regression gate between two records folders (last night's and tonight's): docs/regression.md.
 
-Cells match on what defines the experiment — task, dataset, backbone as written, hyper-parameters,
-stage, protocol version — not on checkpoint hashes, since tonight's weights are the point. For each
-match and each split, the primary metric's mean over the seeds both sides have is compared: it
-regresses when it gets worse by more than max(threshold, the baseline's seed-to-seed standard
-deviation).
+1. Matching. Cells match on what they are: task, dataset, backbone, stage, seed and the report axes (the
+   hyper-parameters that vary between a dataset's cells on either side: shots, lr in the select stage, ...). A
+   final stage's selected values (its `select` keys) are an outcome, not an identity.
+2. Protocol changes. Every other setting of a matched cell (hyper-parameters, the dataset's configuration, the
+   protocol version) must agree. A difference is listed by setting (`pool: gap → tok`) and fails the gate unless
+   it is accepted by name (`--accept TASK:SETTING`); a changed cell's numbers are shown but not tested.
+3. Tests:
+   - per comparison (task, dataset, backbone, stage, axes, split): the paired t-test over the seeds both sides
+     have (records.stats.paired_difference); with one seed, McNemar's exact test where both sides logged their
+     per-example results (--log-samples), else untestable;
+   - per (task, backbone): the pooled test of the mean change over all its datasets, seeds and settings
+     (records.stats.suite_mean on the per-(dataset, seed) mean changes, the leaderboard's suite test), which sees
+     a broad shift that no single cell shows;
+   - per (task, backbone): the F-test of the seed-to-seed spread (collapsed or exploded).
+   The cell tests are one family and the pooled and spread tests another, each Holm-corrected at alpha / 2, so
+   that a night's family-wise error is at most alpha. A test fires when it is significant after Holm *and* its
+   change passes a magnitude floor (`floor` in metric units for a comparison, half of it for a pooled mean, a
+   factor 2 for a spread). Worse is a regression, better an
+   improvement; both are reported, only regressions (and spread changes) fail.
+4. Reproduction. Where both sides ran on one kind of machine with the same libraries, every cell whose value
+   changed at all is counted per backbone (the embedded suites are bit-reproducible there); a count alone never
+   fails the gate.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats as _scipy
 from tabulate import tabulate
 
 from ..hashing import canon
+from ..records.stats import holm, mcnemar, paired_difference, suite_mean, variance_ratio
+
+ALPHA = 0.01  # family-wise error of one night's tests (Holm)
+FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
+POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
+SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
+# the machine and the libraries that decide the arithmetic: equal on both sides, a rerun of unchanged code is exact
+ARITHMETIC = ("device", "torch", "numpy", "timm", "python")
+
+
+def words(axes: dict) -> str:
+    """Axes in words: `shots=25, lr=0.01`."""
+    return ", ".join(f"{k}={_value(v)}" for k, v in axes.items())
+
+
+def _value(v) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return str(v)
+    return canon({"v": v})[5:-1] if not isinstance(v, (int, float)) else repr(v)
 
 
 @dataclass
 class Comparison:
+    kind: str  # cell | pooled | spread
     task: str
-    dataset: str
     backbone: str
-    setting: str  # stage + hyper-parameters, for the reader
+    dataset: str  # '' for pooled and spread tests
+    stage: str
+    axes: dict
     split: str
     metric: str
-    baseline: float
+    baseline: float  # mean (cell, pooled) or seed standard deviation (spread)
     current: float
-    change: float  # current - baseline, signed so that > 0 is better
-    tolerance: float
-    n: int
-    verdict: str  # regressed | improved | unchanged
+    change: float  # current - baseline, signed so that > 0 is better (spread: the sd ratio)
+    n: int  # seeds (cell), datasets (pooled), degrees of freedom (spread)
+    p: float | None
+    floor: float
+    low: float | None = None  # the 95% interval of the change, where the test has one
+    high: float | None = None
+    significant: bool = False
+    verdict: str = "unchanged"  # regressed | improved | unchanged | untested | spread
+
+    @property
+    def setting(self) -> str:
+        return " ".join(x for x in (self.stage, words(self.axes)) if x)
+
+    @property
+    def big(self) -> bool:
+        if self.kind == "spread":
+            return self.change >= self.floor or self.change <= 1 / self.floor
+        return abs(self.change) >= self.floor
 
 
-def _key(r: dict) -> tuple:
-    return (r["task"], r["dataset"], r["backbone"], r.get("stage", ""), canon(r["hparams"]), r["protocol_version"])
+@dataclass
+class ProtocolChange:
+    task: str
+    setting: str
+    before: str
+    after: str
+    cells: int = 0
+    backbones: set = field(default_factory=set)
+    change: list = field(default_factory=list)  # per changed cell: current - baseline (> 0 better)
+    accepted: bool = False
 
 
-def _index(records: list[dict]) -> dict:
-    """match key -> split -> seed -> value (ok records' primary metric)."""
-    out = defaultdict(lambda: defaultdict(dict))
-    for r in sorted(records, key=lambda r: r.get("finished_at", "")):
-        out[_key(r)]  # a cell that diverged or failed still counts as present
-        if r["status"] != "ok":
-            continue
-        for split, values in (r.get("metrics") or {}).items():
-            if r["metric"] in values:
-                out[_key(r)][split][int(r["seed"])] = (float(values[r["metric"]]), r["mode"], r["metric"])
+@dataclass
+class Gate:
+    comparisons: list[Comparison]
+    protocol: list[ProtocolChange]
+    missing: list  # baseline cells (task, dataset, backbone, stage, seed, axes) without a current counterpart
+    new: list
+    exact: dict | None  # backbone -> (changed, compared) where both sides share machine kind and libraries
+    selection: list  # (task, dataset, backbone, axes, before, after): a final stage selected differently
+    alpha: float
+    tests: int
+    floor: float = FLOOR
+
+    def of(self, kind: str, verdict: str | None = None) -> list[Comparison]:
+        return [c for c in self.comparisons if c.kind == kind and (verdict is None or c.verdict == verdict)]
+
+    @property
+    def regressed(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict in ("regressed", "spread")]
+
+    @property
+    def improved(self) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict == "improved"]
+
+    @property
+    def unaccepted(self) -> list[ProtocolChange]:
+        return [p for p in self.protocol if not p.accepted]
+
+    def direction(self) -> str:
+        """'' or a sentence when the cell changes point one way more than chance allows (a sign test at alpha
+        over the comparisons that changed)."""
+        cells = [c for c in self.of("cell") if c.change != 0]
+        worse = sum(c.change < 0 for c in cells)
+        if len(cells) < 10:
+            return ""
+        p = _scipy.binomtest(worse, len(cells), 0.5).pvalue
+        if p >= self.alpha:
+            return ""
+        way = "worse" if worse * 2 > len(cells) else "better"
+        k = worse if way == "worse" else len(cells) - worse
+        return (
+            f"Changes point one way: {k} of the {len(cells)} comparisons that moved got {way} (sign test p = {p:.1g})."
+        )
+
+
+def _latest(records: list[dict]) -> list[dict]:
+    return sorted(records, key=lambda r: r.get("finished_at", ""))
+
+
+def _axes(*sides: list[dict]) -> dict:
+    """(task, stage) -> the hyper-parameters that vary between the cells of one (dataset, backbone) on a side."""
+    values = defaultdict(lambda: defaultdict(set))
+    for records in sides:
+        for r in records:
+            values[(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), id(records))]
+            for k, v in r["hparams"].items():
+                values[(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), id(records))][k].add(
+                    canon({"v": v})
+                )
+    out = defaultdict(set)
+    for (task, _, _, stage, _), keys in values.items():
+        out[(task, stage)] |= {k for k, vs in keys.items() if len(vs) > 1}
     return out
 
 
-def compare(baseline: list[dict], current: list[dict], threshold: float = 0.5):
-    b, c = _index(baseline), _index(current)
-    comparisons = []
+def _identity(r: dict, axes: dict) -> tuple:
+    stage = r.get("stage", "")
+    chosen = set(r.get("select", [])) if stage == "final" else set()
+    ax = {k: r["hparams"][k] for k in sorted(axes[(r["task"], stage)] - chosen) if k in r["hparams"]}
+    return (r["task"], r["dataset"], r["backbone"], stage, int(r["seed"]), canon(ax)), ax
+
+
+def _settings(r: dict, axes: dict) -> dict:
+    """Everything of a cell that is neither its identity nor its outcome, as {name: canonical text}."""
+    stage = r.get("stage", "")
+    skip = axes[(r["task"], stage)] | (set(r.get("select", [])) if stage == "final" else set())
+    out = {k: _value(v) for k, v in r["hparams"].items() if k not in skip}
+    out.update({f"dataset.{k}": _value(v) for k, v in (r.get("dataset_config") or {}).items()})
+    out["protocol_version"] = str(r.get("protocol_version"))
+    return out
+
+
+def _index(records: list[dict], axes: dict) -> dict:
+    out = {}
+    for r in _latest(records):
+        key, ax = _identity(r, axes)
+        out[key] = (r, ax)
+    return out
+
+
+def _value_of(r: dict, split: str) -> float | None:
+    if r["status"] != "ok":
+        return None
+    v = (r.get("metrics") or {}).get(split, {}).get(r["metric"])
+    return None if v is None else float(v)
+
+
+def _environment(records: list[dict]) -> set:
+    return {canon({k: (r.get("environment") or {}).get(k) for k in ARITHMETIC}) for r in records}
+
+
+def accepts(accept, task: str, setting: str) -> bool:
+    """Whether `accept` (TASK, TASK:SETTING or :SETTING entries) names this change."""
+    return any(a in (task, f"{task}:{setting}", f":{setting}", f"*:{setting}") for a in accept or ())
+
+
+def gate(
+    baseline: list[dict],
+    current: list[dict],
+    *,
+    floor: float = FLOOR,
+    alpha: float = ALPHA,
+    accept=(),
+    shared=None,
+) -> Gate:
+    """Match, test and judge (module docstring). `shared(task)`: whether one run per seed serves every dataset of
+    a task (spec.seeds_shared), which decides the pooled test's units."""
+    if shared is None:
+        from ..spec import seeds_shared as shared
+    axes = _axes(baseline, current)
+    b, c = _index(baseline, axes), _index(current, axes)
+    changes: dict[tuple, ProtocolChange] = {}
+    selection = []
+    pairs = defaultdict(dict)  # (task, dataset, backbone, stage, axes, split) -> seed -> (base record, cur record)
+    axes_of = {}
     for key in sorted(set(b) & set(c)):
-        for split in sorted(set(b[key]) & set(c[key])):
-            seeds = sorted(set(b[key][split]) & set(c[key][split]))
-            if not seeds:
-                continue
-            mode, metric = b[key][split][seeds[0]][1:]
-            base = np.array([b[key][split][s][0] for s in seeds])
-            cur = np.array([c[key][split][s][0] for s in seeds])
-            sign = 1.0 if mode == "max" else -1.0
-            change = sign * float(cur.mean() - base.mean())
-            noise = float(np.std([v[0] for v in b[key][split].values()], ddof=1)) if len(b[key][split]) > 1 else 0.0
-            tol = max(threshold, noise)
-            verdict = "regressed" if change < -tol else "improved" if change > tol else "unchanged"
-            task, dataset, backbone, stage, hp, _ = key
+        (rb, ax), (rc, _) = b[key], c[key]
+        sb, sc = _settings(rb, axes), _settings(rc, axes)
+        differs = sorted(k for k in set(sb) | set(sc) if sb.get(k) != sc.get(k))
+        task, dataset, backbone, stage, seed, axkey = key
+        if differs:
+            for k in differs:
+                pc = changes.setdefault(
+                    (task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
+                    ProtocolChange(task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
+                )
+                pc.cells += 1
+                pc.backbones.add(backbone)
+                vb, vc = _value_of(rb, _main_split(rb)), _value_of(rc, _main_split(rb))
+                if vb is not None and vc is not None:
+                    pc.change.append(_sign(rb) * (vc - vb))
+            continue
+        if stage == "final":
+            chosen = {k: rb["hparams"].get(k) for k in rb.get("select", [])}
+            now = {k: rc["hparams"].get(k) for k in rb.get("select", [])}
+            if chosen != now:
+                selection.append((task, dataset, backbone, words(ax), seed, words(chosen), words(now)))
+        for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
+            group = (task, dataset, backbone, stage, axkey, split)
+            pairs[group][seed] = (rb, rc)
+            axes_of[group] = ax
+    for pc in changes.values():
+        pc.accepted = accepts(accept, pc.task, pc.setting)
+
+    comparisons = []
+    for group, seeds in sorted(pairs.items()):
+        task, dataset, backbone, stage, _, split = group
+        vals = {s: (_value_of(rb, split), _value_of(rc, split)) for s, (rb, rc) in seeds.items()}
+        vals = {s: v for s, v in vals.items() if None not in v}
+        if not vals:
+            continue
+        first = next(iter(seeds.values()))[0]
+        sign = _sign(first)
+        cur = {s: sign * v[1] for s, v in vals.items()}
+        base = {s: sign * v[0] for s, v in vals.items()}
+        d = paired_difference(cur, base)
+        low = high = None
+        p = d.p
+        if d.n == 1:
+            (s,) = vals
+            p = _examples_p(*seeds[s], split)
+        elif d.low is not None:
+            low, high = d.low, d.high
+        comparisons.append(
+            Comparison(
+                "cell",
+                task,
+                backbone,
+                dataset,
+                stage,
+                axes_of[group],
+                split,
+                first["metric"],
+                float(np.mean([v[0] for v in vals.values()])),
+                float(np.mean([v[1] for v in vals.values()])),
+                d.mean,
+                d.n,
+                p,
+                floor,
+                low,
+                high,
+            )
+        )
+
+    # pooled and spread tests per (task, backbone): units are per (dataset, seed) means over the dataset's
+    # reported comparisons
+    units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for group, seeds in pairs.items():
+        task, dataset, backbone, stage, _, split = group
+        if split == "val":  # the reported results only: a select stage's val sweep is left to the cell tests
+            continue
+        for s, (rb, rc) in seeds.items():
+            vb, vc = _value_of(rb, split), _value_of(rc, split)
+            if vb is not None and vc is not None:
+                units[(task, backbone, rb["metric"])][dataset][s].append((_sign(rb) * vb, _sign(rb) * vc))
+    for (task, backbone, metric), per_dataset in sorted(units.items()):
+        base = {
+            ds: {s: float(np.mean([v[0] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
+        }
+        cur = {
+            ds: {s: float(np.mean([v[1] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
+        }
+        diff = {ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base}
+        est = suite_mean(diff, shared=shared(task))
+        comparisons.append(
+            Comparison(
+                "pooled",
+                task,
+                backbone,
+                "",
+                "",
+                {},
+                "",
+                metric,
+                float(np.mean([np.mean(list(v.values())) for v in base.values()])),
+                float(np.mean([np.mean(list(v.values())) for v in cur.values()])),
+                est.mean,
+                len(diff),
+                est.p,
+                floor * POOLED_FLOOR,
+                est.low,
+                est.high,
+            )
+        )
+        if shared(task):  # one run per seed: the spread is that of the per-seed suite means
+            seeds = sorted(set.intersection(*(set(v) for v in base.values())))
+            gb = [[np.mean([base[ds][s] for ds in base]) for s in seeds]]
+            gc = [[np.mean([cur[ds][s] for ds in cur]) for s in seeds]]
+        else:
+            gb = [list(v.values()) for v in base.values()]
+            gc = [list(v.values()) for v in cur.values()]
+        ratio, p = variance_ratio(gc, gb)
+        if not math.isnan(ratio):
             comparisons.append(
                 Comparison(
+                    "spread",
                     task,
-                    dataset,
                     backbone,
-                    f"{stage} {hp}".strip(),
-                    split,
+                    "",
+                    "",
+                    {},
+                    "",
                     metric,
-                    float(base.mean()),
-                    float(cur.mean()),
-                    change,
-                    tol,
-                    len(seeds),
-                    verdict,
+                    _pooled_sd(gb),
+                    _pooled_sd(gc),
+                    ratio,
+                    sum(len(g) - 1 for g in gc),
+                    p,
+                    SPREAD_FLOOR,
                 )
             )
-    missing = [k for k in b if k not in c]
-    new = [k for k in c if k not in b]
-    return comparisons, missing, new
+
+    # two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the night's family-wise error stays
+    # at most alpha): the few broad tests (pooled, spread) are not diluted by the hundreds of cell tests
+    rejected = {}
+    for family in (("cell",), ("pooled", "spread")):
+        members = [x for x in comparisons if x.kind in family]
+        rejected.update(zip(map(id, members), holm([x.p for x in members], alpha / 2)))
+    for x in comparisons:
+        sig = rejected[id(x)]
+        x.significant = sig
+        if x.p is None:
+            x.verdict = "untested"
+        elif sig and x.big:
+            x.verdict = "spread" if x.kind == "spread" else "regressed" if x.change < 0 else "improved"
+
+    exact = None
+    env_b, env_c = _environment(baseline), _environment(current)
+    if len(env_b) == 1 and env_b == env_c:
+        exact = defaultdict(lambda: [0, 0])
+        for key in set(b) & set(c):
+            (rb, _), (rc, _) = b[key], c[key]
+            if rb["status"] != "ok" or rc["status"] != "ok":
+                continue
+            exact[key[2]][1] += 1
+            exact[key[2]][0] += canon(rb.get("metrics")) != canon(rc.get("metrics"))
+        exact = {k: tuple(v) for k, v in sorted(exact.items())}
+    return Gate(
+        comparisons,
+        sorted(changes.values(), key=lambda p: (p.task, p.setting)),
+        sorted(k for k in b if k not in c),
+        sorted(k for k in c if k not in b),
+        exact,
+        selection,
+        alpha,
+        sum(x.p is not None for x in comparisons),
+        floor,
+    )
+
+
+def _pooled_sd(groups) -> float:
+    groups = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
+    df = sum(g.size - 1 for g in groups)
+    return float(math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / df)) if df else math.nan
+
+
+def _sign(r: dict) -> float:
+    return 1.0 if r.get("mode", "max") == "max" else -1.0
+
+
+def _main_split(r: dict) -> str:
+    metrics = r.get("metrics") or {}
+    return "test" if "test" in metrics else next(iter(metrics), "test")
+
+
+def _examples_p(rb: dict, rc: dict, split: str) -> float | None:
+    """McNemar's p of one seed's cell, where both records logged their per-example results."""
+    from ..records.store import read_samples
+
+    a, b = read_samples(rc, split), read_samples(rb, split)
+    if a is None or b is None or np.shape(a) != np.shape(b) or np.asarray(a).dtype != bool:
+        return None
+    return mcnemar(a, b).p
 
 
 def verdict(
     baseline: list[dict],
     current: list[dict],
-    threshold: float = 0.5,
+    floor: float = FLOOR,
     *,
+    alpha: float = ALPHA,
+    accept=(),
     fail_on_missing: bool = False,
     fail_on_failed: bool = False,
     title: str = "Regression report",
 ) -> tuple[str, int]:
-    """(markdown report, exit code): 1 when a metric regressed, or a cell of `current` failed (with
-    `fail_on_failed`: a nightly run whose cells crash must not pass), or baseline cells are missing from
+    """(markdown report, exit code): 1 when a test fires for the worse, the seed spread changed, a protocol change
+    is not accepted, a cell of `current` failed (with `fail_on_failed`) or baseline cells are missing from
     `current` (with `fail_on_missing`); else 0."""
-    comparisons, missing, new = compare(baseline, current, threshold)
+    g = gate(baseline, current, floor=floor, alpha=alpha, accept=accept)
     failed = [r for r in current if r["status"] == "failed"]
-    text = report(comparisons, missing, new, threshold, title=title, failed=failed)
-    regressed = any(c.verdict == "regressed" for c in comparisons)
-    return text, int(regressed or (fail_on_failed and bool(failed)) or (fail_on_missing and bool(missing)))
+    reasons = []
+    if g.regressed:
+        reasons.append(f"{len(g.regressed)} regressed")
+    if g.unaccepted:
+        reasons.append(f"{len(g.unaccepted)} protocol changes")
+    if fail_on_failed and failed:
+        reasons.append(f"{len(failed)} cells failed")
+    if fail_on_missing and g.missing:
+        reasons.append(f"{len(g.missing)} cells missing")
+    return report(g, failed=failed, title=title, reasons=reasons), int(bool(reasons))
 
 
-def report(
-    comparisons: list[Comparison],
-    missing: list,
-    new: list,
-    threshold: float,
-    *,
-    title: str = "Regression report",
-    failed: list[dict] = (),
-) -> str:
-    reg = [x for x in comparisons if x.verdict == "regressed"]
-    imp = [x for x in comparisons if x.verdict == "improved"]
+def _num(x: float | None, fmt: str = "+.2f") -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _p(p: float | None) -> str:
+    return "untested" if p is None else f"{p:.2g}"
+
+
+def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) -> str:
+    cells = g.of("cell")
+    counts = {v: sum(c.verdict == v for c in cells) for v in ("regressed", "improved", "unchanged", "untested")}
+    pooled_bad = g.of("pooled", "regressed")
+    spread = g.of("spread", "spread")
+    head = f"**{'REGRESSION' if reasons else 'OK'}**" + (f" ({', '.join(reasons)})" if reasons else "")
     lines = [
         f"# {title}",
         "",
-        f"**{'REGRESSION' if reg else 'OK'}**: {len(reg)} regressed, {len(imp)} improved, "
-        f"{len(comparisons) - len(reg) - len(imp)} unchanged of {len(comparisons)} compared "
-        f"(tolerance = max({threshold}, baseline seed std)); {len(missing)} cells missing from current, "
-        f"{len(new)} new" + (f"; {len(failed)} cells of current failed" if failed else "") + ".",
+        f"{head}: {counts['regressed']} regressed, {counts['improved']} improved, {counts['unchanged']} unchanged, "
+        f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
+        f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}; "
+        f"{len(spread)} seed spreads changed; {len(g.unaccepted)} protocol changes"
+        + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
+        + f"; {len(g.missing)} cells missing from current, {len(g.new)} new"
+        + (f"; {len(failed)} cells of current failed" if failed else "")
+        + "."
+        + (f" {g.direction()}" if g.direction() else ""),
+        "",
+        f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled and "
+        f"spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) and its "
+        f"change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled, a factor "
+        f"{SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
         "",
     ]
-    head = [
+    if g.protocol:
+        lines += [
+            "## Protocol changes",
+            "",
+            "A setting of matched cells differs: their numbers are not compared. Accept a change on purpose with "
+            "`--accept TASK:SETTING`.",
+            "",
+            tabulate(
+                [
+                    [
+                        p.task,
+                        f"{p.setting}: {p.before} → {p.after}",
+                        p.cells,
+                        ", ".join(sorted(p.backbones)),
+                        _num(float(np.mean(p.change))) if p.change else "",
+                        "accepted" if p.accepted else "FAILS",
+                    ]
+                    for p in g.protocol
+                ],
+                ["task", "change", "cells", "backbones", "mean change", "verdict"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+            "",
+        ]
+    pooled = g.of("pooled")
+    if pooled:
+        lines += [
+            "## Pooled over each task and backbone",
+            "",
+            tabulate(
+                [
+                    [
+                        x.task,
+                        x.backbone,
+                        x.metric,
+                        x.n,
+                        f"{x.baseline:.2f}",
+                        f"{x.current:.2f}",
+                        _num(x.change),
+                        f"[{_num(x.low)}, {_num(x.high)}]" if x.low is not None else "",
+                        _p(x.p),
+                        x.verdict,
+                    ]
+                    for x in pooled
+                ],
+                ["task", "backbone", "metric", "datasets", "baseline", "current", "change", "95% CI", "p", "verdict"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+            "",
+        ]
+    moved = [x for x in g.of("spread") if x.verdict == "spread" or (x.p is not None and x.p < g.alpha)]
+    if moved:
+        lines += [
+            "## Seed spread",
+            "",
+            tabulate(
+                [
+                    [
+                        x.task,
+                        x.backbone,
+                        f"{x.baseline:.2f}",
+                        f"{x.current:.2f}",
+                        _num(x.change, ".2f"),
+                        x.n,
+                        _p(x.p),
+                        x.verdict,
+                    ]
+                    for x in moved
+                ],
+                ["task", "backbone", "baseline sd", "current sd", "ratio", "df", "p", "verdict"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+            "",
+        ]
+    head_cells = [
         "task",
         "dataset",
         "backbone",
@@ -137,11 +573,12 @@ def report(
         "baseline",
         "current",
         "change",
-        "tolerance",
+        "95% CI",
+        "p",
         "n",
         "setting",
     ]
-    for heading, rows in (("Regressions", reg), ("Improvements", imp)):
+    for heading, rows in (("Regressions", g.of("cell", "regressed")), ("Improvements", g.of("cell", "improved"))):
         if rows:
             lines += [
                 f"## {heading}",
@@ -156,19 +593,37 @@ def report(
                             x.metric,
                             f"{x.baseline:.2f}",
                             f"{x.current:.2f}",
-                            f"{x.change:+.2f}",
-                            f"{x.tolerance:.2f}",
+                            _num(x.change),
+                            f"[{_num(x.low)}, {_num(x.high)}]" if x.low is not None else "",
+                            _p(x.p),
                             x.n,
                             x.setting,
                         ]
                         for x in rows
                     ],
-                    head,
+                    head_cells,
                     tablefmt="github",
                     disable_numparse=True,
                 ),
                 "",
             ]
+    if g.exact is not None:
+        lines += [
+            "## Exact reproduction",
+            "",
+            "Both sides ran on one kind of machine with the same libraries, where unchanged code reproduces every "
+            "number exactly. Cells whose value changed at all (this alone does not fail the gate):",
+            "",
+            tabulate(
+                [[k, changed, n] for k, (changed, n) in g.exact.items()],
+                ["backbone", "changed", "compared"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+            "",
+        ]
+    if g.selection:
+        lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {_selection(g.selection[0])}).", ""]
     if failed:
         lines += [
             "## Failed in current",
@@ -184,12 +639,24 @@ def report(
             ),
             "",
         ]
-    for heading, keys in (("Missing from current", missing), ("New in current", new)):
+    for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
         if keys:
             lines += [f"## {heading}", ""] + [
-                f"- {k[0]} / {k[1]} / {k[2]} {k[3]} {k[4]} (protocol v{k[5]})" for k in keys[:50]
+                f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" + (f" ({_axes_text(k[5])})" if k[5] != "{}" else "")
+                for k in keys[:50]
             ]
             if len(keys) > 50:
                 lines.append(f"- ... and {len(keys) - 50} more")
             lines.append("")
     return "\n".join(lines)
+
+
+def _axes_text(key: str) -> str:
+    import json
+
+    return words(json.loads(key))
+
+
+def _selection(s) -> str:
+    task, dataset, backbone, ax, seed, before, after = s
+    return f"{task} / {dataset} / {backbone}{f' {ax}' if ax else ''} seed {seed}: {before} → {after}"

@@ -39,6 +39,11 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
         and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
     )
     assert 0 <= recs[0]["metrics"]["test"]["accuracy"] <= 100
+    # the training curve's fixed points that the regression gate compares: 3 steps keep steps 1, 2 and 3, and the
+    # last is the loss the training loop ends on
+    train = recs[0]["metrics"]["train"]
+    assert sorted(train) == ["loss@1", "loss@2", "loss@3"] and train["loss@3"] == recs[0]["info"]["final_loss"]
+    assert pretrain.loss_points(100) == (25, 50, 75, 100) and pretrain.loss_points(3) == (1, 2, 3)
     assert recs[0]["data_version"] == "upstream-v5"  # the generator's version joins the cell key
     again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
     assert again == ref and [r["run_id"] for r in mu8()] == [recs[0]["run_id"]]

@@ -167,11 +167,14 @@ class PretrainAdapter(Adapter):
             compile=ctx.compile,
             desc=f"pretrain {cell.backbone}",
             on_step=log,
+            loss_at=loss_points(hp["steps"]),
         )
         train_seconds = time.time() - started
         resize = hp.get("eval_resize_small")
         evaluate = eval_transform(hp["resolution"], resize_small=resize, pixels=px)
         metrics = {"test": {"accuracy": accuracy(model, test, evaluate, ctx.device, out["bf16"], workers=ctx.workers)}}
+        # the training curve at fixed points: what the regression gate compares besides the upstream accuracy
+        metrics["train"] = {f"loss@{k}": v for k, v in out.pop("loss_at").items()}
         if cell.dataset_config.get("minival"):
             minival = load_split(cell, "minival", ctx.data_dir)
             metrics["minival"] = {
@@ -207,6 +210,12 @@ class PretrainAdapter(Adapter):
                 "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
             },
         }
+
+
+def loss_points(steps: int) -> tuple[int, ...]:
+    """The steps (counted from 1) whose batch loss a pretraining record keeps: a quarter, half, three quarters and
+    all of training."""
+    return tuple(sorted({max(1, steps * k // 4) for k in range(1, 5)}))
 
 
 def write_training_log(checkpoint, log: dict) -> Path:

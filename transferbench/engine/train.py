@@ -241,6 +241,7 @@ def fit(
     splittable: bool = True,
     on_step: Callable[[int], None] | None = None,
     compile: bool = False,
+    loss_at: tuple[int, ...] = (),
 ) -> dict:
     """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
     examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
@@ -252,7 +253,8 @@ def fit(
     `compile`: the forward and backward run through torch.compile (same parameters; results equal the eager
     ones up to floating-point summation order). The loss stays on the device: the host reads it every LOSS_EVERY
     steps and at the end (the only synchronisations of the loop), and a non-finite loss raises Diverged there,
-    naming the first step that had one.
+    naming the first step that had one. `loss_at`: steps (counted from 1) whose batch loss the result's `loss_at`
+    holds ({step: loss}: a training curve's fixed points, read once at the end).
     `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
     shape; the result's `bf16` and `bf16_choice` say what ran and why."""
     if schedule not in SCHEDULES:
@@ -286,6 +288,7 @@ def fit(
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     bad_loss = torch.zeros((), device=device)
     total = torch.full((), float("nan"), device=device)
+    points, kept = set(loss_at), {}
     for step in steps_iter:
         x, y = next(batches)
         lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
@@ -323,6 +326,8 @@ def fit(
         bad_step = torch.where(first, at, bad_step)
         bad_loss = torch.where(first, total, bad_loss)
         at += 1
+        if step + 1 in points:
+            kept[step + 1] = total
         if on_step is not None:
             on_step(step)
         if clip:
@@ -332,6 +337,7 @@ def fit(
             _raise_if_diverged(bad_step, bad_loss)
     return {
         "final_loss": float(total),
+        **({"loss_at": {k: float(v) for k, v in sorted(kept.items())}} if loss_at else {}),
         "micro_batch": micro or 0,
         "bf16": bf16,
         **({"compiled": True} if compile else {}),

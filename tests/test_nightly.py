@@ -6,6 +6,7 @@ import pytest
 from toyplugin import toy_accuracy
 
 from transferbench.cli import main
+from transferbench.reporting.coverage import BUILTIN
 
 NIGHTLY = ["nightly", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--no-progress"]
 
@@ -69,8 +70,8 @@ def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
     assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "d"]) == 1
     report = (out / "d" / "REGRESSION.md").read_text()
     # the select cells failed, so the final cells never ran: both fail the night, and the missing ones are named
-    assert report.split("\n")[2].startswith("**REGRESSION** (4 cells failed, 4 cells missing): 0 regressed")
-    assert "; 4 cells missing from current, 0 new; 4 cells of current failed." in report
+    assert report.split("\n")[2].startswith("**REGRESSION** (4 cells failed or diverged, 4 cells missing): 0 regressed")
+    assert "; 4 cells missing from current, 0 new; 4 cells of current failed or diverged." in report
     assert "- toy / alpha / mu4_dpn final seed 1" in report.split("## Missing from current")[1]
     failed = report.split("## Failed in current")[1]
     assert failed.count("RuntimeError: toy failure on alpha") == 4
@@ -109,10 +110,10 @@ def test_the_workflow_runs_nightly_with_options_it_has_on_a_baseline_that_exists
     known = {o for a in nightly._actions for o in a.option_strings}
     used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", script.split("transferbench nightly", 1)[1]))
     assert used and used <= known, used - known
-    assert "--suite embedded" in script and "base=results/runs" in script
+    assert "--suite nightly" in script and "base=results/nightly" in script
     uploads = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))["with"]["path"]
     assert "REGRESSION.md" in uploads and "LEADERBOARD" in uploads
-    # the first night's baseline: the committed embedded records, one task each the nightly will run
-    records = load_records([root / "results/runs"])
-    assert {r["suite"] for r in records} == {"embedded"}
-    assert {r["task"] for r in records} == {"vtab", "fewshot", "ade20k", "lit", "imagenet_c", "hires", "diagnose"}
+    # the first night's baseline: the committed nightly records, of every task that has a nightly suite
+    records = load_records([root / "results/nightly"])
+    assert {r["suite"] for r in records} == {"nightly"}
+    assert {r["task"] for r in records} == set(BUILTIN)

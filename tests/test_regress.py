@@ -5,6 +5,7 @@ shift is caught by the pooled test alone, a collapsed spread is flagged, and the
 under pure noise stays under alpha by simulation."""
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -107,6 +108,22 @@ def test_a_changed_setting_fails_with_its_name_and_passes_only_when_accepted(tmp
     assert main(["regress", "--baseline", str(b), "--current", str(c), "--accept", "vtab:pool"]) == 1
 
 
+def test_the_escape_on_the_committed_nightly_records_fails_naming_the_setting(tmp_path, capsys):
+    """The committed few-shot nightly records, their pooling changed from the default to `tok` and every accuracy
+    10 points worse: once this passed as '0 compared, N missing, N new'."""
+    from pathlib import Path
+
+    base = [r for r in load_records([Path(__file__).parent.parent / "results" / "nightly"]) if r["task"] == "fewshot"]
+    cur = shifted(base, lambda r: -10.0)
+    for r in cur:
+        r["hparams"]["pool"] = "tok"
+    b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
+    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    out = capsys.readouterr().out
+    assert "| fewshot | pool: model → tok | 252     |" in out and "| -10.00        | FAILS     |" in out
+    assert "0 cells missing from current, 0 new" in out
+
+
 def test_a_protocol_version_or_dataset_setting_is_a_protocol_change():
     base = suite(noise())
     cur = copy.deepcopy(base)
@@ -140,6 +157,18 @@ def test_a_final_stage_selected_differently_is_matched_not_a_protocol_change():
     g = gate(base, cur)
     assert g.protocol == [] and len(g.of("cell")) == 1 and len(g.selection) == 3
     assert g.selection[0][-2:] == ("lr=0.01", "lr=0.03")
+
+
+def test_a_cell_that_diverged_tonight_fails_the_night():
+    base = suite(noise())
+    cur = copy.deepcopy(base)
+    for r in cur[:3]:  # every seed of one comparison: no paired value is left, so no test could see it
+        r.update(status="diverged", reason="Diverged: non-finite loss at step 3", metrics={})
+    g = gate(base, cur)
+    assert [r["key"] for r in g.diverged] == [r["key"] for r in cur[:3]] and not g.missing
+    text, code = verdict(base, cur, fail_on_failed=True)
+    assert code == 1 and "(3 cells failed or diverged)" in text
+    assert text.count("| diverged | Diverged: non-finite loss at step 3 |") == 3
 
 
 def test_settings_read_as_words():
@@ -263,3 +292,126 @@ def test_the_gate_raises_false_alarms_at_most_alpha_under_pure_noise():
         cur = shifted(base, lambda r, s=scale: s * rng.normal())
         alarms += bool(gate(base, cur, floor=0.0).regressed)
     assert alarms <= stats.binom.ppf(0.999, nights, ALPHA), alarms
+
+
+def test_a_training_curve_is_lower_is_better():
+    """A pretraining record's `loss@STEP` points are compared besides its accuracy, with lower better."""
+    base, cur = [], []
+    for s in range(5):
+        for side, up in ((base, 0.0), (cur, 0.4 + 0.01 * s)):
+            r = record("pretrain", "upstream", "mu4", s, 20.0 + s)
+            r["metrics"]["train"] = {"loss@50": 1.0 + 0.1 * s + up, "loss@100": 0.5 + 0.1 * s}
+            side.append(r)
+    g = gate(base, cur)
+    cells = {(c.split, c.metric): c for c in g.of("cell")}
+    assert set(cells) == {("test", "accuracy"), ("train", "loss@50"), ("train", "loss@100")}
+    assert cells[("train", "loss@50")].change == pytest.approx(-0.42) and cells[("train", "loss@50")].verdict == (
+        "regressed"
+    )
+    pooled = {c.metric: c for c in g.of("pooled")}
+    assert pooled["loss@50"].baseline == pytest.approx(1.2) and pooled["loss@50"].current == pytest.approx(1.62)
+    assert pooled["loss@100"].verdict == "unchanged" and pooled["accuracy"].change == 0
+
+
+def test_every_paper_default_runs_in_a_nightly_cell_and_the_docs_list_them():
+    from pathlib import Path
+
+    from transferbench.reporting.coverage import BUILTIN, EXEMPT, markdown, rows
+
+    table = rows()
+    assert {r.task for r in table} == set(BUILTIN)
+    uncovered = [(r.task, r.setting) for r in table if not r.covered and (r.task, r.setting) not in EXEMPT]
+    assert uncovered == [], f"paper defaults no nightly cell runs: {uncovered}"
+    assert set(EXEMPT) <= {(r.task, r.setting) for r in table}, "an exemption names a setting no task has"
+    docs = (Path(__file__).parent.parent / "docs" / "regression.md").read_text()
+    assert markdown(table) in docs, "docs/regression.md: paste `python -m transferbench.reporting.coverage`"
+
+
+def test_coverage_kinds():
+    from transferbench.reporting.coverage import kind
+
+    # a size or rate of any positive value runs the same code; 0 and null switch a step off
+    assert kind(512) == kind(32) == kind(0.001) == "+" and kind(0) == kind(0.0) == "0" and kind(None) == "null"
+    assert kind(True) != kind(False) and kind("sigmoid") != kind("softmax") and kind([]) != kind([1])
+
+
+def test_the_docs_bisect_recipe_names_the_commit_that_broke_the_numbers(tmp_path):
+    """The recipe of docs/regression.md, run as written (its tasks swapped for the toy plugin's), on a repository of
+    a plugin whose third of four commits makes every accuracy 5 points worse."""
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    doc = (root / "docs" / "regression.md").read_text().split("## Finding the commit")[1]
+    block = doc.split("```bash")[1].split("```")[0]
+    good_line = next(line for line in block.splitlines() if "git checkout GOOD" in line).split("&& ", 1)[1]
+    run_line = next(line for line in block.splitlines() if line.startswith("git bisect run"))
+    toy = "--backbone mu4 --suite quick"
+    repo, work = tmp_path / "repo", tmp_path / "bisect"
+    shutil.copytree(root / "tests" / "plugins", repo / "plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(repo / "plugins"), "TRANSFERBENCH_HOME": str(tmp_path / "home")}
+
+    def sh(cmd):
+        out = subprocess.run(cmd, shell=True, cwd=repo, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    sh("git init -q && git config user.email t@t && git config user.name t")
+    module = repo / "plugins" / "toyplugin" / "__init__.py"
+    shas = []
+    for change in ("", "# a comment\n", "BROKEN", "# another comment\n"):
+        text = module.read_text()
+        if change == "BROKEN":
+            text = text.replace("    return 60.0 + bonus", "    return 55.0 + bonus")
+            assert "55.0 + bonus" in text
+        else:
+            text += change
+        module.write_text(text)
+        sh(f"git add -A && git commit -q -m 'step {len(shas)}' && git rev-parse HEAD")
+        shas.append(sh("git rev-parse HEAD").strip())
+    good, bad = shas[0], shas[-1]
+    sh(
+        f"git checkout -q {good} && "
+        + good_line.replace("fewshot,vtab --suite nightly", "toy " + toy).replace("/tmp/bisect", str(work))
+    )
+    sh(f"git checkout -q {bad} && git bisect start {bad} {good}")
+    recipe = run_line.replace("fewshot,vtab", "toy " + toy).replace("/tmp/bisect", str(work))
+    out = sh(recipe)
+    assert re.search(rf"^{shas[2]} is the first bad commit", out, re.M), out
+
+
+def test_arithmetic_alone_raises_no_alarm(tmp_path, suite_home):
+    """The nightly's few-shot cells on two sets, run twice on this machine: as committed, and with scalar ATen
+    kernels, 2 threads per cell and fp32 where the bf16 probe picked bf16 (the setting written back to auto, as
+    another machine's probe would record it). The gate passes; where the probe picked bf16, values did move."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = ["run", "fewshot", "--suite", "nightly", "--datasets", "mini_digits,mini_clevr_count", "--no-progress"]
+    outs = {}
+    for name, env, extra in (
+        ("a", {}, ["--jobs", "2"]),
+        ("b", {"ATEN_CPU_CAPABILITY": "default"}, ["--jobs", "2", "--cpus-per-cell", "2", "--set", "bf16=off"]),
+    ):
+        home = tmp_path / f"home-{name}"
+        shutil.copytree(suite_home / "embedded", home / "embedded")
+        cmd = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())", *run]
+        done = subprocess.run(
+            [*cmd, *extra, "--out", str(tmp_path / name)],
+            env={**os.environ, **env, "TRANSFERBENCH_HOME": str(home)},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outs[name] = load_records([tmp_path / name])
+    for r in outs["b"]:
+        r["hparams"]["bf16"] = "auto"
+    text, code = verdict(outs["a"], outs["b"])
+    assert code == 0, text
+    g = gate(outs["a"], outs["b"])
+    assert len(g.of("cell")) == 3 * 2 * 4 and not g.protocol and not g.missing
+    if any(r["info"].get("bf16") for r in outs["a"]):
+        assert sum(changed for changed, _ in g.exact.values()) > 0

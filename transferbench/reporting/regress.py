@@ -16,8 +16,8 @@
    - per (task, backbone): the F-test of the seed-to-seed spread (collapsed or exploded).
    The cell tests are one family and the pooled and spread tests another, each Holm-corrected at alpha / 2, so
    that a night's family-wise error is at most alpha. A test fires when it is significant after Holm *and* its
-   change passes a magnitude floor (`floor` in metric units for a comparison, half of it for a pooled mean, a
-   factor 2 for a spread). Worse is a regression, better an
+   change passes a magnitude floor (`floor` in metric units for a comparison, 0.5% of the baseline for a training
+   loss, half of either for a pooled mean, a factor 2 for a spread). Worse is a regression, better an
    improvement; both are reported, only regressions (and spread changes) fail.
 4. Reproduction. Where both sides ran on one kind of machine with the same libraries, every cell whose value
    changed at all is counted per backbone (the embedded suites are bit-reproducible there); a count alone never
@@ -40,6 +40,7 @@ from ..records.stats import holm, mcnemar, paired_difference, suite_mean, varian
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
+LOSS_FLOOR = 0.005  # ... of a training loss (`loss@STEP`), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
 # the machine and the libraries that decide the arithmetic: equal on both sides, a rerun of unchanged code is exact
 ARITHMETIC = ("device", "torch", "numpy", "timm", "python")
@@ -113,6 +114,7 @@ class Gate:
     alpha: float
     tests: int
     floor: float = FLOOR
+    diverged: list = field(default_factory=list)  # current records that diverged where the baseline's cell was ok
 
     def of(self, kind: str, verdict: str | None = None) -> list[Comparison]:
         return [c for c in self.comparisons if c.kind == kind and (verdict is None or c.verdict == verdict)]
@@ -191,11 +193,31 @@ def _index(records: list[dict], axes: dict) -> dict:
     return out
 
 
-def _value_of(r: dict, split: str) -> float | None:
+def _value_of(r: dict, split: str, metric: str | None = None) -> float | None:
     if r["status"] != "ok":
         return None
-    v = (r.get("metrics") or {}).get(split, {}).get(r["metric"])
+    v = (r.get("metrics") or {}).get(split, {}).get(metric or r["metric"])
     return None if v is None else float(v)
+
+
+def _metrics(rb: dict, rc: dict, split: str) -> list[str]:
+    """What a split is judged on: the record's metric, and the training curve's fixed points (`loss@STEP`, lower is
+    better) where the records keep them."""
+    have = set((rb.get("metrics") or {}).get(split, {})) | set((rc.get("metrics") or {}).get(split, {}))
+    return sorted(m for m in have if m == rb["metric"] or m.startswith("loss@"))
+
+
+def floor_of(metric: str, baseline: float, floor: float) -> float:
+    """The magnitude floor of one comparison: `floor` in the metric's units, or for a training loss LOSS_FLOOR of the
+    baseline's value (a loss has no common unit across tasks and steps)."""
+    return LOSS_FLOOR * abs(baseline) if metric.startswith("loss@") else floor
+
+
+def _direction(r: dict, metric: str) -> float:
+    """+1 where higher is better, -1 where lower is."""
+    if metric != r["metric"]:
+        return -1.0  # loss@STEP
+    return 1.0 if r.get("mode", "max") == "max" else -1.0
 
 
 def _environment(records: list[dict]) -> set:
@@ -241,7 +263,7 @@ def gate(
                 pc.backbones.add(backbone)
                 vb, vc = _value_of(rb, _main_split(rb)), _value_of(rc, _main_split(rb))
                 if vb is not None and vc is not None:
-                    pc.change.append(_sign(rb) * (vc - vb))
+                    pc.change.append(_direction(rb, rb["metric"]) * (vc - vb))
             continue
         if stage == "final":
             chosen = {k: rb["hparams"].get(k) for k in rb.get("select", [])}
@@ -249,21 +271,22 @@ def gate(
             if chosen != now:
                 selection.append((task, dataset, backbone, words(ax), seed, words(chosen), words(now)))
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
-            group = (task, dataset, backbone, stage, axkey, split)
-            pairs[group][seed] = (rb, rc)
-            axes_of[group] = ax
+            for metric in _metrics(rb, rc, split):
+                group = (task, dataset, backbone, stage, axkey, split, metric)
+                pairs[group][seed] = (rb, rc)
+                axes_of[group] = ax
     for pc in changes.values():
         pc.accepted = accepts(accept, pc.task, pc.setting)
 
     comparisons = []
     for group, seeds in sorted(pairs.items()):
-        task, dataset, backbone, stage, _, split = group
-        vals = {s: (_value_of(rb, split), _value_of(rc, split)) for s, (rb, rc) in seeds.items()}
+        task, dataset, backbone, stage, _, split, metric = group
+        vals = {s: (_value_of(rb, split, metric), _value_of(rc, split, metric)) for s, (rb, rc) in seeds.items()}
         vals = {s: v for s, v in vals.items() if None not in v}
         if not vals:
             continue
         first = next(iter(seeds.values()))[0]
-        sign = _sign(first)
+        sign = _direction(first, metric)
         cur = {s: sign * v[1] for s, v in vals.items()}
         base = {s: sign * v[0] for s, v in vals.items()}
         d = paired_difference(cur, base)
@@ -283,13 +306,13 @@ def gate(
                 stage,
                 axes_of[group],
                 split,
-                first["metric"],
+                metric,
                 float(np.mean([v[0] for v in vals.values()])),
                 float(np.mean([v[1] for v in vals.values()])),
                 d.mean,
                 d.n,
                 p,
-                floor,
+                floor_of(metric, float(np.mean([v[0] for v in vals.values()])), floor),
                 low,
                 high,
             )
@@ -298,14 +321,16 @@ def gate(
     # pooled and spread tests per (task, backbone): units are per (dataset, seed) means over the dataset's
     # reported comparisons
     units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    signs = {}
     for group, seeds in pairs.items():
-        task, dataset, backbone, stage, _, split = group
+        task, dataset, backbone, stage, _, split, metric = group
         if split == "val":  # the reported results only: a select stage's val sweep is left to the cell tests
             continue
         for s, (rb, rc) in seeds.items():
-            vb, vc = _value_of(rb, split), _value_of(rc, split)
+            vb, vc = _value_of(rb, split, metric), _value_of(rc, split, metric)
             if vb is not None and vc is not None:
-                units[(task, backbone, rb["metric"])][dataset][s].append((_sign(rb) * vb, _sign(rb) * vc))
+                sign = signs[(task, backbone, metric)] = _direction(rb, metric)
+                units[(task, backbone, metric)][dataset][s].append((sign * vb, sign * vc))
     for (task, backbone, metric), per_dataset in sorted(units.items()):
         base = {
             ds: {s: float(np.mean([v[0] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
@@ -325,12 +350,13 @@ def gate(
                 {},
                 "",
                 metric,
-                float(np.mean([np.mean(list(v.values())) for v in base.values()])),
-                float(np.mean([np.mean(list(v.values())) for v in cur.values()])),
+                signs[(task, backbone, metric)] * float(np.mean([np.mean(list(v.values())) for v in base.values()])),
+                signs[(task, backbone, metric)] * float(np.mean([np.mean(list(v.values())) for v in cur.values()])),
                 est.mean,
                 len(diff),
                 est.p,
-                floor * POOLED_FLOOR,
+                POOLED_FLOOR
+                * floor_of(metric, float(np.mean([np.mean(list(v.values())) for v in base.values()])), floor),
                 est.low,
                 est.high,
             )
@@ -398,6 +424,7 @@ def gate(
         alpha,
         sum(x.p is not None for x in comparisons),
         floor,
+        [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
     )
 
 
@@ -405,10 +432,6 @@ def _pooled_sd(groups) -> float:
     groups = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
     df = sum(g.size - 1 for g in groups)
     return float(math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / df)) if df else math.nan
-
-
-def _sign(r: dict) -> float:
-    return 1.0 if r.get("mode", "max") == "max" else -1.0
 
 
 def _main_split(r: dict) -> str:
@@ -441,14 +464,14 @@ def verdict(
     is not accepted, a cell of `current` failed (with `fail_on_failed`) or baseline cells are missing from
     `current` (with `fail_on_missing`); else 0."""
     g = gate(baseline, current, floor=floor, alpha=alpha, accept=accept)
-    failed = [r for r in current if r["status"] == "failed"]
+    failed = [r for r in current if r["status"] == "failed"] + g.diverged
     reasons = []
     if g.regressed:
         reasons.append(f"{len(g.regressed)} regressed")
     if g.unaccepted:
         reasons.append(f"{len(g.unaccepted)} protocol changes")
     if fail_on_failed and failed:
-        reasons.append(f"{len(failed)} cells failed")
+        reasons.append(f"{len(failed)} cells failed or diverged")
     if fail_on_missing and g.missing:
         reasons.append(f"{len(g.missing)} cells missing")
     return report(g, failed=failed, title=title, reasons=reasons), int(bool(reasons))
@@ -477,13 +500,14 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         f"{len(spread)} seed spreads changed; {len(g.unaccepted)} protocol changes"
         + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
         + f"; {len(g.missing)} cells missing from current, {len(g.new)} new"
-        + (f"; {len(failed)} cells of current failed" if failed else "")
+        + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
         + (f" {g.direction()}" if g.direction() else ""),
         "",
         f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled and "
         f"spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) and its "
-        f"change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled, a factor "
+        f"change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled; "
+        f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training loss; a factor "
         f"{SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
         "",
     ]
@@ -626,14 +650,17 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {_selection(g.selection[0])}).", ""]
     if failed:
         lines += [
-            "## Failed in current",
+            "## Failed in current (or diverged where the baseline's cell did not)",
             "",
             tabulate(
                 [
-                    [r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"], r.get("reason", "")]
+                    [
+                        *(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]),
+                        *(r["status"], r.get("reason", "")),
+                    ]
                     for r in failed
                 ],
-                ["task", "dataset", "backbone", "stage", "seed", "reason"],
+                ["task", "dataset", "backbone", "stage", "seed", "status", "reason"],
                 tablefmt="github",
                 disable_numparse=True,
             ),

@@ -489,10 +489,10 @@ def test_nightly_workflow_installs_the_extras_of_the_baselines_tasks():
 
     from transferbench.adapters import prepare_task
 
-    baseline = load_records([ROOT / "results" / "runs"])
-    tasks = sorted({r["task"] for r in baseline if r.get("suite") == "embedded"})
+    baseline = load_records([ROOT / "results" / "nightly"])
+    tasks = sorted({r["task"] for r in baseline if r.get("suite") == "nightly"})
     assert "imagenet_c" in tasks
-    needed = set().union(*(t.adapter.extras(t) for t in (prepare_task(n, suite="embedded") for n in tasks)))
+    needed = set().union(*(t.adapter.extras(t) for t in (prepare_task(n, suite="nightly") for n in tasks)))
     assert needed == {"corruptions"}  # generating ImageNet-C's corruptions
     flow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
     (install,) = [s["run"] for s in flow["jobs"]["nightly"]["steps"] if s.get("name") == "Install"]

@@ -26,7 +26,7 @@ examples:
   transferbench regress --baseline nightly/2026-11-21 --current nightly/2026-11-22
   transferbench run vtab --suite embedded --jobs 2                # two cells at once on this machine
   transferbench run vtab --backbone b16,b16_dpn --executor ray --address auto --gpus-per-cell 1 --data-dir /shared/tfds
-  transferbench nightly --baseline results/runs --suite embedded --out nightly
+  transferbench nightly --baseline results/nightly --out nightly   # the nightly suite, gated
   transferbench run vtab,fewshot --suite embedded --jobs 2        # several tasks, one after another
   transferbench run --config run.yaml                               # options kept in a file
 """
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression, a changed seed "
         "spread, an unaccepted protocol change, a failed cell or a baseline cell the run lacks (--allow-missing "
         "to let that pass), 2 on bad input, else 0.",
-        epilog="examples:\n  transferbench nightly --baseline results/runs --suite embedded --out nightly\n"
+        epilog="examples:\n  transferbench nightly --baseline results/nightly --out nightly\n"
         "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
         "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
         "--executor ray --address auto",
@@ -464,9 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         required=True,
         type=Path,
-        help="records folder to compare against (last night's, or the committed results/runs)",
+        help="records folder to compare against (last night's, or the committed results/nightly)",
     )
-    nt.add_argument("--suite", "-s", default="embedded", help="suite of each task (default: embedded)")
+    nt.add_argument(
+        "--suite",
+        "-s",
+        default="nightly",
+        help="suite of each task (default: nightly, the cheap cells that run every paper default's code path; "
+        "docs/regression.md)",
+    )
     nt.add_argument(
         "--tasks",
         "-t",

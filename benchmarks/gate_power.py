@@ -1,0 +1,400 @@
+"""How often the nightly gate catches a real bug, and whether it stays quiet when only the arithmetic changes.
+
+    python -m benchmarks.gate_power                      # every variant (about 70 minutes on 2 cores)
+    python -m benchmarks.gate_power --only clean,head_bias,aten_default
+    python -m benchmarks.gate_power --list               # the catalogue
+
+Each variant is a deliberate fault (a one-line edit of the code or of a task default, as a slip would make it) or a
+benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
+(put first on PYTHONPATH) and runs the nightly suite's subset below from a fresh home holding only the embedded data.
+It then gates the records against a clean run of the same subset with `reporting.regress.gate`, exactly as
+`transferbench nightly` would. It prints, per variant, caught or missed (what fails a night), which tests fired,
+how many cells changed at all, the largest change of an accuracy comparison and of a pooled accuracy mean, and the
+time. The figures are in benchmarks/RESULTS.md and docs/regression.md.
+
+The subset (about 3.5 minutes a variant): few-shot (all 7 sets x 4 shot counts), VTAB (mini_digits, both learning
+rates) and the pretraining probe, each as its `nightly` suite has it: 3 shipped checkpoints and 3 seeds (the probe:
+mu4, 5 seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = (
+    ("fewshot", ()),
+    ("vtab", ("--datasets", "mini_digits")),
+    ("pretrain", ()),
+)
+
+
+@dataclass
+class Variant:
+    name: str
+    area: str
+    kind: str  # fault | benign | clean
+    what: str
+    edits: list = field(default_factory=list)  # (path relative to the repository, old, new): old occurs once
+    env: dict = field(default_factory=dict)
+    args: tuple = ()
+    relabel: dict = field(default_factory=dict)  # hparam -> value written back into the records before gating
+
+
+CATALOGUE = [
+    Variant("clean", "-", "clean", "the committed code: the baseline every variant is gated against"),
+    # --- faults ---
+    Variant(
+        "attn_prenorm",
+        "model forward",
+        "fault",
+        "the attention branch reads the block's input without its LayerNorm",
+        [
+            (
+                "transferbench/backbones/vit.py",
+                "x = x + self.drop_path1(self.attn(self.norm1(x)))",
+                "x = x + self.drop_path1(self.attn(x))",
+            )
+        ],
+    ),
+    Variant(
+        "dpn_no_pre_ln",
+        "stem",
+        "fault",
+        "DPN's first LayerNorm (on the patch pixels) skipped",
+        [
+            (
+                "transferbench/backbones/stems.py",
+                "x = self.proj(self.norm_pre(self.patchify(x)))",
+                "x = self.proj(self.patchify(x))",
+            )
+        ],
+    ),
+    Variant(
+        "dtn_lambda_swap",
+        "DTN",
+        "fault",
+        "DTN's variance mixed with the mean's lambda (a copy-paste slip)",
+        [
+            (
+                "transferbench/backbones/dtn.py",
+                "rstd = torch.addcmul(ln_var, var_in, (1 - lam_sig).view(heads)).rsqrt_()",
+                "rstd = torch.addcmul(ln_var, var_in, (1 - lam_mu).view(heads)).rsqrt_()",
+            )
+        ],
+    ),
+    Variant(
+        "posemb_offset",
+        "position embeddings",
+        "fault",
+        "patch tokens take the position embeddings one slot early (the cls token's goes to the first patch)",
+        [
+            (
+                "transferbench/backbones/vit.py",
+                "x = self.patch_embed(x) + self.pos_embed[:, self.num_prefix_tokens :]",
+                "x = self.patch_embed(x) + self.pos_embed[:, : self.pos_embed.shape[1] - self.num_prefix_tokens]",
+            )
+        ],
+    ),
+    Variant(
+        "pixels_255",
+        "pixel normalisation",
+        "fault",
+        "uint8 pixels divided by 256 instead of 255",
+        [
+            (
+                "transferbench/data/pixels.py",
+                "return x.float().div_(255.0).sub_(mean).div_(std)",
+                "return x.float().div_(256.0).sub_(mean).div_(std)",
+            )
+        ],
+    ),
+    Variant(
+        "resize_nearest",
+        "transforms",
+        "fault",
+        "the evaluation resize (resize 18 then crop) uses nearest-neighbour sampling",
+        [
+            (
+                "transferbench/data/transforms.py",
+                "size = [v2.Resize((resize_square, resize_square)), v2.CenterCrop(resolution)]",
+                "size = [v2.Resize((resize_square, resize_square), interpolation=v2.InterpolationMode.NEAREST), "
+                "v2.CenterCrop(resolution)]",
+            )
+        ],
+    ),
+    Variant(
+        "labels_modulo",
+        "labels",
+        "fault",
+        "a folder's labels taken modulo the largest label instead of the class count (an off-by-one: the last class "
+        "reads as class 0)",
+        [
+            (
+                "transferbench/data/folder.py",
+                "self.labels = np.array([int(r[1]) for r in rows], dtype=np.int64)",
+                "self.labels = np.array([int(r[1]) for r in rows], dtype=np.int64)\n        "
+                "self.labels = self.labels % max(1, int(self.labels.max()))",
+            )
+        ],
+    ),
+    Variant(
+        "fewshot_bias",
+        "few-shot solver",
+        "fault",
+        "the ridge probe's constant bias feature 1 instead of 100 (the bias is regularised like a weight)",
+        [("transferbench/adapters/fewshot.py", "BIAS = 100.0", "BIAS = 1.0")],
+    ),
+    Variant(
+        "cosine_no_warmup_offset",
+        "training schedule",
+        "fault",
+        "the cosine decay counts from step 0 instead of the end of the warm-up",
+        [
+            (
+                "transferbench/engine/train.py",
+                "return 0.5 * base * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))",
+                "return 0.5 * base * (1 + math.cos(math.pi * step / max(1, total)))",
+            )
+        ],
+    ),
+    Variant(
+        "head_bias",
+        "heads",
+        "fault",
+        "every new head's bias starts at +1 more than asked (zero-init heads at 1)",
+        [
+            (
+                "transferbench/backbones/vit.py",
+                "nn.init.constant_(self.head.bias, float(bias))",
+                "nn.init.constant_(self.head.bias, float(bias) + 1.0)",
+            )
+        ],
+    ),
+    Variant(
+        "ckpt_drops_norm",
+        "checkpoint conversion",
+        "fault",
+        "loading a checkpoint whose head is dropped drops the final LayerNorm too (a prefix filter that catches too "
+        "much, under non-strict loading)",
+        [
+            (
+                "transferbench/backbones/checkpoint.py",
+                '    head = [k for k in sd if k.startswith("head.")]',
+                '    head = [k for k in sd if k.startswith(("head.", "norm."))]',
+            )
+        ],
+    ),
+    Variant(
+        "fewshot_seed",
+        "seed handling",
+        "fault",
+        "every seed draws the same few-shot subset (the seed is not passed on)",
+        [("transferbench/adapters/fewshot.py", "rng = np.random.default_rng(seed)", "rng = np.random.default_rng(0)")],
+    ),
+    Variant(
+        "fewshot_l2_default",
+        "a task default",
+        "fault",
+        "few-shot's l2 default edited from 2^10 to 2^9 in its YAML (no protocol bump)",
+        [("tasks/fewshot.yaml", "  l2: 1024.0", "  l2: 512.0")],
+    ),
+    Variant(
+        "pretrain_wd",
+        "pretraining",
+        "fault",
+        "AdamW's decoupled weight decay computed as wd x lr instead of wd / lr",
+        [
+            (
+                "transferbench/engine/augreg.py",
+                "return float(wd) / float(lr) if wd else 0.0",
+                "return float(wd) * float(lr) if wd else 0.0",
+            )
+        ],
+    ),
+    Variant(
+        "mixup_off",
+        "pretraining",
+        "fault",
+        "mixup's targets left one-hot (the images are still mixed)",
+        [
+            (
+                "transferbench/engine/augreg.py",
+                "        yield mixup(x, target, p, rng)",
+                "        xm, _ = mixup(x, target, p, rng)\n        yield xm, target",
+            )
+        ],
+    ),
+    # --- benign ---
+    Variant(
+        "aten_default",
+        "arithmetic",
+        "benign",
+        "scalar ATen CPU kernels (ATEN_CPU_CAPABILITY=default): other vector widths, other rounding",
+        env={"ATEN_CPU_CAPABILITY": "default"},
+    ),
+    Variant(
+        "two_threads",
+        "arithmetic",
+        "benign",
+        "2 torch threads per cell instead of 1 (another reduction order)",
+        args=("--cpus-per-cell", "2"),
+    ),
+    Variant(
+        "fp32_where_bf16",
+        "arithmetic",
+        "benign",
+        "fp32 where this machine's bf16 probe picks bf16, as on a CPU without bf16 units (--set bf16=off, "
+        "the records' setting written back to auto before gating)",
+        args=("--set", "bf16=off"),
+        relabel={"bf16": "auto"},
+    ),
+    Variant(
+        "refactor_mlp",
+        "refactor",
+        "benign",
+        "the MLP's forward rewritten in steps (the same operations): every cache is computed again",
+        [
+            (
+                "transferbench/backbones/vit.py",
+                "        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))",
+                "        hidden = self.drop(self.act(self.fc1(x)))\n        return self.drop(self.fc2(hidden))",
+            )
+        ],
+    ),
+]
+
+
+def _copy(tmp: Path, variant: Variant) -> Path:
+    pkg = tmp / "pkg"
+    shutil.copytree(ROOT / "transferbench", pkg / "transferbench", ignore=shutil.ignore_patterns("__pycache__"))
+    if any(path.startswith("tasks/") for path, _, _ in variant.edits):
+        shutil.copytree(ROOT / "tasks", pkg / "transferbench" / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    for path, old, new in variant.edits:
+        target = pkg / ("transferbench/" + path if path.startswith("tasks/") else path)
+        text = target.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(f"{variant.name}: {path} holds {text.count(old)} copies of {old!r}; fix the catalogue")
+        target.write_text(text.replace(old, new))
+    return pkg
+
+
+def run_variant(
+    variant: Variant, work: Path, embedded: Path | None, jobs: int, reuse: bool = False
+) -> tuple[Path, float, str]:
+    tmp = work / variant.name
+    done_file = tmp / "done"
+    if reuse and done_file.is_file():  # a finished run of this variant: gate its records again
+        return tmp / "runs", float(done_file.read_text()), "reused"
+    shutil.rmtree(tmp, ignore_errors=True)
+    pkg = _copy(tmp, variant)
+    home, out = tmp / "home", tmp / "runs"
+    if embedded is not None:
+        shutil.copytree(embedded, home / "embedded")
+    env = {**os.environ, **variant.env, "TRANSFERBENCH_HOME": str(home), "PYTHONPATH": str(pkg)}
+    started, log = time.time(), []
+    for task, extra in RUNS:
+        cmd = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())", "run", task]
+        cmd += ["--suite", "nightly", "--out", str(out), "--jobs", str(jobs), "--no-progress", *extra, *variant.args]
+        done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+        log.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
+        if done.returncode not in (0, 1):
+            raise SystemExit(f"{variant.name}: {task} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    seconds = time.time() - started
+    done_file.write_text(f"{seconds:.1f}")
+    return out, seconds, "; ".join(log)
+
+
+def fired(g, failed=()) -> str:
+    parts = [f"protocol {p.task}:{p.setting}" for p in g.unaccepted]
+    parts += [f"{len(failed)} failed"] if failed else []
+    parts += [f"{len(g.diverged)} diverged"] if g.diverged else []
+    parts += [f"{len(g.missing)} missing"] if g.missing else []
+    by = {}
+    for c in g.regressed:
+        by.setdefault((c.kind, c.task), set()).add(c.backbone.replace("@embedded", "@e"))
+    parts += [f"{kind} {task} ({', '.join(sorted(b))})" for (kind, task), b in sorted(by.items())]
+    return "; ".join(parts) or "-"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="comma-separated variant names (the clean run always runs first)")
+    ap.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--work", type=Path, help="keep the copies, homes and records here (default: a temporary folder)")
+    ap.add_argument(
+        "--reuse", action="store_true", help="with --work: gate the variants already run there again, without rerunning"
+    )
+    args = ap.parse_args(argv)
+    if args.list:
+        print(tabulate([[v.name, v.kind, v.area, v.what] for v in CATALOGUE], ["variant", "kind", "area", "what"]))
+        return 0
+    names = {v.name for v in CATALOGUE}
+    chosen = [n for n in (args.only.split(",") if args.only else names) if n]
+    unknown = sorted(set(chosen) - names)
+    if unknown:
+        print(f"gate_power: unknown variants {unknown}; --list shows the catalogue", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    from transferbench.records.store import load_records
+    from transferbench.reporting.regress import gate
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="gate-power-"))
+    clean = CATALOGUE[0]
+    base_out, clean_seconds, _ = run_variant(clean, work, None, args.jobs, args.reuse)
+    print(f"clean baseline: {clean_seconds:.0f} s", file=sys.stderr, flush=True)
+    baseline = load_records([base_out])
+    embedded = work / "clean" / "home" / "embedded"
+    rows = []
+    for v in CATALOGUE[1:]:
+        if v.name not in chosen:
+            continue
+        out, seconds, _ = run_variant(v, work, embedded, args.jobs, args.reuse)
+        current = load_records([out])
+        for r in current:
+            r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
+        g = gate(baseline, current)
+        failed = [r for r in current if r["status"] == "failed"]
+        caught = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed)
+        changed = sum(c for c, _ in (g.exact or {}).values())
+        compared = sum(n for _, n in (g.exact or {}).values())
+        cells = [abs(c.change) for c in g.of("cell") if c.metric == "accuracy"]
+        pooled = [abs(c.change) for c in g.of("pooled") if c.metric == "accuracy"]
+        rows.append(
+            [
+                v.name,
+                v.kind,
+                v.area,
+                "caught" if caught else "missed",
+                fired(g, failed),
+                f"{changed}/{compared}",
+                f"{max(cells, default=0):.2f}",
+                f"{max(pooled, default=0):.2f}",
+                f"{seconds:.0f}",
+            ]
+        )
+        print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)
+    head = ["variant", "kind", "area", "gate", "what fired", "cells changed", "max |cell Δ|", "max |pooled Δ|", "s"]
+    print(tabulate(rows, head, tablefmt="github", disable_numparse=True))
+    faults = [r for r in rows if r[1] == "fault"]
+    benign = [r for r in rows if r[1] == "benign"]
+    print(
+        f"\nfaults caught: {sum(r[3] == 'caught' for r in faults)} of {len(faults)}; benign changes flagged: "
+        f"{sum(r[3] == 'caught' for r in benign)} of {len(benign)}; the clean run took {clean_seconds:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

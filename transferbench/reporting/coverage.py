@@ -63,13 +63,12 @@ def _order(value):
 
 
 def task_rows(name: str) -> list[Row]:
-    from ..adapters import prepare_task
-    from ..spec import installed_specs, load_spec_file
+    from ..spec import installed_specs, load_spec_file, resolve
 
     spec = load_spec_file(installed_specs()[name])
     if SUITE not in spec.suites:
         return [Row(name, "(suite)", "", "", False, f"task {name!r} has no {SUITE!r} suite")]
-    task = prepare_task(name, suite=SUITE)
+    task = resolve(spec, suite=SUITE)
     cells = list(task.grid())
     defaults = {**spec.hparams, **{k: v for k, v in spec.sweep.items()}}
     rows = []

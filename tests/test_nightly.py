@@ -28,8 +28,8 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     # 2 backbones x (select on val, final on test), every one compared on both seeds
     assert report.startswith(
         f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: 0 regressed, 0 improved, 4 unchanged, 0 untested of 4 "
-        "compared; pooled over each task and backbone 0 regressed, 0 improved of 2; 0 seed spreads changed; 0 protocol "
-        "changes; 0 cells missing from current, 0 new."
+        "compared; pooled over each task and backbone 0 regressed, 0 improved of 2, 0 moved either way; 0 seed spreads "
+        "changed; 0 protocol changes; 0 cells missing from current, 0 new.\n"
     )
     # one kind of machine and the same libraries: every value reproduced exactly
     assert "| mu4        | 0         | 4          |" in report.split("## Exact reproduction")[1]

@@ -235,6 +235,33 @@ def test_a_broad_small_shift_is_caught_by_the_pooled_test_alone():
     assert "Changes point one way: " in text.splitlines()[2]
 
 
+def test_cells_that_move_both_ways_fail_though_the_mean_stays():
+    """A fault that lifts some datasets and lowers others by 2 points (the mean change 0): no pooled mean sees it,
+    the F-test of the comparisons' mean changes against 0 does."""
+    base = suite(noise(), datasets=tuple(f"d{i}" for i in range(6)))
+    jitter = np.random.default_rng(3)
+    up = {"d0", "d2", "d4"}
+    cur = shifted(
+        base, lambda r: ((2.0 if r["dataset"] in up else -2.0) + 0.3 * jitter.normal()) * (r["backbone"] == "a")
+    )
+    g = gate(base, cur)
+    pooled = {c.backbone: c for c in g.of("pooled")}
+    moved = {c.backbone: c for c in g.of("moved")}
+    assert pooled["a"].verdict == "unchanged" and moved["a"].verdict == "moved" and moved["b"].verdict == "unchanged"
+    # the F by hand: 12 comparisons (6 sets x 2 settings) of 3 paired seeds
+    diffs = {}
+    for rb, rc in zip(base, cur):
+        if rb["backbone"] == "a":
+            key = (rb["dataset"], rb["hparams"]["shots"])
+            diffs.setdefault(key, []).append(rc["metrics"]["test"]["accuracy"] - rb["metrics"]["test"]["accuracy"])
+    d = np.array(list(diffs.values()))
+    f = (3 * (d.mean(1) ** 2).sum() / 12) / (((d - d.mean(1, keepdims=True)) ** 2).sum() / 24)
+    assert moved["a"].p == pytest.approx(stats.f.sf(f, 12, 24)) and moved["a"].n == 12
+    assert moved["a"].current == pytest.approx(np.sqrt((d.mean(1) ** 2).mean()))
+    text, code = verdict(base, cur)
+    assert code == 1 and "## Moved either way" in text and "1 moved either way" in text.splitlines()[2]
+
+
 def test_improvements_are_reported_and_never_fail():
     base = suite(noise(), datasets=tuple(f"d{i}" for i in range(6)))
     cur = shifted(base, lambda r: 3.0 if r["backbone"] == "b" else 0.0)
@@ -294,8 +321,9 @@ def test_the_gate_raises_false_alarms_at_most_alpha_under_pure_noise():
     assert alarms <= stats.binom.ppf(0.999, nights, ALPHA), alarms
 
 
-def test_a_training_curve_is_lower_is_better():
-    """A pretraining record's `loss@STEP` points are compared besides its accuracy, with lower better."""
+def test_a_training_curve_is_gated_and_moving_either_way_fails():
+    """A pretraining record's `loss@STEP` points are compared besides its accuracy; the change is signed with lower
+    better, and a significant move either way is a regression."""
     base, cur = [], []
     for s in range(5):
         for side, up in ((base, 0.0), (cur, 0.4 + 0.01 * s)):
@@ -311,6 +339,14 @@ def test_a_training_curve_is_lower_is_better():
     pooled = {c.metric: c for c in g.of("pooled")}
     assert pooled["loss@50"].baseline == pytest.approx(1.2) and pooled["loss@50"].current == pytest.approx(1.62)
     assert pooled["loss@100"].verdict == "unchanged" and pooled["accuracy"].change == 0
+    # a curve that drops is changed training code too: it fails like one that rises
+    lower = copy.deepcopy(base)
+    for r, s in zip(lower, range(5)):
+        r["metrics"]["train"]["loss@50"] -= 0.4 + 0.01 * s
+    cells = {(c.split, c.metric): c for c in gate(base, lower).of("cell")}
+    assert cells[("train", "loss@50")].change == pytest.approx(0.42) and cells[("train", "loss@50")].verdict == (
+        "regressed"
+    )
 
 
 def test_every_paper_default_runs_in_a_nightly_cell_and_the_docs_list_them():
@@ -415,3 +451,40 @@ def test_arithmetic_alone_raises_no_alarm(tmp_path, suite_home):
     assert len(g.of("cell")) == 3 * 2 * 4 and not g.protocol and not g.missing
     if any(r["info"].get("bf16") for r in outs["a"]):
         assert sum(changed for changed, _ in g.exact.values()) > 0
+
+
+def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home):
+    """The nightly's pretraining probe, shortened to 24 steps, in a clean copy of the package and in one whose new
+    heads start with a bias 1 higher than asked, so that pretraining's -6.9 becomes -5.9 (benchmarks/gate_power.py's
+    `head_bias`): the moved training curve fails the gate."""
+    import shutil
+    import subprocess
+    import sys
+
+    from benchmarks.gate_power import CATALOGUE, _copy
+
+    clean, fault = CATALOGUE[0], next(v for v in CATALOGUE if v.name == "head_bias")
+    outs = {}
+    for v in (clean, fault):
+        pkg, home = _copy(tmp_path / v.name, v), tmp_path / v.name / "home"
+        shutil.copytree(suite_home / "embedded", home / "embedded")
+        cmd = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())", "run"]
+        cmd += ["pretrain", "--suite", "nightly", "--set", "steps=24", "--set", "warmup_steps=4", "--jobs", "2"]
+        done = subprocess.run(
+            [*cmd, "--no-progress", "--out", str(tmp_path / v.name / "runs")],
+            env={**os.environ, "PYTHONPATH": str(pkg), "TRANSFERBENCH_HOME": str(home)},
+            cwd=tmp_path / v.name,  # not the repository, whose package would come first
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outs[v.name] = load_records([tmp_path / v.name / "runs"])
+    assert len(outs["clean"]) == 5 and sorted(outs["clean"][0]["metrics"]["train"]) == [
+        "loss@12",
+        "loss@18",
+        "loss@24",
+        "loss@6",
+    ]
+    text, code = verdict(outs["clean"], outs["head_bias"])
+    g = gate(outs["clean"], outs["head_bias"])
+    assert code == 1 and any(c.metric.startswith("loss@") for c in g.regressed), text

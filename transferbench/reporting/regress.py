@@ -13,12 +13,15 @@
    - per (task, backbone): the pooled test of the mean change over all its datasets, seeds and settings
      (records.stats.suite_mean on the per-(dataset, seed) mean changes, the leaderboard's suite test), which sees
      a broad shift that no single cell shows;
+   - per (task, backbone, metric): `moved_test`, the F-test that every comparison's true change is 0, which sees
+     cells that move both ways while the mean stays (it fails the night where the pooled mean did not fire);
    - per (task, backbone): the F-test of the seed-to-seed spread (collapsed or exploded).
-   The cell tests are one family and the pooled and spread tests another, each Holm-corrected at alpha / 2, so
+   The cell tests are one family and the pooled, moved and spread tests another, each Holm-corrected at alpha / 2, so
    that a night's family-wise error is at most alpha. A test fires when it is significant after Holm *and* its
    change passes a magnitude floor (`floor` in metric units for a comparison, 0.5% of the baseline for a training
    loss, half of either for a pooled mean, a factor 2 for a spread). Worse is a regression, better an
-   improvement; both are reported, only regressions (and spread changes) fail.
+   improvement; both are reported, only regressions (and spread changes) fail. A training loss that moves either
+   way is a regression: a training curve is not a score, and a moved one is changed pretraining code.
 4. Reproduction. Where both sides ran on one kind of machine with the same libraries, every cell whose value
    changed at all is counted per backbone (the embedded suites are bit-reproducible there); a count alone never
    fails the gate.
@@ -86,6 +89,8 @@ class Comparison:
 
     @property
     def big(self) -> bool:
+        if self.kind == "moved":
+            return self.change >= self.floor
         if self.kind == "spread":
             return self.change >= self.floor or self.change <= 1 / self.floor
         return abs(self.change) >= self.floor
@@ -121,7 +126,7 @@ class Gate:
 
     @property
     def regressed(self) -> list[Comparison]:
-        return [c for c in self.comparisons if c.verdict in ("regressed", "spread")]
+        return [c for c in self.comparisons if c.verdict in ("regressed", "spread", "moved")]
 
     @property
     def improved(self) -> list[Comparison]:
@@ -130,6 +135,15 @@ class Gate:
     @property
     def unaccepted(self) -> list[ProtocolChange]:
         return [p for p in self.protocol if not p.accepted]
+
+    def reproduction(self) -> str:
+        """'' or a sentence naming the backbones whose values changed at all where the two sides ran on one kind of
+        machine with the same libraries (exact reproduction expected)."""
+        moved = {k: v for k, v in (self.exact or {}).items() if v[0]}
+        if not moved:
+            return ""
+        parts = ", ".join(f"{k} {c} of {n}" for k, (c, n) in moved.items())
+        return f"Same machine kind and libraries, yet values changed: {parts} cells."
 
     def direction(self) -> str:
         """'' or a sentence when the cell changes point one way more than chance allows (a sign test at alpha
@@ -389,10 +403,44 @@ def gate(
                 )
             )
 
+    # per (task, backbone, metric): did its comparisons move more than their seeds vary, either way?
+    moved, levels = defaultdict(list), defaultdict(list)  # the paired differences; the baseline's values
+    for group, seeds in pairs.items():
+        task, dataset, backbone, stage, _, split, metric = group
+        d = [
+            _value_of(rc, split, metric) - _value_of(rb, split, metric)
+            for rb, rc in seeds.values()
+            if _value_of(rb, split, metric) is not None and _value_of(rc, split, metric) is not None
+        ]
+        if len(d) > 1:
+            moved[(task, backbone, metric)].append(d)
+            levels[(task, backbone, metric)] += [_value_of(rb, split, metric) or 0.0 for rb, _ in seeds.values()]
+    for (task, backbone, metric), diffs in sorted(moved.items()):
+        rms, p, df1, df2 = moved_test(diffs)
+        base = float(np.mean(levels[(task, backbone, metric)]))
+        comparisons.append(
+            Comparison(
+                "moved",
+                task,
+                backbone,
+                "",
+                "",
+                {},
+                "",
+                metric,
+                0.0,
+                rms,
+                rms,
+                df1,
+                p,
+                floor_of(metric, base, floor),
+            )
+        )
+
     # two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the night's family-wise error stays
     # at most alpha): the few broad tests (pooled, spread) are not diluted by the hundreds of cell tests
     rejected = {}
-    for family in (("cell",), ("pooled", "spread")):
+    for family in (("cell",), ("pooled", "moved", "spread")):
         members = [x for x in comparisons if x.kind in family]
         rejected.update(zip(map(id, members), holm([x.p for x in members], alpha / 2)))
     for x in comparisons:
@@ -401,7 +449,17 @@ def gate(
         if x.p is None:
             x.verdict = "untested"
         elif sig and x.big:
-            x.verdict = "spread" if x.kind == "spread" else "regressed" if x.change < 0 else "improved"
+            # a training curve is not a score: lower is not better, a moved curve is changed pretraining code
+            worse = x.change < 0 or x.metric.startswith("loss@")
+            x.verdict = x.kind if x.kind in ("spread", "moved") else "regressed" if worse else "improved"
+    for x in comparisons:  # a move that the pooled mean already calls is told once, by the pooled mean
+        if x.verdict == "moved" and any(
+            y.kind == "pooled"
+            and y.verdict != "unchanged"
+            and (y.task, y.backbone, y.metric) == (x.task, x.backbone, x.metric)
+            for y in comparisons
+        ):
+            x.verdict = "see pooled"
 
     exact = None
     env_b, env_c = _environment(baseline), _environment(current)
@@ -426,6 +484,22 @@ def gate(
         floor,
         [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
     )
+
+
+def moved_test(diffs: list) -> tuple[float, float, int, int]:
+    """(rms, p, df1, df2) of "every comparison's true change is 0", two-sided: comparisons c with paired seed
+    differences d_cs, F = (sum_c n_c mean_c^2 / C) / (sum_c sum_s (d_cs - mean_c)^2 / sum_c (n_c - 1)) on (C,
+    sum_c (n_c - 1)) degrees of freedom (the one-way ANOVA's F of the cell means against 0, with the seed-to-seed
+    spread of the differences pooled over comparisons); rms = sqrt(mean_c mean_c^2), the size of the move. Where
+    the differences do not vary within any comparison, p is 0 if anything moved, else 1."""
+    arrays = [np.asarray(d, dtype=np.float64) for d in diffs if len(d) > 1]
+    num = sum(a.size * a.mean() ** 2 for a in arrays)
+    ss = sum(((a - a.mean()) ** 2).sum() for a in arrays)
+    df1, df2 = len(arrays), sum(a.size - 1 for a in arrays)
+    rms = float(math.sqrt(np.mean([a.mean() ** 2 for a in arrays]))) if arrays else 0.0
+    if not arrays or ss == 0:
+        return rms, (0.0 if num > 0 else 1.0), df1, df2
+    return rms, float(_scipy.f.sf((num / df1) / (ss / df2), df1, df2)), df1, df2
 
 
 def _pooled_sd(groups) -> float:
@@ -496,13 +570,15 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         "",
         f"{head}: {counts['regressed']} regressed, {counts['improved']} improved, {counts['unchanged']} unchanged, "
         f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
-        f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}; "
-        f"{len(spread)} seed spreads changed; {len(g.unaccepted)} protocol changes"
+        f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}, "
+        f"{len(g.of('moved', 'moved'))} moved either way; {len(spread)} seed spreads changed; "
+        f"{len(g.unaccepted)} protocol changes"
         + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
         + f"; {len(g.missing)} cells missing from current, {len(g.new)} new"
         + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
-        + (f" {g.direction()}" if g.direction() else ""),
+        + (f" {g.direction()}" if g.direction() else "")
+        + (f" {g.reproduction()}" if g.reproduction() else ""),
         "",
         f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled and "
         f"spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) and its "
@@ -558,6 +634,23 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                     for x in pooled
                 ],
                 ["task", "backbone", "metric", "datasets", "baseline", "current", "change", "95% CI", "p", "verdict"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+            "",
+        ]
+    either = [x for x in g.of("moved") if x.verdict == "moved" or (x.p is not None and x.p < g.alpha)]
+    if either:
+        lines += [
+            "## Moved either way",
+            "",
+            "Comparisons of one task and backbone that moved more than their seeds vary, whatever the direction "
+            "(an F-test of the per-comparison mean changes against 0, docs/regression.md); `moved` fails the "
+            "night where the pooled mean did not already call it.",
+            "",
+            tabulate(
+                [[x.task, x.backbone, x.metric, x.n, f"{x.current:.3g}", _p(x.p), x.verdict] for x in either],
+                ["task", "backbone", "metric", "comparisons", "rms change", "p", "verdict"],
                 tablefmt="github",
                 disable_numparse=True,
             ),

@@ -8,7 +8,8 @@ Each variant is a deliberate fault (a one-line edit of the code or of a task def
 benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
 (put first on PYTHONPATH) and runs the nightly suite's subset below from a fresh home holding only the embedded data.
 It then gates the records against a clean run of the same subset with `reporting.regress.gate`, exactly as
-`transferbench nightly` would. It prints, per variant, caught or missed (what fails a night), which tests fired,
+`transferbench nightly` would. It prints, per variant, caught (a test fired, for the worse or the better, or a
+protocol change, a missing or failed cell) or missed, whether the night fails, which tests fired,
 how many cells changed at all, the largest change of an accuracy comparison and of a pooled accuracy mean, and the
 time. The figures are in benchmarks/RESULTS.md and docs/regression.md.
 
@@ -182,16 +183,16 @@ CATALOGUE = [
         ],
     ),
     Variant(
-        "ckpt_drops_norm",
+        "ckpt_stem_layout",
         "checkpoint conversion",
         "fault",
-        "loading a checkpoint whose head is dropped drops the final LayerNorm too (a prefix filter that catches too "
-        "much, under non-strict loading)",
+        "timm's flat stem-weight reshape applied to every 2-D stem weight, not only timm-flat files (a dropped "
+        "condition): the patch pixels reach the embedding in a scrambled order",
         [
             (
                 "transferbench/backbones/checkpoint.py",
-                '    head = [k for k in sd if k.startswith("head.")]',
-                '    head = [k for k in sd if k.startswith(("head.", "norm."))]',
+                'if ckpt.metadata.get("patch_embed_layout") == "timm_flat" and w is not None and w.ndim == 2:',
+                "if w is not None and w.ndim == 2:",
             )
         ],
     ),
@@ -295,7 +296,8 @@ def run_variant(
     tmp = work / variant.name
     done_file = tmp / "done"
     if reuse and done_file.is_file():  # a finished run of this variant: gate its records again
-        return tmp / "runs", float(done_file.read_text()), "reused"
+        seconds, _, log = done_file.read_text().partition("\n")
+        return tmp / "runs", float(seconds), log
     shutil.rmtree(tmp, ignore_errors=True)
     pkg = _copy(tmp, variant)
     home, out = tmp / "home", tmp / "runs"
@@ -309,9 +311,12 @@ def run_variant(
         done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
         log.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
         if done.returncode not in (0, 1):
+            if variant.kind == "fault" and done.returncode == 2:  # the run itself refused: a night that errors
+                log.append(f"{task}: exit 2: {done.stderr.strip().splitlines()[-1]}")
+                continue
             raise SystemExit(f"{variant.name}: {task} exited {done.returncode}:\n{done.stderr[-2000:]}")
     seconds = time.time() - started
-    done_file.write_text(f"{seconds:.1f}")
+    done_file.write_text(f"{seconds:.1f}\n" + "; ".join(log))
     return out, seconds, "; ".join(log)
 
 
@@ -321,8 +326,9 @@ def fired(g, failed=()) -> str:
     parts += [f"{len(g.diverged)} diverged"] if g.diverged else []
     parts += [f"{len(g.missing)} missing"] if g.missing else []
     by = {}
-    for c in g.regressed:
-        by.setdefault((c.kind, c.task), set()).add(c.backbone.replace("@embedded", "@e"))
+    for c in g.regressed + g.improved:
+        way = "" if c.kind in ("spread", "moved") else " worse" if c.verdict == "regressed" else " better"
+        by.setdefault((f"{c.kind}{way}", c.task), set()).add(c.backbone.replace("@embedded", "@e"))
     parts += [f"{kind} {task} ({', '.join(sorted(b))})" for (kind, task), b in sorted(by.items())]
     return "; ".join(parts) or "-"
 
@@ -360,13 +366,15 @@ def main(argv=None) -> int:
     for v in CATALOGUE[1:]:
         if v.name not in chosen:
             continue
-        out, seconds, _ = run_variant(v, work, embedded, args.jobs, args.reuse)
+        out, seconds, log = run_variant(v, work, embedded, args.jobs, args.reuse)
+        errored = "exit 2" in log
         current = load_records([out])
         for r in current:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
         g = gate(baseline, current)
         failed = [r for r in current if r["status"] == "failed"]
-        caught = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed)
+        fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored)
+        caught = fails or bool(g.improved)
         changed = sum(c for c, _ in (g.exact or {}).values())
         compared = sum(n for _, n in (g.exact or {}).values())
         cells = [abs(c.change) for c in g.of("cell") if c.metric == "accuracy"]
@@ -376,8 +384,9 @@ def main(argv=None) -> int:
                 v.name,
                 v.kind,
                 v.area,
-                "caught" if caught else "missed",
-                fired(g, failed),
+                ("caught" if caught else "missed") if v.kind == "fault" else ("flagged" if caught else "quiet"),
+                "fails" if fails else "passes",
+                ("a run exited 2; " if errored else "") + fired(g, failed),
                 f"{changed}/{compared}",
                 f"{max(cells, default=0):.2f}",
                 f"{max(pooled, default=0):.2f}",
@@ -385,13 +394,25 @@ def main(argv=None) -> int:
             ]
         )
         print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)
-    head = ["variant", "kind", "area", "gate", "what fired", "cells changed", "max |cell Δ|", "max |pooled Δ|", "s"]
+    head = [
+        "variant",
+        "kind",
+        "area",
+        "gate",
+        "night",
+        "what fired",
+        "cells changed",
+        "max |cell Δ|",
+        "max |pooled Δ|",
+        "s",
+    ]
     print(tabulate(rows, head, tablefmt="github", disable_numparse=True))
     faults = [r for r in rows if r[1] == "fault"]
     benign = [r for r in rows if r[1] == "benign"]
     print(
-        f"\nfaults caught: {sum(r[3] == 'caught' for r in faults)} of {len(faults)}; benign changes flagged: "
-        f"{sum(r[3] == 'caught' for r in benign)} of {len(benign)}; the clean run took {clean_seconds:.0f} s"
+        f"\nfaults caught: {sum(r[3] == 'caught' for r in faults)} of {len(faults)} (failing the night: "
+        f"{sum(r[4] == 'fails' for r in faults)}); benign changes flagged: "
+        f"{sum(r[3] == 'flagged' for r in benign)} of {len(benign)}; the clean run took {clean_seconds:.0f} s"
     )
     return 0
 

@@ -86,13 +86,19 @@ def test_nightly_workflow_command_parses_with_the_cli():
     flow = yaml.safe_load((WORKFLOWS / "nightly.yml").read_text())
     (script,) = [s["run"] for s in flow["jobs"]["nightly"]["steps"] if "transferbench nightly" in s.get("run", "")]
     command = re.search(r"transferbench nightly [^\n]*", script.replace("\\\n", " ")).group(0)
-    values = {"$base": "results/runs", "$night": "2026-01-01", "$THRESHOLD": "0.5", '${TASKS:+--tasks "$TASKS"}': ""}
+    values = {
+        "$base": "results/nightly",
+        "$night": "2026-01-01",
+        '${TASKS:+--tasks "$TASKS"}': "--tasks vtab,fewshot",
+        '${ACCEPT:+--accept "$ACCEPT"}': "--accept fewshot:pool",
+    }
     for var, value in values.items():
         command = command.replace(var, value)
     assert "$" not in command, command
     argv = shlex.split(command)
     args = build_parser().parse_args(argv[1:])
-    assert args.command == "nightly" and args.suite == "embedded" and args.no_progress
+    assert args.command == "nightly" and args.suite == "nightly" and args.no_progress and args.jobs == 2
+    assert args.tasks == ["vtab", "fewshot"] and args.accept == ["fewshot:pool"] and not args.allow_missing
 
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is in the dev extra")

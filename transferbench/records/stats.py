@@ -284,19 +284,22 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> Estimate:
     return Estimate(100.0 * (only_a - only_b) / a.size, None, int(a.size), p=p, method="examples")
 
 
+def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(variance, degrees of freedom) pooled over groups: the within-group sums of squares over their degrees of
+    freedom (groups of one value add nothing); nan on 0 degrees of freedom."""
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
+    df = sum(a.size - 1 for a in arrays)
+    return (sum(((a - a.mean()) ** 2).sum() for a in arrays) / df if df else math.nan), df
+
+
 def variance_ratio(current: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]]) -> tuple[float, float]:
     """(ratio, p): the ratio of the seed-to-seed standard deviations current / baseline, each pooled over groups
     (within-group variances weighted by their degrees of freedom), and the two-sided F-test of "the variances are
     equal" on the pooled degrees of freedom. A spread of exactly 0 against a positive one has p = 0; nan where a
     side has no degree of freedom or both spreads are 0."""
 
-    def pooled(groups):
-        groups = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
-        df = sum(g.size - 1 for g in groups)
-        return (sum(((g - g.mean()) ** 2).sum() for g in groups) / df if df else math.nan), df
-
-    vc, dfc = pooled(current)
-    vb, dfb = pooled(baseline)
+    vc, dfc = pooled_variance(current)
+    vb, dfb = pooled_variance(baseline)
     if not dfc or not dfb or (vc == 0 and vb == 0):
         return math.nan, math.nan
     if vc == 0 or vb == 0:

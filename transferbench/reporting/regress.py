@@ -38,7 +38,7 @@ from scipy import stats as _scipy
 from tabulate import tabulate
 
 from ..hashing import canon
-from ..records.stats import holm, mcnemar, paired_difference, suite_mean, variance_ratio
+from ..records.stats import holm, mcnemar, paired_difference, pooled_variance, suite_mean, variance_ratio
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
@@ -115,11 +115,14 @@ class Gate:
     missing: list  # baseline cells (task, dataset, backbone, stage, seed, axes) without a current counterpart
     new: list
     exact: dict | None  # backbone -> (changed, compared) where both sides share machine kind and libraries
-    selection: list  # (task, dataset, backbone, axes, before, after): a final stage selected differently
+    selection: list  # (task, dataset, backbone, axes, seed, before, after): a final stage selected differently
     alpha: float
-    tests: int
     floor: float = FLOOR
     diverged: list = field(default_factory=list)  # current records that diverged where the baseline's cell was ok
+
+    @property
+    def tests(self) -> int:
+        return sum(x.p is not None for x in self.comparisons)
 
     def of(self, kind: str, verdict: str | None = None) -> list[Comparison]:
         return [c for c in self.comparisons if c.kind == kind and (verdict is None or c.verdict == verdict)]
@@ -169,13 +172,11 @@ def _latest(records: list[dict]) -> list[dict]:
 def _axes(*sides: list[dict]) -> dict:
     """(task, stage) -> the hyper-parameters that vary between the cells of one (dataset, backbone) on a side."""
     values = defaultdict(lambda: defaultdict(set))
-    for records in sides:
+    for side, records in enumerate(sides):
         for r in records:
-            values[(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), id(records))]
+            group = values[(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), side)]
             for k, v in r["hparams"].items():
-                values[(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), id(records))][k].add(
-                    canon({"v": v})
-                )
+                group[k].add(canon({"v": v}))
     out = defaultdict(set)
     for (task, _, _, stage, _), keys in values.items():
         out[(task, stage)] |= {k for k, vs in keys.items() if len(vs) > 1}
@@ -293,14 +294,16 @@ def gate(
         pc.accepted = accepts(accept, pc.task, pc.setting)
 
     comparisons = []
+    paired = {}  # group -> seed -> (baseline value, current value), the seeds where both sides have one
     for group, seeds in sorted(pairs.items()):
         task, dataset, backbone, stage, _, split, metric = group
         vals = {s: (_value_of(rb, split, metric), _value_of(rc, split, metric)) for s, (rb, rc) in seeds.items()}
-        vals = {s: v for s, v in vals.items() if None not in v}
+        vals = paired[group] = {s: v for s, v in vals.items() if None not in v}
         if not vals:
             continue
         first = next(iter(seeds.values()))[0]
         sign = _direction(first, metric)
+        level = float(np.mean([v[0] for v in vals.values()]))
         cur = {s: sign * v[1] for s, v in vals.items()}
         base = {s: sign * v[0] for s, v in vals.items()}
         d = paired_difference(cur, base)
@@ -321,12 +324,12 @@ def gate(
                 axes_of[group],
                 split,
                 metric,
-                float(np.mean([v[0] for v in vals.values()])),
+                level,
                 float(np.mean([v[1] for v in vals.values()])),
                 d.mean,
                 d.n,
                 p,
-                floor_of(metric, float(np.mean([v[0] for v in vals.values()])), floor),
+                floor_of(metric, level, floor),
                 low,
                 high,
             )
@@ -336,15 +339,13 @@ def gate(
     # reported comparisons
     units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     signs = {}
-    for group, seeds in pairs.items():
+    for group, vals in paired.items():
         task, dataset, backbone, stage, _, split, metric = group
-        if split == "val":  # the reported results only: a select stage's val sweep is left to the cell tests
+        if split == "val" or not vals:  # the reported results only: a select stage's val sweep is left to the cells
             continue
-        for s, (rb, rc) in seeds.items():
-            vb, vc = _value_of(rb, split, metric), _value_of(rc, split, metric)
-            if vb is not None and vc is not None:
-                sign = signs[(task, backbone, metric)] = _direction(rb, metric)
-                units[(task, backbone, metric)][dataset][s].append((sign * vb, sign * vc))
+        sign = signs[(task, backbone, metric)] = _direction(next(iter(pairs[group].values()))[0], metric)
+        for s, (vb, vc) in vals.items():
+            units[(task, backbone, metric)][dataset][s].append((sign * vb, sign * vc))
     for (task, backbone, metric), per_dataset in sorted(units.items()):
         base = {
             ds: {s: float(np.mean([v[0] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
@@ -354,6 +355,9 @@ def gate(
         }
         diff = {ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base}
         est = suite_mean(diff, shared=shared(task))
+        sign = signs[(task, backbone, metric)]
+        level_b = sign * float(np.mean([np.mean(list(v.values())) for v in base.values()]))
+        level_c = sign * float(np.mean([np.mean(list(v.values())) for v in cur.values()]))
         comparisons.append(
             Comparison(
                 "pooled",
@@ -364,13 +368,12 @@ def gate(
                 {},
                 "",
                 metric,
-                signs[(task, backbone, metric)] * float(np.mean([np.mean(list(v.values())) for v in base.values()])),
-                signs[(task, backbone, metric)] * float(np.mean([np.mean(list(v.values())) for v in cur.values()])),
+                level_b,
+                level_c,
                 est.mean,
                 len(diff),
                 est.p,
-                POOLED_FLOOR
-                * floor_of(metric, float(np.mean([np.mean(list(v.values())) for v in base.values()])), floor),
+                POOLED_FLOOR * floor_of(metric, level_b, floor),
                 est.low,
                 est.high,
             )
@@ -405,16 +408,11 @@ def gate(
 
     # per (task, backbone, metric): did its comparisons move more than their seeds vary, either way?
     moved, levels = defaultdict(list), defaultdict(list)  # the paired differences; the baseline's values
-    for group, seeds in pairs.items():
+    for group, vals in paired.items():
         task, dataset, backbone, stage, _, split, metric = group
-        d = [
-            _value_of(rc, split, metric) - _value_of(rb, split, metric)
-            for rb, rc in seeds.values()
-            if _value_of(rb, split, metric) is not None and _value_of(rc, split, metric) is not None
-        ]
-        if len(d) > 1:
-            moved[(task, backbone, metric)].append(d)
-            levels[(task, backbone, metric)] += [_value_of(rb, split, metric) or 0.0 for rb, _ in seeds.values()]
+        if len(vals) > 1:
+            moved[(task, backbone, metric)].append([vc - vb for vb, vc in vals.values()])
+            levels[(task, backbone, metric)] += [vb for vb, _ in vals.values()]
     for (task, backbone, metric), diffs in sorted(moved.items()):
         rms, p, df1, df2 = moved_test(diffs)
         base = float(np.mean(levels[(task, backbone, metric)]))
@@ -438,7 +436,7 @@ def gate(
         )
 
     # two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the night's family-wise error stays
-    # at most alpha): the few broad tests (pooled, spread) are not diluted by the hundreds of cell tests
+    # at most alpha): the few broad tests (pooled, moved, spread) are not diluted by the hundreds of cell tests
     rejected = {}
     for family in (("cell",), ("pooled", "moved", "spread")):
         members = [x for x in comparisons if x.kind in family]
@@ -480,7 +478,6 @@ def gate(
         exact,
         selection,
         alpha,
-        sum(x.p is not None for x in comparisons),
         floor,
         [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
     )
@@ -503,9 +500,7 @@ def moved_test(diffs: list) -> tuple[float, float, int, int]:
 
 
 def _pooled_sd(groups) -> float:
-    groups = [np.asarray(g, dtype=np.float64) for g in groups if len(g) > 1]
-    df = sum(g.size - 1 for g in groups)
-    return float(math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / df)) if df else math.nan
+    return float(math.sqrt(pooled_variance(groups)[0]))
 
 
 def _main_split(r: dict) -> str:
@@ -551,6 +546,10 @@ def verdict(
     return report(g, failed=failed, title=title, reasons=reasons), int(bool(reasons))
 
 
+def _md(rows, head) -> str:
+    return tabulate(rows, head, tablefmt="github", disable_numparse=True)
+
+
 def _num(x: float | None, fmt: str = "+.2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
@@ -594,7 +593,7 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             "A setting of matched cells differs: their numbers are not compared. Accept a change on purpose with "
             "`--accept TASK:SETTING`.",
             "",
-            tabulate(
+            _md(
                 [
                     [
                         p.task,
@@ -607,8 +606,6 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                     for p in g.protocol
                 ],
                 ["task", "change", "cells", "backbones", "mean change", "verdict"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]
@@ -617,7 +614,7 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         lines += [
             "## Pooled over each task and backbone",
             "",
-            tabulate(
+            _md(
                 [
                     [
                         x.task,
@@ -634,8 +631,6 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                     for x in pooled
                 ],
                 ["task", "backbone", "metric", "datasets", "baseline", "current", "change", "95% CI", "p", "verdict"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]
@@ -648,20 +643,18 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             "(an F-test of the per-comparison mean changes against 0, docs/regression.md); `moved` fails the "
             "night where the pooled mean did not already call it.",
             "",
-            tabulate(
+            _md(
                 [[x.task, x.backbone, x.metric, x.n, f"{x.current:.3g}", _p(x.p), x.verdict] for x in either],
                 ["task", "backbone", "metric", "comparisons", "rms change", "p", "verdict"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]
-    moved = [x for x in g.of("spread") if x.verdict == "spread" or (x.p is not None and x.p < g.alpha)]
-    if moved:
+    spreads = [x for x in g.of("spread") if x.verdict == "spread" or (x.p is not None and x.p < g.alpha)]
+    if spreads:
         lines += [
             "## Seed spread",
             "",
-            tabulate(
+            _md(
                 [
                     [
                         x.task,
@@ -673,11 +666,9 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                         _p(x.p),
                         x.verdict,
                     ]
-                    for x in moved
+                    for x in spreads
                 ],
                 ["task", "backbone", "baseline sd", "current sd", "ratio", "df", "p", "verdict"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]
@@ -700,7 +691,7 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             lines += [
                 f"## {heading}",
                 "",
-                tabulate(
+                _md(
                     [
                         [
                             x.task,
@@ -719,8 +710,6 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                         for x in rows
                     ],
                     head_cells,
-                    tablefmt="github",
-                    disable_numparse=True,
                 ),
                 "",
             ]
@@ -731,11 +720,9 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             "Both sides ran on one kind of machine with the same libraries, where unchanged code reproduces every "
             "number exactly. Cells whose value changed at all (this alone does not fail the gate):",
             "",
-            tabulate(
+            _md(
                 [[k, changed, n] for k, (changed, n) in g.exact.items()],
                 ["backbone", "changed", "compared"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]
@@ -745,7 +732,7 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         lines += [
             "## Failed in current (or diverged where the baseline's cell did not)",
             "",
-            tabulate(
+            _md(
                 [
                     [
                         *(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]),
@@ -754,8 +741,6 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                     for r in failed
                 ],
                 ["task", "dataset", "backbone", "stage", "seed", "status", "reason"],
-                tablefmt="github",
-                disable_numparse=True,
             ),
             "",
         ]

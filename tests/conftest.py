@@ -41,3 +41,25 @@ def suite_home(tmp_path_factory):
     embedded.ensure()
     yield home
     mp.undo()
+
+
+def write_records(records, root):
+    """`records` written into a records folder at `root` (returned)."""
+    from transferbench.records.store import RecordStore
+
+    store = RecordStore(root)
+    for r in records:
+        store.write(r)
+    return root
+
+
+def shifted(records, shift):
+    """A copy of `records` with `shift(record)` points added to every split's accuracy."""
+    import copy
+
+    out = copy.deepcopy(records)
+    for r in out:
+        d = shift(r)
+        for m in r["metrics"].values():
+            m["accuracy"] += d
+    return out

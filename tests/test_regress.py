@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from conftest import shifted
+from conftest import write_records as write
 from scipy import stats
 
 from transferbench.cli import main
@@ -65,22 +67,6 @@ def noise(scale=2.0, seed=0):
         return table.setdefault((bb, ds, k, s), 50.0 + scale * rng.normal())
 
     return f
-
-
-def shifted(records, shift):
-    out = copy.deepcopy(records)
-    for r in out:
-        d = shift(r)
-        for m in r["metrics"].values():
-            m["accuracy"] += d
-    return out
-
-
-def write(records, root):
-    store = RecordStore(root)
-    for r in records:
-        store.write(r)
-    return root
 
 
 # --- matching and protocol changes -------------------------------------------------------------------------------

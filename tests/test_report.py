@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 import scipy.stats
+from conftest import shifted as shifted_by
+from conftest import write_records as write
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
@@ -13,7 +15,7 @@ from transferbench.backbones.weights import resolve_backbone
 from transferbench.cli import main
 from transferbench.engine.runner import run_task
 from transferbench.records.aggregate import aggregate
-from transferbench.records.store import RecordStore, load_records
+from transferbench.records.store import load_records
 from transferbench.reporting.regress import gate
 from transferbench.reporting.tables import (
     build_tables,
@@ -200,19 +202,10 @@ def test_a_plugin_brings_its_own_report(tmp_path):
 
 
 def shifted(records, dataset, backbone, shift):
-    out = copy.deepcopy(records)
-    for r in out:
-        if r["dataset"] == dataset and r["backbone"] == backbone and r["status"] == "ok":
-            for split in r["metrics"].values():
-                split["accuracy"] += shift
-    return out
-
-
-def write(records, root):
-    store = RecordStore(root)
-    for r in records:
-        store.write(r)
-    return root
+    """`shift` points on every ok record of one dataset and backbone."""
+    return shifted_by(
+        records, lambda r: shift if (r["dataset"], r["backbone"], r["status"]) == (dataset, backbone, "ok") else 0.0
+    )
 
 
 def test_regress_flags_a_real_drop_only(toy_runs, tmp_path, capsys):

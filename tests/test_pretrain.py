@@ -117,3 +117,19 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=4", "batch=8", "warmup_steps=1"))  # another profile
     other = resolve_backbone("mu8_dpn@embedded")  # pretrains: the shipped file belongs to another cell
     assert other.checkpoint != str(shipped) and other.sha256 != ref.sha256 and len(pretrained()) == 1
+
+
+def test_pretrain_command_trains_and_names_its_checkpoint(suite_home, capsys):
+    """`transferbench pretrain` (the documented way to make the shipped checkpoints) runs the cell and reports it."""
+    from transferbench.cli import main
+
+    sets = [a for s in SHORT for a in ("--set", s)]
+    assert main(["pretrain", "--backbone", "mu8", *sets, "--set", "lr=0.002", "--no-progress"]) == 0
+    (rec,) = [
+        r
+        for r in load_records([suite_home / "pretrain"])
+        if r["backbone"] == "mu8" and r["hparams"]["lr"] == 0.002 and r["hparams"]["steps"] == 3
+    ]
+    assert rec["status"] == "ok" and Path(expand(rec["info"]["checkpoint"])).is_file()
+    out = capsys.readouterr()
+    assert "pretrain: 1 ok, 0 diverged, 0 failed" in out.out + out.err

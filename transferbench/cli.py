@@ -840,6 +840,7 @@ def cmd_pretrain(args) -> int:
     if not args.backbone:
         raise UserError("give --backbone (e.g. --backbone mu4,mu4_dpn,mu4_dtn)")
     args.task, args.datasets, args.seeds, args.reference = ["pretrain"], None, None, None
+    args.dry_run = args.probe = False  # `run pretrain` plans and estimates; this command trains
     args.out = cache("pretrain")
     args.stale = args.stale or "recompute"  # a cache: a pretraining of other code is done again unless kept
     return cmd_run(args)

@@ -123,6 +123,7 @@ def no_data(tmp_path, monkeypatch):
         (["vtab", "--backbone", "b32", "--seeds", "-1"], "seeds must be non-negative integers"),
         (["vtab", "--backbone", "b32@{tmp}/nope.safetensors"], "nope.safetensors does not exist"),
         (["vtab", "--backbone", "b32@{tmp}/bad.safetensors"], "bad.safetensors is not a valid safetensors file"),
+        (["vtab", "--backbone", "b32@"], "backbone 'b32@': nothing after '@'"),  # an empty $CKPT in a script
         (["vtab", "--backbone", "b32", "--reference", "b16"], "--reference 'b16' is not among --backbone b32"),
         (["vtab", "--backbone", "b32", "--out", "/proc/transferbench"], "--out /proc/transferbench: cannot write"),
         (["vtab", "--backbone", "mu8@embedded"], "VTAB data missing for 19 of 19 tasks"),  # data before pretraining

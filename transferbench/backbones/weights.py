@@ -25,8 +25,19 @@ def split_backbone(spec: str) -> tuple[str, str]:
     (unknown names fail here with close matches)."""
     from .registry import find_family
 
-    name, _, checkpoint = spec.partition("@")
+    name, checkpoint = _parts(spec)
     find_family(name)
+    return name, checkpoint
+
+
+def _parts(spec: str) -> tuple[str, str]:
+    """`NAME[@CHECKPOINT]` -> (name, checkpoint or ''); `NAME@` (an empty variable in a script) is refused,
+    never taken for random init."""
+    name, at, checkpoint = spec.partition("@")
+    if at and not checkpoint:
+        raise UserError(
+            f"backbone {spec!r}: nothing after '@'; give NAME@PATH or NAME@WORD, or NAME alone for random init"
+        )
     return name, checkpoint
 
 
@@ -35,7 +46,7 @@ def resolve_backbone(spec: str) -> BackboneRef:
     provider, which may pretrain."""
     from .registry import find_family
 
-    name, _, checkpoint = spec.partition("@")
+    name, checkpoint = _parts(spec)
     family = find_family(name)  # unknown names fail here with close matches, as in split_backbone
     if hasattr(family, "resolve"):  # a family that knows its own weights (timm: its tags' Hugging Face cache)
         return family.resolve(spec, name, checkpoint)

@@ -19,6 +19,7 @@ from transferbench.adapters.seg import (
     window_starts,
 )
 from transferbench.data.segmentation import eval_size, train_transform
+from transferbench.errors import UserError
 
 # --- metrics ------------------------------------------------------------------------------------------------
 
@@ -329,6 +330,11 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     train = SegFolderDataset(root, "scenes", "training")
     val = SegFolderDataset(root, "scenes", "validation")
     assert (len(train), len(val), train.num_classes) == (512, 128, 4)
+    # tfds slicing over the lists, as classification sets take it: a held-out part of training to select on
+    held = SegFolderDataset(root, "scenes", "training[384:]+validation[:10]")
+    assert held.paths == train.paths[384:] + val.paths[:10] and held.mask_paths[0] == train.mask_paths[384]
+    with pytest.raises(UserError, match="outside a split of 512"):
+        SegFolderDataset(root, "scenes", "training[:600]")
     raw = np.stack([train.raw_mask(i) for i in range(64)])
     assert set(np.unique(raw)) == {0, 1, 2, 3, 4}
     # boundaries separate regions: two neighbouring labelled pixels (8-neighbourhood) never differ

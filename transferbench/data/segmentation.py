@@ -137,20 +137,28 @@ class SegFolderDataset(SegDataset):
     are read: train ids, 255 = ignore; or with 0 = ignore when the set's info says reduce_zero_label)."""
 
     def __init__(self, root, name: str, split: str, *, verify: bool = True):
+        """`split`: a list's name, or tfds slicing over the lists (`training[:384]`, `training[384:]+validation`)."""
+        from .splits import resolve_split
+
         self.dir, self.name, self.split = Path(root) / name, name, split
-        lst = self.dir / f"{split}.txt"
-        if not lst.is_file():
-            raise DataMissingError(
-                f"segmentation set {name!r} split {split!r} not found: looked for "
-                f"{self.dir if not self.dir.is_dir() else lst}"
-            )
-        if verify:  # the list first: a damaged one is not parsed
-            verify_files(self.dir, name, [lst.name, INFO])
-        rows = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
-        if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in rows):
-            raise DataMissingError(
-                f"{lst} is not a segmentation list (lines 'images/... masks/...'); regenerate the set"
-            )
+        lists = {}
+        for piece in split.split("+"):
+            part = piece.strip().split("[")[0]
+            lst = self.dir / f"{part}.txt"
+            if not lst.is_file():
+                raise DataMissingError(
+                    f"segmentation set {name!r} split {split!r} not found: looked for "
+                    f"{self.dir if not self.dir.is_dir() else lst}"
+                )
+            if verify:  # the list first: a damaged one is not parsed
+                verify_files(self.dir, name, [lst.name, INFO])
+            lists[part] = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
+            if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in lists[part]):
+                raise DataMissingError(
+                    f"{lst} is not a segmentation list (lines 'images/... masks/...'); regenerate the set"
+                )
+        picked = resolve_split(split, {k: len(v) for k, v in lists.items()})
+        rows = [lists[part][i] for part, idx in picked for i in idx]
         self.paths, self.mask_paths = [r[0] for r in rows], [r[1] for r in rows]
         self.info = read_info(root, name)
         self.num_classes = int(self.info.get("num_classes", 0))

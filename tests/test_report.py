@@ -397,3 +397,24 @@ def test_every_comparison_of_the_committed_leaderboard_has_one_verdict():
         d = v.delta
         assert d.p is not None and (d.p < 0.05) == d.excludes_zero, d
         assert (v.better or v.worse) == d.excludes_zero, d
+
+
+def test_pretrain_levers_reads_the_sanity_question_as_the_leaderboard_does():
+    """benchmarks.pretrain_levers judges a pretraining variant by the leaderboard's few-shot sanity column (each
+    checkpoint against random init of its architecture, the paired suite mean over the 7 sets, and the sets whose
+    paired interval lies below 0); on the committed records both must give the same figures."""
+    from pathlib import Path
+
+    from benchmarks.pretrain_levers import gains
+    from transferbench.reporting.tables import report_tables, sanity_table
+
+    records = load_records([Path(__file__).resolve().parent.parent / "results" / "runs" / "fewshot"])
+    for shots in (25, 10):
+        (table,) = [t for t in report_tables(records) if t.axes == {"shots": shots}]
+        sanity = sanity_table(table)
+        for arch in ("mu4", "mu4_dpn", "mu4_dtn"):
+            mine = [r for r in records if r["backbone"] in (arch, f"{arch}@embedded")]
+            mean, worse = gains(mine, arch)[shots]
+            row = sanity.rows[f"{arch}@embedded"]
+            assert (mean.mean, mean.ci) == pytest.approx((row["mean"].delta.mean, row["mean"].delta.ci), abs=1e-9)
+            assert worse == [c for c in table.columns if c not in table.group_columns and row[c].worse]

@@ -33,6 +33,9 @@ def test_folder_round_trip_and_lists(tmp_path):
     assert img.mode == "RGB" and np.asarray(img)[0, 0].tolist() == [255, 255, 255] and label == 1
     lines = (tmp_path / "tiny" / "train800.txt").read_text().splitlines()
     assert lines == ["images/train800/00000.png 0", "images/train800/00001.png 1"]
+    # tfds slicing over the lists: the second training image, then the test image
+    sliced = FolderDataset(tmp_path, "tiny", "train800[1:]+test")
+    assert sliced.paths == ["images/train800/00001.png", "images/test/00000.png"] and sliced.labels.tolist() == [1, 0]
 
 
 def test_png_round_trip_is_lossless(tmp_path):

@@ -110,6 +110,33 @@ def read_info(root, name: str) -> dict:
         raise CorruptDataError(f"{p} is unreadable ({e}); re-export dataset {name!r}", f"{INFO} unreadable") from None
 
 
+def read_split(
+    folder: Path,
+    split: str,
+    not_found: Callable[[Path], Exception],
+    verify: Callable[[list[str]], None] | None = None,
+    check: Callable[[Path, list[str]], None] | None = None,
+) -> list[str]:
+    """The lines of `split`: a list's name, or tfds slicing over the lists (`train800[:100]`,
+    `training[384:]+validation`). Each list named is verified (`verify`, before it is parsed) and checked whole
+    (`check`); `not_found(where)` is raised for a missing one."""
+    from .splits import resolve_split
+
+    lists = {}
+    for piece in split.split("+"):
+        part = piece.strip().split("[")[0]
+        lst = folder / f"{part}.txt"
+        if not lst.is_file():
+            raise not_found(folder if not folder.is_dir() else lst)
+        if verify:  # the list first: a damaged one is not parsed
+            verify([lst.name])
+        lists[part] = [line for line in lst.read_text().splitlines() if line.strip()]
+        if check:
+            check(lst, lists[part])
+    picked = resolve_split(split, {k: len(v) for k, v in lists.items()})
+    return [lists[part][i] for part, idx in picked for i in idx]
+
+
 class FolderDataset(torch.utils.data.Dataset):
     """(image, label) pairs of one split; images as RGB PIL passed through `transform`."""
 
@@ -125,16 +152,18 @@ class FolderDataset(torch.utils.data.Dataset):
     ):
         self.dir = Path(root) / name
         self.name, self.split, self.transform = name, split, transform
-        lst = self.dir / f"{split}.txt"
-        if not lst.is_file():
-            where = self.dir if not self.dir.is_dir() else lst
-            raise DataMissingError(
+        lines = read_split(
+            self.dir,
+            split,
+            lambda where: DataMissingError(
                 f"dataset {name!r} split {split!r} not found: looked for {where}"
                 + (f"; prepare it with `{prepare_hint}`" if prepare_hint else "")
-            )
-        if verify:  # the list and info first: a damaged one is not parsed
-            self.verify([lst.name, *([INFO] if (self.dir / INFO).is_file() else [])])
-        rows = [line.rsplit(" ", 1) for line in lst.read_text().splitlines() if line.strip()]
+            ),
+            verify=(lambda lists: self.verify([*lists, *([INFO] if (self.dir / INFO).is_file() else [])]))
+            if verify
+            else None,
+        )
+        rows = [line.rsplit(" ", 1) for line in lines]
         self.paths = [r[0] for r in rows]
         self.labels = np.array([int(r[1]) for r in rows], dtype=np.int64)
         self.info = read_info(root, name)

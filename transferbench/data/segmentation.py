@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .folder import INFO, DataMissingError, read_info, verify_files
+from .folder import INFO, DataMissingError, read_info, read_split, verify_files
 from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
 
 IGNORE = 255
@@ -138,27 +138,22 @@ class SegFolderDataset(SegDataset):
 
     def __init__(self, root, name: str, split: str, *, verify: bool = True):
         """`split`: a list's name, or tfds slicing over the lists (`training[:384]`, `training[384:]+validation`)."""
-        from .splits import resolve_split
-
         self.dir, self.name, self.split = Path(root) / name, name, split
-        lists = {}
-        for piece in split.split("+"):
-            part = piece.strip().split("[")[0]
-            lst = self.dir / f"{part}.txt"
-            if not lst.is_file():
-                raise DataMissingError(
-                    f"segmentation set {name!r} split {split!r} not found: looked for "
-                    f"{self.dir if not self.dir.is_dir() else lst}"
-                )
-            if verify:  # the list first: a damaged one is not parsed
-                verify_files(self.dir, name, [lst.name, INFO])
-            lists[part] = [line.split(" ") for line in lst.read_text().splitlines() if line.strip()]
-            if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in lists[part]):
+
+        def check(lst: Path, lines: list[str]) -> None:
+            if any(len(r) != 2 or r[1].lstrip("-").isdigit() for r in (line.split(" ") for line in lines)):
                 raise DataMissingError(
                     f"{lst} is not a segmentation list (lines 'images/... masks/...'); regenerate the set"
                 )
-        picked = resolve_split(split, {k: len(v) for k, v in lists.items()})
-        rows = [lists[part][i] for part, idx in picked for i in idx]
+
+        lines = read_split(
+            self.dir,
+            split,
+            lambda where: DataMissingError(f"segmentation set {name!r} split {split!r} not found: looked for {where}"),
+            verify=(lambda lists: verify_files(self.dir, name, [*lists, INFO])) if verify else None,
+            check=check,
+        )
+        rows = [line.split(" ") for line in lines]
         self.paths, self.mask_paths = [r[0] for r in rows], [r[1] for r in rows]
         self.info = read_info(root, name)
         self.num_classes = int(self.info.get("num_classes", 0))

@@ -1,11 +1,11 @@
 """How far each lever of the embedded pretraining profile moves the sanity question: a checkpoint pretrained
-with the lever against random init of the same architecture, on the embedded few-shot suite (optionally LiT).
+with the lever against random init of the same architecture, on the embedded few-shot suite.
 
-    python -m benchmarks.pretrain_levers [--backbone mu4] [--only wd0,wd0_2400] [--work DIR] [--tasks fewshot]
+    python -m benchmarks.pretrain_levers [--backbone mu4] [--only wd0,wd0_2400] [--work DIR]
     python -m benchmarks.pretrain_levers --list
 
 Each variant is `transferbench pretrain --backbone B --set ...` in one home (the upstream data is generated
-once), one thread, then `transferbench run TASK --suite embedded --backbone B@<its checkpoint>,B` into a
+once), one thread, then `transferbench run fewshot --suite embedded --backbone B@<its checkpoint>,B` into a
 records folder of its own. It prints, per variant, the pretraining time and upstream accuracy, the paired
 gain over the 7 sets at 25 and 10 shots (`records.stats.paired_suite_difference`, the leaderboard's sanity
 column) and the sets whose paired 95% interval lies below 0. A variant already in --work is not recomputed
@@ -42,6 +42,7 @@ VARIANTS = {  # name -> --set overrides of the embedded pretraining profile
     "wd0_2400_sigmoid": WD0 + LONG + ("loss=sigmoid",),
     "wd0_2400_light2": WD0 + LONG + ("aug=light2",),  # randaug(2, 0) and mixup 0.2
 }
+VARIED = sorted({s.split("=", 1)[0] for sets in VARIANTS.values() for s in sets})  # what tells variants apart
 
 
 def cli(args: list[str], home: Path, log: Path) -> None:
@@ -92,12 +93,12 @@ def main() -> None:
         (rec,) = [
             r
             for r in load_records([home / "pretrain"])
-            if r["backbone"] == args.backbone and all(r["hparams"][k] == hp[k] for k in ("wd", "steps", "loss", "aug"))
+            if r["backbone"] == args.backbone and all(r["hparams"][k] == hp[k] for k in VARIED)
         ]
         ckpt = expand(rec["info"]["checkpoint"])
         cli(["run", "fewshot", "--suite", "embedded", "--backbone", f"{args.backbone}@{ckpt},{args.backbone}",
              "--out", str(out), "--no-progress"], home, log)  # fmt: skip
-        g = gains([r for r in load_records([out])], args.backbone)
+        g = gains(load_records([out]), args.backbone)
         rows.append(
             [name, f"{rec['seconds']:.0f}", f"{rec['metrics']['test']['accuracy']:.1f}"]
             + [f"{g[s][0].mean:+.1f} ± {g[s][0].ci:.1f}" for s in (25, 10)]

@@ -174,7 +174,7 @@ def test_diagnostics_read_timm_attention_and_skip_what_a_model_hides(caplog):
     """The attention maps hooked from timm's Attention are the probabilities its non-fused path computes (the
     input of its attn_drop), and the blocks' outputs stay as they were; an EVA (rotary attention) has its
     attention measures skipped with one line."""
-    from transferbench.adapters.diagnose import forward_diagnostics
+    from transferbench.adapters.diagnose import DiagnoseSettings, forward_diagnostics
     from transferbench.backbones.api import attention_maps
     from transferbench.backbones.measures import Probe
 
@@ -201,7 +201,7 @@ def test_diagnostics_read_timm_attention_and_skip_what_a_model_hides(caplog):
     ctx = SimpleNamespace(device="cpu", workers=0, progress=lambda it, **_: it)
     hp = {"images": 4, "resolution": 28, "bf16": "off", "eval_batch": 4, "pixels": "inception"}
     with caplog.at_level(logging.WARNING):
-        summary = forward_diagnostics(eva, _Images(data), hp, ctx)
+        summary = forward_diagnostics(eva, _Images(data), DiagnoseSettings.of(hp), ctx)
     assert set(summary["skipped"]) == {"attn_std", "attn_distance"} and "attn_std" not in summary
     assert len(summary["patch_cosine"]["mean"]) == 12  # the token measures still run
     lines = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]

@@ -255,9 +255,10 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
 
 
 def test_bad_settings_are_one_line(suite_home):
-    from transferbench.engine.runner import CellContext
+    """The settings model's bounds stop a run before anything is checked or computed, naming the fix."""
     from transferbench.errors import UserError
 
-    task = _task(images="0")
-    with pytest.raises(UserError, match="each must be at least 1"):
-        task.adapter.check_data(task, CellContext("cpu"))
+    for key in ("images", "steps", "grad_last"):
+        match = rf"task 'diagnose': {key} = 0: .*greater than or equal to 1 .*--set {key}="
+        with pytest.raises(UserError, match=match):
+            _task(**{key: "0"})

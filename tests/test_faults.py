@@ -155,11 +155,13 @@ def _lit_hparams():
     from transferbench.adapters import prepare_task
 
     task = prepare_task("lit", suite="embedded", sets=["steps=3", "batch=8", "warmup_steps=1", "text_layers=1"])
-    return task.grid()[0]
+    from transferbench.adapters.lit import LitSettings
+
+    return LitSettings.of(task.grid()[0])
 
 
 def test_truncated_text_tower_is_set_aside_and_retrained(tmp_path, monkeypatch, caplog):
-    from transferbench.adapters.lit.adapter import home_dir, text_tower
+    from transferbench.adapters.lit.training import home_dir, text_tower
     from transferbench.engine.runner import CellContext
 
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))

@@ -13,8 +13,8 @@ from PIL import Image
 
 from transferbench import create_backbone
 from transferbench.adapters import prepare_task
-from transferbench.adapters.classify import finetune
-from transferbench.adapters.pretrain import recipe
+from transferbench.adapters.classify import FinetuneSettings, finetune
+from transferbench.adapters.pretrain import PretrainSettings, recipe
 from transferbench.adapters.vtab import VtabAdapter
 from transferbench.backbones import save_checkpoint
 from transferbench.backbones.checkpoint import checkpoint_pixels, resample_posemb
@@ -162,8 +162,9 @@ def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path
     )
     cell = types.SimpleNamespace(hparams=hp, seed=0, backbone="mu4", checkpoint=str(path), dataset="d")
     ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False)
+    s = FinetuneSettings.model_construct(**hp)  # 0 steps: the head as it starts
     model, info = finetune(
-        cell, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto", posemb=task.hparams["posemb"]
+        cell, s, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto", posemb=task.hparams["posemb"]
     )
     assert info["head"] == "new" and info["posemb_resample"] == "big_vision"
     assert float(model.head.weight.detach().abs().sum()) == 0.0 and float(src.head.weight.detach().abs().sum()) > 0
@@ -234,7 +235,7 @@ def test_augreg_settings_per_size_follow_app_c(name, aug, randaug, mixup, rep, d
         93000,
         10000,
     )
-    r = recipe(name, hp)
+    r = recipe(name, PretrainSettings.of(hp))
     assert (r["aug"], r["randaug"], r["mixup"], r["rep_size"], r["dropout"]) == (aug, randaug, mixup, rep, dropout)
     ra = augreg.randaugment(aug)
     assert ra.num_ops == 2 and ra.magnitude == min(30, 3 * randaug[1]) and ra.num_magnitude_bins == 31
@@ -259,7 +260,7 @@ def test_light1_randaugment_is_not_nothing():
 
 def test_aug_auto_refuses_a_size_app_c_does_not_cover():
     with pytest.raises(UserError, match="aug=auto"):
-        recipe("mu4", {"aug": "auto", "rep_size": "auto", "dropout_b_l": 0.1})
+        recipe("mu4", PretrainSettings(aug="auto", rep_size="auto"))
 
 
 def test_mixup_by_hand():

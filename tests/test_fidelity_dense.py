@@ -79,15 +79,15 @@ def test_imagenet_standardisation_of_a_known_image():
 @pytest.mark.parametrize("fraction", [0.0625, 0.125, 0.25, 0.5, 1.0])
 def test_steps_do_not_depend_on_the_fraction(fraction):
     """App. G: steps_per_epoch = 20210 // 16 = 1263 for every train_data_pct: 128 x 1263 = 161,664 steps."""
-    from transferbench.adapters.seg.adapter import subset, train_steps
+    from transferbench.adapters.seg.adapter import SegSettings, subset, train_steps
 
-    hp = spec_hparams("ade20k")
+    hp = SegSettings.of(spec_hparams("ade20k"))
     n = len(subset(20210, fraction, seed=0))
     assert train_steps(hp, n, 20210) == 128 * 1263 == 161664
     # the option: passes over the fraction's own images
-    assert train_steps({**hp, "epoch": "fraction"}, n, 20210) == math.ceil(128 * n / 16)
+    assert train_steps(hp.model_copy(update={"epoch": "fraction"}), n, 20210) == math.ceil(128 * n / 16)
     # the embedded profile: 2 epochs of 512 // 8 steps whatever the fraction
-    emb = spec_hparams("ade20k", "embedded")
+    emb = SegSettings.of(spec_hparams("ade20k", "embedded"))
     assert train_steps(emb, len(subset(512, fraction, 0)), 512) == 128
 
 
@@ -232,7 +232,7 @@ def test_prompts_canonicalised_as_big_vision():
 
 def test_flip_view_draws_each_view_per_example():
     """augment: flip: each example of each step takes the original or the mirrored features, p = 0.5."""
-    from transferbench.adapters.lit.adapter import view_batches
+    from transferbench.adapters.lit.training import view_batches
 
     tokens = torch.arange(64)[:, None]
     orig, flip = torch.zeros(64, 1), torch.ones(64, 1)
@@ -270,7 +270,7 @@ def test_attention_std_over_patches_only():
 
 
 def test_attention_distance_in_patches_is_pixels_over_patch_size():
-    from transferbench.adapters.diagnose import forward_diagnostics
+    from transferbench.adapters.diagnose import DiagnoseSettings, forward_diagnostics
     from transferbench.engine.compute import CellContext
 
     class Images(torch.utils.data.Dataset):
@@ -293,7 +293,7 @@ def test_attention_distance_in_patches_is_pixels_over_patch_size():
         "pixels": "inception",
         "attn_std_tokens": "patches",
     }
-    s = forward_diagnostics(model, Images(), hp, ctx, seed=1)
+    s = forward_diagnostics(model, Images(), DiagnoseSettings.of(hp), ctx, seed=1)
     assert s["attn_distance"]["n"] == 6
     np.testing.assert_allclose(
         np.asarray(s["attn_distance_patches"]["mean"]) * model.patch_size, s["attn_distance"]["mean"], rtol=1e-12

@@ -145,8 +145,7 @@ def _cell(task_name: str, backbone: str = "mu4"):
 
 def test_every_cache_key_changes_with_the_code_that_computes_it(monkeypatch, suite_home):
     """For each cache folder, its key (or entry name) before and after the fingerprint of its code changes."""
-    from transferbench.adapters import corruption, pretrain
-    from transferbench.adapters.lit import adapter as lit
+    from transferbench.adapters import corruption, lit, pretrain
     from transferbench.data import corruptions
     from transferbench.data.embedded import common
     from transferbench.data.transforms import eval_transform
@@ -162,7 +161,7 @@ def test_every_cache_key_changes_with_the_code_that_computes_it(monkeypatch, sui
         "pretrain": lambda: cell_digest(_cell("pretrain")),
         "corruptions": lambda: corruptions.entry_name(corruptions.cache_key(data="x")),
         "classifiers": lambda: corruption.classifier_key(_cell("imagenet_c")),
-        "lit": lambda: lit.tower_key("pairs", {}, 0),
+        "lit": lambda: lit.tower_key("pairs", lit.LitSettings(), 0),
         "cost-probe": lambda: estimate._key("cpu", "mu4", 16),
         "decoded": lambda: resident.decoded_key({"name": "d"}, eval_transform(16)),
     }

@@ -6,7 +6,7 @@ import pytest
 from toyplugin import toy_accuracy
 
 from transferbench.cli import main
-from transferbench.reporting.coverage import BUILTIN
+from transferbench.spec import BUILTIN_TASKS as BUILTIN
 
 NIGHTLY = ["nightly", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--no-progress"]
 

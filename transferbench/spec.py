@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import UserError, close_matches
 from .plugins import load_group
 
+BUILTIN_TASKS = ("ade20k", "diagnose", "fewshot", "hires", "imagenet_c", "lit", "pretrain", "vtab")  # tasks/*.yaml
+
 
 class SpecError(UserError):
     """A task spec that does not validate; the message has the file, the field path and what is allowed."""
@@ -101,7 +103,19 @@ def _format(err: ValidationError, source: str) -> str:
     return f"{source}: {loc}: {msg}{more}"
 
 
+def settings_model(adapter: str):
+    """The settings model (adapters.settings.Settings) that the installed adapter `adapter` declares; None for one
+    that declares none (its specs state every hyper-parameter themselves) or is not installed."""
+    obj = load_group("transferbench.adapters").get(adapter)
+    return getattr(obj, "settings", None)
+
+
 def parse_spec(data: dict, source: str = "<spec>") -> TaskSpec:
+    """A spec from its YAML mapping; its `hparams` start from its adapter's settings defaults (the paper's values),
+    which the spec's own entries override."""
+    model = settings_model(data.get("adapter")) if isinstance(data.get("adapter"), str) else None
+    if model is not None and isinstance(data.get("hparams", {}), dict):
+        data = {**data, "hparams": {**model.keyed_defaults(), **(data.get("hparams") or {})}}
     try:
         return TaskSpec.model_validate(data)
     except ValidationError as err:
@@ -320,16 +334,21 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         fixed = [hparams, spec.hparams, *(x.hparams for x in spec.suites.values())]
         swept = [sweep, spec.sweep, *(x.sweep for x in spec.suites.values())]
         seen = [d[key] for d in fixed if key in d] + [v for d in swept for v in d.get(key, [])]
+        model = settings_model(spec.adapter)
+        settable = [row[0] for row in model.rows()] if model is not None else []
+        unkeyed = key in settable and key not in hparams and key not in sweep
+        if unkeyed:  # a setting whose default is not part of the key: --set makes it one
+            seen.append(model.default_of(key))
         like = next((v for v in seen if v is not None), None)
         nullable = any(v is None for v in seen)
         if key in sweep:
             sweep[key] = [parse_override(key, t.strip(), like) for t in text.split(",") if t.strip()]
             if not sweep[key]:
                 raise UserError(f"--set {key}={text}: a sweep needs at least one value, e.g. --set {key}={like}")
-        elif key in hparams:
+        elif key in hparams or unkeyed:
             hparams[key] = parse_override(key, text, like, nullable=nullable)
         else:
-            known = sorted(set(hparams) | set(sweep))
+            known = sorted(set(hparams) | set(sweep) | set(settable))
             raise UserError(
                 f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
                 f"{close_matches(key, known)}; known: {', '.join(known)}"

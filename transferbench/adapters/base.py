@@ -17,14 +17,16 @@ from ..data.sources import with_generator_version
 from ..errors import UserError, close_matches
 from ..plugins import load_group
 from ..spec import SpecError, Task, TaskSpec, installed_specs, load_task, resolve, task_aliases
+from .settings import Settings
 
 
 class Adapter:
     name: ClassVar[str] = ""
     # validates each dataset entry's adapter-specific fields (tfds name, splits, classes, ...)
     dataset_schema: ClassVar[type[BaseModel] | None] = None
-    # hyper-parameters that take one of a few values: checked, with the spec's and --set's, before anything runs
-    hparam_choices: ClassVar[dict[str, tuple]] = {}
+    # the protocol's settings with their paper defaults and sources (adapters.settings.Settings): a spec starts
+    # from them, and every point of a task's grid is checked against them before anything runs
+    settings: ClassVar[type[Settings] | None] = None
     # distributions that do arithmetic in this adapter's cells beyond fingerprint.CORE and DATA (open_clip's
     # tokenizer, the corruption generator): their versions are part of each record's fingerprint
     libraries: ClassVar[tuple[str, ...]] = ()
@@ -46,8 +48,15 @@ class Adapter:
     def training_images(self, cell) -> int:
         """Images the cell passes forward and backward through the backbone (`run --dry-run`'s cost): steps x
         batch where the cell trains the backbone; adapters whose cells train no backbone say 0."""
-        hp = cell.hparams
-        return int(hp.get("steps") or 0) * int(hp.get("batch") or 0)
+        if self.settings is None or not {"steps", "batch"} <= set(self.settings.model_fields):
+            return 0
+        s = self.settings.of(cell.hparams)
+        return int(s.steps or 0) * int(s.batch)
+
+    def input_size(self, cell) -> int:
+        """The side of the images the cell trains the backbone on (`run --dry-run`'s probe shape): its `resolution`
+        (224 for an adapter without settings)."""
+        return int(self.settings.of(cell.hparams).resolution) if self.settings is not None else 224
 
     def extras(self, task: Task) -> set[str]:
         """The package extras (`pip install 'transferbench[EXTRA]'`) that running `task` needs beyond the base
@@ -93,13 +102,9 @@ def prepare_task(name_or_path: str, *, suite=None, datasets=None, seeds=None, se
     name = task_aliases().get(name_or_path, name_or_path) if name_or_path not in installed else name_or_path
     adapter.validate(spec, str(installed.get(name, name_or_path)))
     task = resolve(spec, suite=suite, datasets=datasets, seeds=seeds, sets=sets)
-    for key, choices in adapter.hparam_choices.items():
-        for value in ([task.hparams[key]] if key in task.hparams else []) + list(task.sweep.get(key, [])):
-            if value not in choices:
-                shown = ", ".join(str(c) for c in choices if not isinstance(c, bool))
-                raise UserError(
-                    f"task {spec.task!r}: {key} = {value!r} is not one of {shown} (set it with --set {key}=VALUE)"
-                )
+    if adapter.settings is not None:
+        for hp in task.grid():
+            adapter.settings.of(hp, spec.task)
     for value in ([task.hparams["pixels"]] if "pixels" in task.hparams else []) + list(task.sweep.get("pixels", [])):
         try:
             pixels.check(value)

@@ -17,15 +17,37 @@ import torch
 
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes
-from ..data import pixels, sources
+from ..data import sources
 from ..data import vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
-from ..engine.train import LOSSES, fit, optimizer_options, train_batches
-from ..errors import UserError
+from ..engine.train import LOSSES, fit_protocol, optimizer_options, protocol_batches
 from ..spec import SpecError
 from .base import Adapter
+from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
+
+APP_E = "DPN App. E (its big_vision config)"
+
+
+class FinetuneSettings(Settings):
+    """The VTAB-1k fine-tuning recipe (DPN App. E), which the robustness classifier, high-res fine-tuning and the
+    gradient diagnostics run too (each protocol's own settings override the defaults it changes)."""
+
+    pixels: str = setting("auto", "big_vision value_range(-1, 1)", PIXELS_HELP)
+    loss: Literal[tuple(LOSSES)] = setting(  # type: ignore[valid-type]
+        "sigmoid", f"{APP_E}: sigmoid_xent", "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy"
+    )
+    optimizer: Literal["sgd"] = setting("sgd", APP_E, "SGD with momentum (the only optimiser of the recipe)")
+    lr: float = setting(0.0003, f"{APP_E} prints 0.0003", "learning rate (peak, after warm-up)", gt=0)
+    momentum: float = setting(0.9, APP_E, "SGD momentum", ge=0)
+    weight_decay: float = setting(0.0, APP_E, "weight decay (torch SGD's)", ge=0)
+    clip: float = setting(1.0, APP_E, "gradient clipping by global norm (0: none)", ge=0)
+    batch: int = setting(512, APP_E, "images per step", ge=1)
+    steps: int = setting(2500, APP_E, "training steps", ge=1)
+    warmup_steps: int = setting(200, APP_E, "linear warm-up steps, then cosine to 0", ge=0)
+    resolution: int = setting(224, APP_E, "training and evaluation resolution (position embeddings resampled)", ge=1)
+    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
 
 
 class VtabDataset(DatasetEntry):
@@ -148,6 +170,7 @@ def open_split(ds: dict, role: str, data_dir=None):
 
 def finetune(
     cell,
+    s: FinetuneSettings,
     train,
     classes: int,
     augment: str,
@@ -158,22 +181,20 @@ def finetune(
     on_step=None,
     posemb: str | None = None,
 ):
-    """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint, seed and hyper-parameters:
-    optimizer sgd, lr, momentum, weight_decay, batch, steps, warmup_steps, clip, resolution, loss, pixels, bf16):
+    """The VTAB fine-tuning recipe on `train` for `cell` (its backbone, checkpoint and seed) with settings `s`:
     a new zero-initialised head of `classes` on the checkpoint's representation layer (with `keep_head`, the
     checkpoint's own head where it has `classes` outputs), SGD with momentum, warm-up then cosine, clipping,
-    `augment`, loss `loss` (sigmoid: big_vision's sigmoid_xent; softmax; specs without the key: softmax). The
+    `augment`, loss `s.loss` (sigmoid: big_vision's sigmoid_xent; softmax). The
     position embeddings are resampled to the resolution's grid (`posemb`: the method, default the weights' own
     code's, backbones.checkpoint.load_checkpoint) and DTN's grid factors rebuilt for it. `on_step(model, step)` sees
     each step's complete gradients (engine.train.fit). Returns (model, info); other adapters that need a fine-tuned
     classifier (robustness, high-res, diagnostics) call it too."""
 
-    hp = cell.hparams
     torch.manual_seed(cell.seed)
     head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
     model = create_backbone(
         cell.backbone.partition("@")[0],
-        img_size=hp["resolution"],
+        img_size=s.resolution,
         checkpoint=cell.checkpoint,
         num_classes=classes if head_kept else 0,
         **({"posemb": posemb} if posemb else {}),
@@ -185,43 +206,23 @@ def finetune(
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
     model.to(ctx.device)
-    if hp["optimizer"] != "sgd":
-        raise ValueError(f"optimizer {hp['optimizer']!r}: the VTAB protocol uses sgd")
-    loss = hp.get("loss", "softmax")
-    if loss not in LOSSES:
-        raise UserError(f"loss={loss!r}: choose one of {', '.join(LOSSES)}")
     opt = torch.optim.SGD(
         model.parameters(),
-        lr=hp["lr"],
-        momentum=hp["momentum"],
-        weight_decay=hp["weight_decay"],
+        lr=s.lr,
+        momentum=s.momentum,
+        weight_decay=s.weight_decay,
         **optimizer_options(ctx.device),
     )
-    batches = train_batches(
-        train,
-        train_transform(hp["resolution"], augment, pixels=pixels.of(hp)),
-        batch=hp["batch"],
-        steps=hp["steps"],
-        seed=cell.seed,
-        workers=ctx.workers,
-        device=ctx.device,
-    )
+    batches = protocol_batches(train, train_transform(s.resolution, augment, pixels=s.pixels), s, cell.seed, ctx)
     started = time.time()
-    out = fit(
+    out = fit_protocol(
         model,
         batches,
         opt,
-        steps=hp["steps"],
-        base_lr=hp["lr"],
-        warmup=hp["warmup_steps"],
-        clip=hp["clip"],
-        loss_fn=LOSSES[loss],
-        device=ctx.device,
-        bf16=hp.get("bf16", "auto"),
-        micro_batch=ctx.micro_batch,
-        progress=ctx.progress,
-        compile=ctx.compile,
-        desc=desc or f"{cell.dataset} lr={hp['lr']} seed={cell.seed}",
+        s,
+        ctx,
+        loss_fn=LOSSES[s.loss],
+        desc=desc or f"{cell.dataset} lr={s.lr} seed={cell.seed}",
         on_step=None if on_step is None else (lambda step: on_step(model, step)),
     )
     train_seconds = time.time() - started
@@ -230,9 +231,9 @@ def finetune(
         **batches.info(),
         "train_examples": len(train),
         "head": "checkpoint" if head_kept else "new",
-        "loss": loss,
+        "loss": s.loss,
         "rep_size": int(getattr(model, "config", {}).get("rep_size", 0)),
         "posemb_resample": getattr(model, "posemb_resample", None),
         "train_seconds": round(train_seconds, 2),
-        "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
+        "images_per_second": round(s.steps * s.batch / max(train_seconds, 1e-9), 1),
     }

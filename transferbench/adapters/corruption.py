@@ -32,13 +32,13 @@ from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from ..backbones import create_backbone
 from ..backbones.checkpoint import head_classes, save_checkpoint
 from ..backbones.registry import backbone_code
 from ..cell import make_cell
 from ..data import corruptions as C
-from ..data import pixels
 from ..data.corruptions import INSTALL, LAYOUT, ImageNetCFolder, NpyCorrupted, check_name, generator_identity
 from ..data.folder import DataMissingError
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS  # noqa: F401 (public names)
@@ -46,7 +46,7 @@ from ..data.sources import DatasetEntry, open_split, require_tfds_name
 from ..data.tfds_source import TfdsDataset
 from ..data.transforms import AUGMENTATIONS, eval_transform
 from ..engine.precision import for_forward
-from ..engine.train import BF16_SETTINGS, accuracy
+from ..engine.train import accuracy
 from ..errors import UserError
 from ..fingerprint import CORRUPT, for_cache
 from ..hashing import digest
@@ -54,7 +54,39 @@ from ..paths import cache, sealed, verified
 from ..reporting.robustness import REPORT, mce, relative_mce  # noqa: F401 (mce, relative_mce: public names)
 from ..spec import SpecError
 from .base import Adapter
-from .classify import finetune
+from .classify import FinetuneSettings, finetune
+from .settings import setting
+
+CLASSIFIER = "App. E's fine-tuning recipe for the classifier under test (docs/robustness.md)"
+
+
+class CorruptionSettings(FinetuneSettings):
+    """The classifier under test (a checkpoint head with the dataset's classes, else App. E's recipe fine-tuned on
+    the clean training split) and how its corrupted test images are made (hendrycks/robustness)."""
+
+    classifier: Literal["auto", "finetune", "checkpoint"] = setting(
+        "auto",
+        CLASSIFIER,
+        "auto: the checkpoint's head where it has the classes, else fine-tune | finetune | checkpoint",
+    )
+    loss: Literal["sigmoid", "softmax"] = setting(
+        "softmax",
+        "the classifier's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
+        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
+        keyed=False,
+    )
+    lr: float = setting(0.01, CLASSIFIER, "learning rate of the classifier's fine-tuning", gt=0)
+    eval_batch: int = setting(256, "no effect on results", "images per evaluation batch", ge=1)
+    render: int | None = setting(
+        None,
+        "hendrycks/robustness: ImageNet-C made at 224",
+        "generated corruptions: the side the 15 functions run at (null: the resolution)",
+    )
+    corruptions: str | list[str] = setting(
+        "all", "Hendrycks & Dietterich: 15 corruptions x 5 severities", "all, or a list of names: a cell per corruption"
+    )
+    corruption: str | None = Field(None, json_schema_extra={"source": "", "keyed": False, "hidden": True})
+
 
 TRAIN_KEYS = (
     "optimizer",
@@ -127,12 +159,12 @@ def data_identity(ds: dict, version: str) -> dict:
     return {k: ds.get(k) for k in ("name", "source", "tfds", "set", "test", "limit")} | {"version": version}
 
 
-def render_size(hp: dict) -> int:
+def render_size(hp: CorruptionSettings) -> int:
     """The side the corruption functions run at: `render`, else the model's resolution."""
-    return int(hp.get("render") or hp["resolution"])
+    return int(hp.render or hp.resolution)
 
 
-def rendered(ds: dict, version: str, hp: dict, ctx):
+def rendered(ds: dict, version: str, hp: CorruptionSettings, ctx):
     """The clean test images brought to the render size as ImageNet-C's were (short side render / crop_pct,
     centre crop), and their labels: decoded once per dataset and geometry, then read from the cache by every
     severity, corruption, backbone and seed. Returns (ArraySet, hit)."""
@@ -154,10 +186,10 @@ def rendered(ds: dict, version: str, hp: dict, ctx):
     return C.cached(C.cache_key(data=data_identity(ds, version), render=size, crop_pct=ds["crop_pct"]), compute)
 
 
-def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, ctx):
+def generated(ds: dict, version: str, hp: CorruptionSettings, corruption: str, severity: int, ctx):
     """The test split under `corruption` at `severity` (severity 0: clean, through the same geometry), at the
     model's resolution, from the cache or generated from the rendered clean images. Returns (ArraySet, hit)."""
-    res, size = int(hp["resolution"]), render_size(hp)
+    res, size = hp.resolution, render_size(hp)
     if not severity and size == res:  # the rendered clean images are already at the model's resolution
         return rendered(ds, version, hp, ctx)
     ident = data_identity(ds, version)
@@ -189,19 +221,19 @@ def generated(ds: dict, version: str, hp: dict, corruption: str, severity: int, 
     return C.cached(key, compute)
 
 
-def top1_error(model, data, hp: dict, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
-    res = int(hp["resolution"])
+def top1_error(model, data, hp: CorruptionSettings, ctx, use_bf16: bool, *, resize_small: int | None = None) -> float:
+    res = hp.resolution
     fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
-    transform = None if fast else eval_transform(res, resize_small=resize_small, pixels=pixels.of(hp))
+    transform = None if fast else eval_transform(res, resize_small=resize_small, pixels=hp.pixels)
     return 100.0 - accuracy(
         model,
         data,
         transform,
         ctx.device,
         use_bf16,
-        batch=int(hp.get("eval_batch", 256)),
+        batch=hp.eval_batch,
         workers=ctx.workers,
-        pixels=pixels.of(hp),
+        pixels=hp.pixels,
     )
 
 
@@ -234,8 +266,8 @@ def classifier(cell, ctx):
     checkpoint), else the fine-tuned head from the classifier cache, trained on a miss."""
     from filelock import FileLock
 
-    hp, ds = cell.hparams, entry(cell)
-    name, mode, res = cell.backbone.partition("@")[0], hp.get("classifier", "auto"), int(hp["resolution"])
+    hp, ds = CorruptionSettings.of(cell.hparams), entry(cell)
+    name, mode, res = cell.backbone.partition("@")[0], hp.classifier, hp.resolution
     head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
     if head == ds["classes"]:
         model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)
@@ -266,7 +298,7 @@ def classifier(cell, ctx):
             return model.to(ctx.device).eval(), {**info, "classifier_cache_hit": True}
         train = open_clean(ds, ds["train"], ctx.data_dir)
         model, info = finetune(
-            cell, train, ds["classes"], ds["augment"], ctx, desc=f"{cell.dataset} fine-tune seed={cell.seed}"
+            cell, hp, train, ds["classes"], ds["augment"], ctx, desc=f"{cell.dataset} fine-tune seed={cell.seed}"
         )
         info = {**info, "classifier": "fine-tuned", "classifier_key": key}
         with sealed(path, suffix=".safetensors") as tmp:
@@ -281,7 +313,7 @@ class CorruptionAdapter(Adapter):
     name = "corruption"
     libraries = CORRUPT
     dataset_schema = CorruptionDataset
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "classifier": ("auto", "finetune", "checkpoint")}
+    settings = CorruptionSettings
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -298,7 +330,7 @@ class CorruptionAdapter(Adapter):
                     f"{source}: datasets.{i}.crop_pct: {ds.crop_pct} is not in (0, 1] (dataset {ds.name!r})"
                 )
         try:
-            corruption_list(spec.hparams.get("corruptions"))
+            corruption_list(spec.hparams["corruptions"])
         except UserError as e:
             raise SpecError(f"{source}: hparams.corruptions: {e}") from None
 
@@ -317,7 +349,7 @@ class CorruptionAdapter(Adapter):
         from ..data.tfds_source import data_dir
 
         for hp in task.grid():
-            corruption_list(hp.get("corruptions"))
+            corruption_list(hp["corruptions"])
         problems = []
         for spec in task.datasets:
             ds = CorruptionDataset.model_validate(spec.model_dump()).model_dump()
@@ -356,7 +388,7 @@ class CorruptionAdapter(Adapter):
         cells = []
         for ds in task.datasets:
             for hp in task.grid():
-                names = corruption_list(hp.get("corruptions"))
+                names = corruption_list(hp["corruptions"])
                 base = {k: v for k, v in hp.items() if k != "corruptions"}
                 for seed in task.seeds:
                     clf = make_cell(task, ds, backbone, base, seed, "classifier", report=REPORT)
@@ -370,11 +402,11 @@ class CorruptionAdapter(Adapter):
         return cells
 
     def run(self, cell, ctx):
-        hp, ds = cell.hparams, entry(cell)
+        hp, ds = CorruptionSettings.of(cell.hparams), entry(cell)
         started = time.time()
         model, info = classifier(cell, ctx)
-        res = int(hp["resolution"])
-        choice = for_forward(hp.get("bf16", "auto"), ctx.device, model, int(hp.get("eval_batch", 256)), res)
+        res = hp.resolution
+        choice = for_forward(hp.bf16, ctx.device, model, hp.eval_batch, res)
         use_bf16 = choice.bf16
         if "bf16" in info:  # what the fine-tuning ran in; evaluation decides for itself
             info = {**{k: v for k, v in info.items() if k not in ("bf16", "bf16_choice")}, "train_bf16": info["bf16"]}
@@ -395,7 +427,7 @@ class CorruptionAdapter(Adapter):
                     "seconds_total": round(time.time() - started, 2),
                 },
             }
-        corruption = hp["corruption"]
+        corruption = hp.corruption
         errors, hits, n = {}, [], 0
         gen_seconds = 0.0
         for s in (1, 2, 3, 4, 5):

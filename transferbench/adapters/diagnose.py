@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Literal
 
 import numpy as np
 import torch
@@ -35,14 +36,14 @@ from ..backbones.api import patch_grid, patch_size, require
 from ..backbones.checkpoint import read_training_log
 from ..backbones.measures import ATTN_STD_TOKENS, Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
-from ..data import pixels
 from ..data.transforms import eval_transform
 from ..engine.precision import for_forward
-from ..engine.train import BF16_SETTINGS, autocast, eval_batches
+from ..engine.train import autocast, eval_batches
 from ..errors import UserError
 from ..reporting.diagnostics import REPORT
-from .classify import ClassificationAdapter, finetune, open_split
+from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
 from .classify import classification_entry as entry
+from .settings import setting
 
 log = logging.getLogger(__name__)
 NEEDS = {
@@ -77,18 +78,44 @@ def image_indices(size: int, n: int, how: str, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
 
 
-def forward_diagnostics(model, data, hp: dict, ctx, seed: int = 0) -> dict:
+DIAG = "docs/diagnostics.md"
+
+
+class DiagnoseSettings(FinetuneSettings):
+    """The forward measures' images (the over-smoothing measures) and the fine-tuning whose gradients are read
+    (App. E's recipe, short)."""
+
+    images: int = setting(10000, DIAG, "images the forward measures average over", ge=1)
+    image_split: Literal["train", "test"] = setting("train", DIAG, "the split the images come from")
+    image_sample: Literal[IMAGE_SAMPLES] = setting(  # type: ignore[valid-type]
+        "random", DIAG, "random: N images seeded by the cell's seed | first: the first N"
+    )
+    attn_std_tokens: Literal[ATTN_STD_TOKENS] = setting(  # type: ignore[valid-type]
+        "patches", DIAG, "attention row std over the patch queries and keys | all (cls included)"
+    )
+    eval_batch: int = setting(64, "no effect on results", "images per forward batch", ge=1)
+    lr: float = setting(0.01, DIAG, "learning rate of the fine-tuning whose gradients are read", gt=0)
+    steps: int = setting(100, DIAG, "fine-tuning steps", ge=1)
+    warmup_steps: int = setting(10, DIAG, "linear warm-up steps, then cosine to 0", ge=0)
+    grad_last: int = setting(50, DIAG, "per-layer gradient norms: mean over the last k steps", ge=1)
+    loss: Literal["sigmoid", "softmax"] = setting(
+        "softmax",
+        "the fine-tuning's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
+        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
+        keyed=False,
+    )
+
+
+def forward_diagnostics(model, data, hp: DiagnoseSettings, ctx, seed: int = 0) -> dict:
     """Probe `model` over `images` images of `data` (`image_indices`); returns the per-layer summaries."""
 
-    idx = image_indices(len(data), int(hp["images"]), hp.get("image_sample", "first"), seed)
+    idx = image_indices(len(data), hp.images, hp.image_sample, seed)
     n = len(idx)
     subset = torch.utils.data.Subset(data, idx.tolist())
-    batch = int(hp.get("eval_batch", 64))
-    probe = Probe(model, hp.get("attn_std_tokens", "all"))
-    use_bf16 = for_forward(hp.get("bf16", "auto"), ctx.device, model, batch, int(hp["resolution"])).bf16
-    batches = eval_batches(
-        subset, eval_transform(int(hp["resolution"]), pixels=pixels.of(hp)), batch=batch, workers=ctx.workers
-    )
+    batch = hp.eval_batch
+    probe = Probe(model, hp.attn_std_tokens)
+    use_bf16 = for_forward(hp.bf16, ctx.device, model, batch, hp.resolution).bf16
+    batches = eval_batches(subset, eval_transform(hp.resolution, pixels=hp.pixels), batch=batch, workers=ctx.workers)
     for x, _ in ctx.progress(batches, total=-(-n // batch), desc="diagnostics forward"):
         with autocast(ctx.device, use_bf16):
             probe(x.to(ctx.device))
@@ -109,7 +136,7 @@ def forward_diagnostics(model, data, hp: dict, ctx, seed: int = 0) -> dict:
     return summary
 
 
-def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
+def gradient_diagnostics(cell, hp: DiagnoseSettings, data, classes: int, augment: str, ctx) -> dict:
     """Per-step gradient norms of every block and of the patch embedding over the VTAB recipe's steps."""
 
     layers, embed = [], []
@@ -120,9 +147,9 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
         embed.append(e)
 
     _, info = finetune(
-        cell, data, classes, augment, ctx, on_step=record, desc=f"{cell.dataset} gradients seed={cell.seed}"
+        cell, hp, data, classes, augment, ctx, on_step=record, desc=f"{cell.dataset} gradients seed={cell.seed}"
     )
-    k = max(1, min(int(cell.hparams["grad_last"]), len(layers)))
+    k = max(1, min(hp.grad_last, len(layers)))
     return {
         "grad_norm": summarise(layers[-k:]),  # (k steps, depth)
         "embed_grad_norm_steps": embed,
@@ -132,27 +159,13 @@ def gradient_diagnostics(cell, data, classes: int, augment: str, ctx) -> dict:
 
 class DiagnoseAdapter(ClassificationAdapter):
     name = "diagnose"
-    hparam_choices = {
-        "optimizer": ("sgd",),
-        "bf16": BF16_SETTINGS,
-        "image_sample": IMAGE_SAMPLES,
-        "attn_std_tokens": ATTN_STD_TOKENS,
-        "image_split": ("train", "test"),
-    }
+    settings = DiagnoseSettings
 
     data_name = "diagnostics"
 
     def training_images(self, cell) -> int:
         """Measures of a forward pass: no training."""
         return 0
-
-    def check_hparams(self, task) -> None:
-        for hp in task.grid():
-            if int(hp["images"]) < 1 or int(hp["steps"]) < 1 or int(hp["grad_last"]) < 1:
-                raise UserError(
-                    f"images={hp['images']}, steps={hp['steps']}, grad_last={hp['grad_last']}: each must "
-                    "be at least 1 (set them with --set KEY=N)"
-                )
 
     def plan(self, task, backbone, results):
         for hp in task.grid():  # what every diagnostic reads; attention maps are skipped where unreadable
@@ -174,11 +187,11 @@ class DiagnoseAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        hp, ds = cell.hparams, entry(cell.dataset, cell.dataset_config)
+        hp, ds = DiagnoseSettings.of(cell.hparams), entry(cell.dataset, cell.dataset_config)
         started = time.time()
         if cell.stage == "forward":
             model = backbone_for(cell, ctx)
-            data = open_split(ds, hp.get("image_split", "test"), ctx.data_dir)
+            data = open_split(ds, hp.image_split, ctx.data_dir)
             summary = forward_diagnostics(model, data, hp, ctx, seed=cell.seed)
             diag = {
                 **summary,
@@ -195,7 +208,7 @@ class DiagnoseAdapter(ClassificationAdapter):
             } | {k: float(np.mean(summary[k]["mean"])) for k in ATTENTION_DISTANCES if k in summary}
         else:
             data = open_split(ds, "train", ctx.data_dir)
-            diag = gradient_diagnostics(cell, data, ds["classes"], ds["augment"], ctx)
+            diag = gradient_diagnostics(cell, hp, data, ds["classes"], ds["augment"], ctx)
             k = diag["grad_norm"]["n"]
             metrics = {
                 "embed_grad_norm": float(np.mean(diag["embed_grad_norm_steps"][-k:])),

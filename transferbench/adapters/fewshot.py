@@ -21,17 +21,16 @@ the default l2 is kept and the record says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
-from ..backbones import create_backbone
-from ..data import pixels
 from ..data.sources import DatasetEntry, missing_data, open_split
 from ..data.sources import missing as find_missing
 from ..data.transforms import eval_transform
-from ..engine.features import cache_key, cached, extract, precision
-from ..engine.train import BF16_SETTINGS
+from ..engine.features import FrozenFeatures
 from .base import Adapter, plan_select_then_final
+from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
 
 BIAS = 100.0
 DEFAULT_L2 = 2.0**10
@@ -189,12 +188,29 @@ def select_l2(ridge: Ridge, candidates, shots: int) -> tuple[float, str]:
     return candidates[int(np.argmax(scores))], "leave-one-out"
 
 
-# Which pre-logits: the backbone's own pooling (big_vision's pre_logits; the default), or one chosen for
-# every backbone alike, so that backbones trained with different heads are probed on the same footing.
-POOLS = ("model", "tok", "gap")
-# big_vision's `resize(256)` is square (256 x 256, aspect not kept), then `central_crop(224)`: the default;
-# 'short_side' resizes the short side to 256 (aspect kept) before the crop, as timm and torchvision evaluate.
-RESIZE_MODES = ("square", "short_side")
+COMMON = "big_vision configs/common_fewshot.py"
+
+
+class FewshotSettings(Settings):
+    """big_vision's few-shot linear probe (`fewshot_lsr`), as configs/common_fewshot.py sets it up."""
+
+    resolution: int = setting(224, f"{COMMON}: central_crop(224)", "the crop the backbone sees", ge=1)
+    resize: int | None = setting(256, f"{COMMON}: resize(256)", "resize before the central crop (null: none)")
+    resize_mode: Literal["square", "short_side"] = setting(
+        "square",
+        "big_vision pp_ops resize(256): 256 x 256, aspect not kept",
+        "square | short_side: resize the short side, aspect kept (timm, torchvision)",
+    )
+    pixels: str = setting("auto", "big_vision value_range(-1, 1)", PIXELS_HELP)
+    l2: float = setting(DEFAULT_L2, f"{COMMON}: l2_reg 2**10", "ridge regularisation", ge=0)
+    l2_sweep: list[float] = setting(
+        [], "an option (off in big_vision)", "l2 candidates chosen per cell by leave-one-out on the shots"
+    )
+    pool: Literal["model", "tok", "gap"] = setting(
+        "model", "big_vision: the model's pre_logits", "model: as the backbone pools | tok | gap: for every backbone"
+    )
+    shots: int = setting(25, f"{COMMON}: shots 1, 5, 10, 25 (swept)", "training examples per class", ge=1)
+    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
 
 
 class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
@@ -204,7 +220,7 @@ class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from
 class FewshotAdapter(Adapter):
     name = "fewshot"
     dataset_schema = FewshotDataset
-    hparam_choices = {"bf16": BF16_SETTINGS, "pool": POOLS, "resize_mode": RESIZE_MODES}
+    settings = FewshotSettings
 
     def training_images(self, cell) -> int:
         """Closed-form probes on frozen features: no backbone training."""
@@ -220,76 +236,35 @@ class FewshotAdapter(Adapter):
             raise missing_data("few-shot", missing, len(entries), ctx.data_dir)
 
     def run(self, cell, ctx):
-        import torch
-
-        hp = cell.hparams
+        s = FewshotSettings.of(cell.hparams)
         ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
-        pool = hp.get("pool", "model")  # specs written before the option existed mean the backbone's own
-        model = None
-        hits = {}
-
-        def build():
-            nonlocal model
-            if model is None:
-                # features are shared by every (shots, seed) cell and cached under the weights' identity;
-                # without weights that identity is 'random-init', so the initialisation must be one fixed draw
-                torch.manual_seed(0)
-                model = create_backbone(
-                    cell.backbone.partition("@")[0],
-                    img_size=hp["resolution"],
-                    checkpoint=cell.checkpoint,
-                    **({} if pool == "model" else {"pool": pool}),
-                )
-            return model
-
-        choice = precision(
-            hp.get("bf16", "auto"),
-            ctx.device,
-            backbone=cell.backbone.partition("@")[0],
-            resolution=hp["resolution"],
-            pool=pool,
-            build=build,
+        frozen = FrozenFeatures(
+            cell,
+            resolution=s.resolution,
+            pixels=s.pixels,
+            pool=s.pool,
+            bf16=s.bf16,
+            device=ctx.device,
+            workers=ctx.workers,
+            progress=ctx.progress,
         )
-        use_bf16 = choice.bf16
-        mode = hp.get("resize_mode", "short_side")  # specs written before the option resized the short side
-        sizes = {("resize_square" if mode == "square" else "resize_small"): hp.get("resize")}
-        transform = {"resolution": hp["resolution"], **sizes, "pixels": pixels.of(hp), "bf16": use_bf16}
-
-        def features(role):
-            data = open_split(ds, ds[role], ctx.data_dir)
-
-            def compute():
-                return extract(
-                    build(),
-                    data,
-                    eval_transform(hp["resolution"], **sizes, pixels=pixels.of(hp)),
-                    device=ctx.device,
-                    bf16=use_bf16,
-                    workers=ctx.workers,
-                    progress=ctx.progress,
-                    desc=f"features {cell.dataset} {role}",
-                )
-
-            key = cache_key(
-                backbone=cell.backbone.partition("@")[0],
-                weights_sha256=cell.checkpoint_sha256,
-                transform=transform,
-                dataset=identity,
-                split=ds[role],
-                pool=pool,
+        sizes = {("resize_square" if s.resize_mode == "square" else "resize_small"): s.resize}
+        transform = eval_transform(s.resolution, **sizes, pixels=s.pixels)
+        hits, data = {}, {role: open_split(ds, ds[role], ctx.data_dir) for role in ("train", "test")}
+        (train_x, train_y, hits["train"], _), (test_x, test_y, hits["test"], _) = (
+            frozen.split(
+                data[role], identity, ds[role], transform, frozen.transform(**sizes), f"features {cell.dataset} {role}"
             )
-            x, y, hits[role] = cached(key, compute)
-            return x, y, getattr(data, "num_classes", 0)
-
-        train_x, train_y, n_cls = features("train")
-        test_x, test_y, _ = features("test")
+            for role in ("train", "test")
+        )
+        n_cls = getattr(data["train"], "num_classes", 0)
         num_classes = ds["classes"] or n_cls or int(max(train_y.max(), test_y.max())) + 1
-        idx = fewshot_indices(train_y, hp["shots"], cell.seed)
-        l2, rule = float(hp.get("l2", DEFAULT_L2)), "fixed"
-        if hp.get("l2_sweep"):
+        idx = fewshot_indices(train_y, s.shots, cell.seed)
+        l2, rule = s.l2, "fixed"
+        if s.l2_sweep:
             ridge = ridge_fit(train_x[idx], train_y[idx], num_classes)
-            l2, rule = select_l2(ridge, hp["l2_sweep"], hp["shots"])
+            l2, rule = select_l2(ridge, s.l2_sweep, s.shots)
             probe = ridge.probe(l2)
         else:
             probe = ridge_probe(train_x[idx], train_y[idx], num_classes, l2)
@@ -304,7 +279,7 @@ class FewshotAdapter(Adapter):
                 "l2_rule": rule,
                 "solver": "primal" if len(idx) > train_x.shape[1] else "dual",
                 "cache_hit": hits,
-                "bf16": use_bf16,
-                "bf16_choice": choice.info,
+                "bf16": frozen.bf16,
+                "bf16_choice": frozen.choice.info,
             },
         }

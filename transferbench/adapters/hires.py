@@ -21,20 +21,47 @@ paired gain.
 
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
+from typing import Literal
 
 from ..backbones.checkpoint import POSEMB_METHODS, checkpoint_resolution
 from ..cell import make_cell
-from ..data import pixels
 from ..data.transforms import AUGMENTATIONS, eval_transform
-from ..engine.train import BF16_SETTINGS, LOSSES, accuracy
+from ..engine.train import accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
-from .classify import ClassificationAdapter, finetune, open_split
+from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
 from .classify import classification_entry as entry
+from .settings import setting
 
 STAGES = ("base", "high")
+APP_D = "DPN App. D (its big_vision config)"
+
+
+class HiresSettings(FinetuneSettings):
+    """DPN App. D: App. E's recipe at a higher resolution, with its own lr, length and augmentation."""
+
+    lr: float = setting(0.03, APP_D, "learning rate (peak, after warm-up)", gt=0)
+    steps: int = setting(5000, APP_D, "training steps", ge=1)
+    warmup_steps: int = setting(500, APP_D, "linear warm-up steps, then cosine to 0", ge=0)
+    resolution: int = setting(384, APP_D, "the high resolution", ge=1)
+    base_resolution: int | Literal["checkpoint"] = setting(
+        "checkpoint", APP_D, "the base stage's resolution: the checkpoint's own (224) or a number of pixels"
+    )
+    eval_resize_small: int = setting(
+        418, f"{APP_D}: resize_small(418)|central_crop(384)", "resize-small before the centre crop (scaled at base)"
+    )
+    augment: Literal[(*AUGMENTATIONS, "dataset")] = setting(  # type: ignore[valid-type]
+        "inception_flip", f"{APP_D}: inception_crop(384)|flip_lr", "training augmentation; dataset: each entry's own"
+    )
+    head: Literal["new", "auto"] = setting(
+        "new", f"{APP_D}: dont_load head", "new: a zero-initialised head | auto: keep a head with the classes"
+    )
+    posemb: Literal[(*POSEMB_METHODS, "set_input_size")] = setting(  # type: ignore[valid-type]
+        "big_vision",
+        "big_vision resample_posemb",
+        "position-embedding resampling: big_vision | scenic | timm (set_input_size: a py: model's own)",
+    )
 
 
 @lru_cache(maxsize=32)
@@ -53,7 +80,7 @@ def _checkpoint_resolution(path: str) -> int | None:
 def base_resolution(hp: dict, backbone) -> int:
     """`base_resolution` as a number: 'checkpoint' is the resolution the weights were trained at (what a timm tag
     or a py: model states, else what the checkpoint file says)."""
-    value = hp.get("base_resolution", "checkpoint")
+    value = hp["base_resolution"]
     if value != "checkpoint":
         try:
             return int(value)
@@ -81,14 +108,7 @@ def eval_resize_small(hp: dict, resolution: int) -> int:
 
 class HiresAdapter(ClassificationAdapter):
     name = "hires"
-    hparam_choices = {
-        "optimizer": ("sgd",),
-        "bf16": BF16_SETTINGS,
-        "head": ("new", "auto"),
-        "augment": (*AUGMENTATIONS, "dataset"),
-        "loss": tuple(LOSSES),
-        "posemb": POSEMB_METHODS,
-    }
+    settings = HiresSettings
 
     data_name = "high-res"
 
@@ -118,24 +138,24 @@ class HiresAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        hp = cell.hparams
+        s = HiresSettings.of(cell.hparams)
         ds = entry(cell.dataset, cell.dataset_config)
-        res = int(hp["resolution"] if cell.stage == "high" else hp["base_resolution"])
+        res = int(s.resolution if cell.stage == "high" else s.base_resolution)
         train, test = open_split(ds, "train", ctx.data_dir), open_split(ds, "test", ctx.data_dir)
-        augment = ds["augment"] if hp["augment"] == "dataset" else hp["augment"]
-        at = dataclasses.replace(cell, hparams={**hp, "resolution": res})  # finetune builds the model at `res`
+        augment = ds["augment"] if s.augment == "dataset" else s.augment
         model, info = finetune(
-            at,
+            cell,
+            s.model_copy(update={"resolution": res}),  # the model is built and trained at `res`
             train,
             ds["classes"],
             augment,
             ctx,
-            keep_head=hp.get("head", "auto") == "auto",
+            keep_head=s.head == "auto",
             desc=f"{cell.dataset} {cell.stage} {res}px seed={cell.seed}",
-            posemb=hp.get("posemb"),
+            posemb=s.posemb,
         )
-        resize = eval_resize_small(hp, res)
-        evaluate = eval_transform(res, resize_small=resize, pixels=pixels.of(hp))
+        resize = eval_resize_small(s, res)
+        evaluate = eval_transform(res, resize_small=resize, pixels=s.pixels)
         acc = accuracy(model, test, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
         extra = {}
         if ds.get("minival"):
@@ -151,8 +171,8 @@ class HiresAdapter(ClassificationAdapter):
                 "trained_resolution": res,
                 "eval_resize_small": resize,
                 "augment": augment,
-                "base_resolution": int(hp["base_resolution"]),
-                "high_resolution": int(hp["resolution"]),
+                "base_resolution": int(s.base_resolution),
+                "high_resolution": int(s.resolution),
                 "checkpoint_resolution": _checkpoint_resolution(str(cell.checkpoint)) if cell.checkpoint else None,
                 "eval_examples": len(test),
             },

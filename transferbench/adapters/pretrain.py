@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -27,18 +28,61 @@ from ..backbones.checkpoint import training_log_path
 from ..backbones.measures import TrainingLog
 from ..backbones.registry import backbone_code
 from ..cell import RANDOM_INIT, BackboneRef
-from ..data import pixels
 from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
 from ..engine import augreg
 from ..engine.runner import Results, run_task
-from ..engine.train import BF16_SETTINGS, LOSSES, accuracy, fit, train_batches
+from ..engine.train import LOSSES, accuracy, fit_protocol, protocol_batches
 from ..errors import UserError
 from ..fingerprint import for_cache
 from ..hashing import file_sha256
 from ..paths import atomic_path, cache, damage, expand, portable, quarantine
 from ..records.store import RecordStore
 from .base import Adapter, plan_select_then_final, prepare_task
+from .settings import BF16, BF16_HELP, Settings, setting
+
+APP_C = "DPN App. C (big_vision configs/vit_i1k.py, AugReg)"
+
+
+class PretrainSettings(Settings):
+    """DPN App. C: AugReg's ImageNet-1k recipe (big_vision configs/vit_i1k.py)."""
+
+    pixels: str = setting(
+        "auto",
+        "big_vision value_range(-1, 1)",
+        "auto: [-1, 1] for random init (the checkpoint records it) | inception | imagenet | mean=R,G,B/std=R,G,B",
+    )
+    lr: float = setting(0.001, APP_C, "Adam learning rate (peak)", gt=0)
+    wd: float = setting(
+        0.0001,
+        f"{APP_C}; big_vision optax.py",
+        "weight decay in big_vision's semantics: sched(t) x wd x kernel, not x lr (AdamW gets wd / lr)",
+        ge=0,
+    )
+    beta2: float = setting(0.999, APP_C, "Adam's second-moment decay", gt=0, lt=1)
+    warmup_steps: int = setting(10000, APP_C, "linear warm-up steps, then cosine to 0", ge=0)
+    steps: int = setting(93000, "DPN §5 / App. C: 300 epochs of train[:99%]", "training steps", ge=1)
+    batch: int = setting(4096, APP_C, "images per step", ge=1)
+    clip: float = setting(1.0, APP_C, "gradient clipping by global norm (0: none)", ge=0)
+    loss: Literal[tuple(LOSSES)] = setting(  # type: ignore[valid-type]
+        "sigmoid", f"{APP_C}: sigmoid_xent", "sigmoid: big_vision's sigmoid_xent | softmax: softmax_xent"
+    )
+    init_head_bias: float = setting(-6.9, f"{APP_C}: init_head_bias", "the head's initial bias (sigmoid at 1/1000)")
+    aug: Literal[("auto", *augreg.RANDAUG)] = setting(  # type: ignore[valid-type]
+        "auto", f"{APP_C}'s table", "RandAugment + mixup strength; auto: the table's per model size"
+    )
+    rep_size: Literal["auto", "on", "off"] | bool = setting(
+        "auto", APP_C, "the representation layer (dense + tanh) before the head; auto: every size but S/32"
+    )
+    dropout_b_l: float = setting(0.1, APP_C, "dropout and stochastic depth, for B and L only", ge=0, lt=1)
+    resolution: int = setting(224, APP_C, "training and evaluation resolution", ge=1)
+    augment: Literal[AUGMENTATIONS] = setting(  # type: ignore[valid-type]
+        "inception_flip", f"{APP_C}: inception_crop(224)|flip_lr", "crop and flip before RandAugment"
+    )
+    eval_resize_small: int | None = setting(
+        256, f"{APP_C}: resize_small(256)|central_crop(224)", "resize-small before the centre crop (null: none)"
+    )
+    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
 
 
 class PretrainDataset(BaseModel):
@@ -67,7 +111,7 @@ def checkpoint_path(cell) -> Path:
 GRAD_LOG_LAST = 1000  # DPN Fig. 2: per-layer gradient norms over the last 1,000 steps of upstream training
 
 
-def recipe(name: str, hp: dict) -> dict:
+def recipe(name: str, hp: PretrainSettings) -> dict:
     """What App. C sets per model size, resolved for backbone `name`: aug (its RandAugment and mixup), rep_size,
     dropout. `aug: auto` and `rep_size: auto` follow App. C's table; a size the table lacks needs them set."""
     try:
@@ -75,7 +119,7 @@ def recipe(name: str, hp: dict) -> dict:
     except UserError:
         parsed = None  # a plugin backbone: no size to go by
     size = augreg.size_key(parsed, name) if parsed else name
-    aug = hp.get("aug", "none")
+    aug = hp.aug
     if aug == "auto":
         if size not in augreg.AUG:
             raise UserError(
@@ -83,7 +127,7 @@ def recipe(name: str, hp: dict) -> dict:
                 f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}"
             )
         aug = augreg.AUG[size]
-    rep = hp.get("rep_size", "off")
+    rep = hp.rep_size
     if rep == "auto":
         rep = size not in augreg.NO_REP if size in augreg.AUG else bool(parsed and parsed.get("rep_size"))
     else:
@@ -94,20 +138,14 @@ def recipe(name: str, hp: dict) -> dict:
         "randaug": augreg.RANDAUG[aug],
         "mixup": augreg.MIXUP[aug],
         "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
-        "dropout": float(hp["dropout_b_l"]) if big else 0.0,
+        "dropout": hp.dropout_b_l if big else 0.0,
     }
 
 
 class PretrainAdapter(Adapter):
     name = "pretrain"
     dataset_schema = PretrainDataset
-    hparam_choices = {
-        "loss": tuple(LOSSES),
-        "augment": AUGMENTATIONS,
-        "bf16": BF16_SETTINGS,
-        "aug": ("auto", *augreg.RANDAUG),
-        "rep_size": ("auto", "on", "off", True, False),
-    }
+    settings = PretrainSettings
 
     def plan(self, task, backbone, results):
         if backbone.name.startswith(("timm:", "py:")):
@@ -119,7 +157,7 @@ class PretrainAdapter(Adapter):
 
     def run(self, cell, ctx):
 
-        hp = cell.hparams
+        hp = PretrainSettings.of(cell.hparams)
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
         name = cell.backbone.partition("@")[0]  # the spec may name a checkpoint to continue from
@@ -127,51 +165,36 @@ class PretrainAdapter(Adapter):
         reg = dict(drop_rate=r["dropout"], drop_path_rate=r["dropout"]) if r["dropout"] else {}
         model = create_backbone(
             name,
-            img_size=hp["resolution"],
+            img_size=hp.resolution,
             checkpoint=cell.checkpoint,
             **({"rep_size": r["rep_size"]} if cell.checkpoint is None else {}),
             **reg,
         )
-        model.reset_classifier(train.num_classes, bias=float(hp.get("init_head_bias", 0.0)))
+        model.reset_classifier(train.num_classes, bias=hp.init_head_bias)
         model.to(ctx.device)
-        opt = augreg.adamw(model, lr=hp["lr"], wd=hp["wd"], betas=(0.9, hp["beta2"]), device=ctx.device)
-        px = pixels.of(hp)
-        transform = train_transform(hp["resolution"], hp["augment"], pixels=px, randaug=augreg.randaugment(r["aug"]))
-        batches = train_batches(
-            train,
-            transform,
-            batch=hp["batch"],
-            steps=hp["steps"],
-            seed=cell.seed,
-            workers=ctx.workers,
-            device=ctx.device,
-        )
+        opt = augreg.adamw(model, lr=hp.lr, wd=hp.wd, betas=(0.9, hp.beta2), device=ctx.device)
+        px = hp.pixels
+        transform = train_transform(hp.resolution, hp.augment, pixels=px, randaug=augreg.randaugment(r["aug"]))
+        batches = protocol_batches(train, transform, hp, cell.seed, ctx)
         data_path = batches.info()
         if r["mixup"]:
             batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
         started = time.time()
-        log = TrainingLog(model, hp["steps"], last=GRAD_LOG_LAST)
-        out = fit(
+        log = TrainingLog(model, hp.steps, last=GRAD_LOG_LAST)
+        out = fit_protocol(
             model,
             batches,
             opt,
-            steps=hp["steps"],
-            base_lr=hp["lr"],
-            warmup=hp["warmup_steps"],
-            clip=hp["clip"],
-            loss_fn=LOSSES[hp["loss"]],
-            device=ctx.device,
-            bf16=hp["bf16"],
-            micro_batch=ctx.micro_batch,
-            progress=ctx.progress,
-            compile=ctx.compile,
+            hp,
+            ctx,
+            loss_fn=LOSSES[hp.loss],
             desc=f"pretrain {cell.backbone}",
             on_step=log,
-            loss_at=loss_points(hp["steps"]),
+            loss_at=loss_points(hp.steps),
         )
         train_seconds = time.time() - started
-        resize = hp.get("eval_resize_small")
-        evaluate = eval_transform(hp["resolution"], resize_small=resize, pixels=px)
+        resize = hp.eval_resize_small
+        evaluate = eval_transform(hp.resolution, resize_small=resize, pixels=px)
         metrics = {"test": {"accuracy": accuracy(model, test, evaluate, ctx.device, out["bf16"], workers=ctx.workers)}}
         # the training curve at fixed points: what the regression gate compares besides the upstream accuracy
         metrics["train"] = {f"loss@{k}": v for k, v in out.pop("loss_at").items()}
@@ -187,7 +210,7 @@ class PretrainAdapter(Adapter):
             task="pretrain",
             dataset=cell.dataset,
             cell_key=cell.key,
-            steps=hp["steps"],
+            steps=hp.steps,
             test_accuracy=acc,
             pixels=px,
         )
@@ -202,12 +225,12 @@ class PretrainAdapter(Adapter):
                 "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])
                 if r["randaug"]
                 else None,
-                "adamw_weight_decay": augreg.decoupled_wd(hp["wd"], hp["lr"]),
+                "adamw_weight_decay": augreg.decoupled_wd(hp.wd, hp.lr),
                 "checkpoint": portable(path),
                 "checkpoint_sha256": file_sha256(path),
                 "training_log": portable(log_file),
                 "train_seconds": round(train_seconds, 1),
-                "images_per_second": round(hp["steps"] * hp["batch"] / max(train_seconds, 1e-9), 1),
+                "images_per_second": round(hp.steps * hp.batch / max(train_seconds, 1e-9), 1),
             },
         }
 

@@ -20,24 +20,41 @@ embedded sets.
 
 from __future__ import annotations
 
-from ..data import pixels
-from ..data.transforms import eval_transform
-from ..engine.train import BF16_SETTINGS, LOSSES, hits
-from .base import plan_select_then_final
-from .classify import ClassificationAdapter, VtabDataset, config, finetune, open_split
+from typing import Literal
 
-FINALS = ("none", "retrain")  # report the selected train800 runs' test accuracy | retrain on train800 + val200
+from ..data.transforms import eval_transform
+from ..engine.train import hits
+from .base import plan_select_then_final
+from .classify import APP_E, ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
+from .settings import setting
+
+
+class VtabSettings(FinetuneSettings):
+    """DPN §6.1 + App. E: every setting of the recipe at the paper's value, and which runs are reported."""
+
+    final: Literal["none", "retrain"] = setting(
+        "none",
+        'DPN §6.1 ("the corresponding mean test score")',
+        "none: report the test accuracy of the val200-selected train800 runs | retrain: retrain on train800 + "
+        "val200 at the selected lr (VPT, task_adaptation)",
+    )
+    lr: float = setting(
+        0.0003,
+        f"{APP_E} prints 0.0003; the spec sweeps it with the next two steps of the 1-3-10 grid",
+        "learning rate (swept: 0.0003, 0.001, 0.003)",
+        gt=0,
+    )
 
 
 def reports_select_runs(hp: dict) -> bool:
-    """Whether the select runs are the reported ones (the paper's protocol; specs without `final` retrain)."""
-    return hp.get("final", "retrain") == "none"
+    """Whether the select runs are the reported ones (the paper's protocol, `final: none`)."""
+    return VtabSettings.of(hp).final == "none"
 
 
 class VtabAdapter(ClassificationAdapter):
     name = "vtab"
     dataset_schema = VtabDataset
-    hparam_choices = {"optimizer": ("sgd",), "bf16": BF16_SETTINGS, "loss": tuple(LOSSES), "final": FINALS}
+    settings = VtabSettings
     data_name, roles, unit = "VTAB", ("train", "val", "test"), "tasks"
 
     def plan(self, task, backbone, results):
@@ -46,13 +63,13 @@ class VtabAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        hp, ds = cell.hparams, config(cell.dataset, cell.dataset_config)
+        s, ds = VtabSettings.of(cell.hparams), config(cell.dataset, cell.dataset_config)
         final = cell.stage == "final"
         train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
-        roles = ["test"] if final else ["val"] + (["test"] if reports_select_runs(hp) else [])
-        model, info = finetune(cell, train, ds["classes"], ds["augment"], ctx)
+        roles = ["test"] if final else ["val"] + (["test"] if s.final == "none" else [])
+        model, info = finetune(cell, s, train, ds["classes"], ds["augment"], ctx)
         metrics, sizes, samples = {}, {}, {}
-        transform = eval_transform(hp["resolution"], pixels=pixels.of(hp))
+        transform = eval_transform(s.resolution, pixels=s.pixels)
         for role in roles:
             data = open_split(ds, role, ctx.data_dir)
             right = hits(model, data, transform, ctx.device, info["bf16"], workers=ctx.workers)

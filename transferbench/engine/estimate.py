@@ -47,9 +47,11 @@ class Stage:
     unprobed: set = field(default_factory=set)
 
 
-def shape_of(cell) -> tuple[str, int]:
-    """The model shape a cell trains: the backbone's architecture name and the resolution."""
-    return cell.backbone.partition("@")[0], int(cell.hparams.get("resolution") or 224)
+def shape_of(task, cell) -> tuple[str, int]:
+    """The model shape a cell trains: the backbone's architecture name and the side of its images, as its adapter
+    says (224 for an adapter that does not)."""
+    size = getattr(task.adapter, "input_size", None)
+    return cell.backbone.partition("@")[0], int(size(cell)) if size else 224
 
 
 def training_images(task, cell) -> int:
@@ -60,7 +62,7 @@ def training_images(task, cell) -> int:
 
 def trained_shapes(task, cells: list) -> list[tuple[str, int]]:
     """The model shapes the cells that train a backbone train: what `--probe` measures."""
-    return sorted({shape_of(c) for c in cells if training_images(task, c)})
+    return sorted({shape_of(task, c) for c in cells if training_images(task, c)})
 
 
 def stages(task, cells: list, store=None, device: str = "cpu") -> list[Stage]:
@@ -75,7 +77,7 @@ def stages(task, cells: list, store=None, device: str = "cpu") -> list[Stage]:
         images = training_images(task, c)
         st.images += images
         if images:
-            shape = shape_of(c)
+            shape = shape_of(task, c)
             if shape not in rates:
                 rates[shape] = read_probe(device, *shape)
             if rates[shape] is None:

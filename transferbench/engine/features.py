@@ -157,3 +157,61 @@ def _labels(labels) -> np.ndarray:
     """Class labels as int64; captions (image-text pairs) as a unicode array, stored without pickling."""
     labels = np.asarray(labels)
     return labels.astype(np.str_) if labels.dtype.kind in "USO" else labels.astype(np.int64)
+
+
+class FrozenFeatures:
+    """A cell's backbone as a locked feature extractor (few-shot probes, LiT's image tower): built only on a cache
+    miss, from one fixed draw (seed 0: a random-init backbone's features are cached under 'random-init'), run in
+    bf16 where that measures faster (`precision`), and every extraction cached by content (`cache_key`).
+
+    `transform(**fields)` is the cache's description of an input pipeline (resolution, pixels and bf16 with
+    `fields`); `split(...)` and `pairs(...)` return cached (features, labels or captions, hit, key)."""
+
+    def __init__(self, cell, *, resolution: int, pixels: str, pool: str, bf16, device: str, workers=0, progress=None):
+        self.cell, self.name = cell, cell.backbone.partition("@")[0]
+        self.resolution, self.pixels, self.pool = int(resolution), pixels, pool
+        self.device, self.workers, self.progress = device, workers, progress
+        self._model = None
+        self.choice = precision(
+            bf16, device, backbone=self.name, resolution=self.resolution, pool=pool, build=self.model
+        )
+        self.bf16 = self.choice.bf16
+
+    def model(self):
+        if self._model is None:
+            from ..backbones import create_backbone
+
+            torch.manual_seed(0)
+            self._model = create_backbone(
+                self.name,
+                img_size=self.resolution,
+                checkpoint=self.cell.checkpoint,
+                **({} if self.pool == "model" else {"pool": self.pool}),
+            )
+            self._model.requires_grad_(False).eval()
+        return self._model
+
+    def transform(self, **fields) -> dict:
+        return {"resolution": self.resolution, **fields, "pixels": self.pixels, "bf16": self.bf16}
+
+    def _cached(self, identity: dict, split: str, transform_id: dict, compute):
+        key = cache_key(
+            backbone=self.name,
+            weights_sha256=self.cell.checkpoint_sha256,
+            transform=transform_id,
+            dataset=identity,
+            split=split,
+            pool=self.pool,
+        )
+        return (*cached(key, compute), key)
+
+    def split(self, data, identity: dict, split: str, transform, transform_id: dict, desc: str):
+        """(features, labels, hit, key) of every example of `data` (read only on a miss)."""
+        run = dict(device=self.device, bf16=self.bf16, workers=self.workers, progress=self.progress, desc=desc)
+        return self._cached(identity, split, transform_id, lambda: extract(self.model(), data, transform, **run))
+
+    def pairs(self, reader, identity: dict, transform, transform_id: dict, desc: str):
+        """(features, captions, hit, key) of an image-text pair stream (`reader()` opens it on a miss)."""
+        run = dict(device=self.device, bf16=self.bf16, workers=self.workers, progress=self.progress, desc=desc)
+        compute = lambda: extract_pairs(self.model(), reader(), transform, **run)  # noqa: E731
+        return self._cached(identity, "pairs", transform_id, compute)

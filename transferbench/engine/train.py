@@ -262,23 +262,7 @@ def fit(
     if micro_batch and not splittable:
         raise ValueError("micro_batch splits the batch, which this loss does not allow (splittable=False)")
     model.train()
-    choice = None
-    if not isinstance(bf16, bool):
-        first = next(batches)
-        batches = chain([first], batches)
-        x, y = first[0][: micro_batch or None], first[1][: micro_batch or None]
-        choice = resolve(
-            bf16,
-            device,
-            {
-                "mode": "train",
-                "model": shapes(model),
-                "x": [list(x.shape), str(x.dtype)],
-                "y": [list(y.shape), str(y.dtype)],
-            },
-            lambda: training_step(model, x, y, loss_fn, device),
-        )
-        bf16 = choice.bf16
+    batches, bf16, choice = _resolve_bf16(model, batches, bf16, device, micro_batch, loss_fn)
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     micro = micro_batch
     step_model = torch.compile(model) if compile else model  # the same parameters, compiled kernels
@@ -294,34 +278,7 @@ def fit(
         lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        while True:
-            size = micro or len(x)
-            try:
-                optimizer.zero_grad(set_to_none=True)
-                total = torch.zeros((), device=device)
-                for start in range(0, len(x), size):
-                    xb = x[start : start + size].to(device, non_blocking=True)
-                    yb = y[start : start + size].to(device, non_blocking=True)
-                    with autocast(device, bf16):
-                        logits = step_model(xb)
-                    loss = loss_fn(logits.float(), yb)
-                    (loss * (len(xb) / len(x))).backward()
-                    total = total + loss.detach() * (len(xb) / len(x))
-                break
-            except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
-                if not _is_oom(err) or size == 1:
-                    raise
-                if not splittable:
-                    from ..errors import UserError
-
-                    raise UserError(
-                        f"out of memory at a batch of {len(x)} on {device}; this loss needs the whole "
-                        "batch at once (no gradient accumulation): lower it with --set batch=N"
-                    ) from None
-                micro = max(1, size // 2)
-                optimizer.zero_grad(set_to_none=True)
-                if device.startswith("cuda"):
-                    torch.cuda.empty_cache()
+        total, micro = _accumulate(step_model, optimizer, x, y, loss_fn, device, bf16, micro, splittable)
         first = (bad_step < 0) & ~torch.isfinite(total)
         bad_step = torch.where(first, at, bad_step)
         bad_loss = torch.where(first, total, bad_loss)
@@ -343,6 +300,56 @@ def fit(
         **({"compiled": True} if compile else {}),
         **({"bf16_choice": choice.info} if choice else {}),
     }
+
+
+def _resolve_bf16(model, batches, bf16, device: str, micro_batch, loss_fn):
+    """(batches, bf16, choice): a bf16 setting (auto | on | off) resolved by engine.precision on the first batch's
+    shape (which goes back in front of `batches`); a bool stays as it is, with no choice."""
+    if isinstance(bf16, bool):
+        return batches, bf16, None
+    first = next(batches)
+    x, y = first[0][: micro_batch or None], first[1][: micro_batch or None]
+    shape = {
+        "mode": "train",
+        "model": shapes(model),
+        "x": [list(x.shape), str(x.dtype)],
+        "y": [list(y.shape), str(y.dtype)],
+    }
+    choice = resolve(bf16, device, shape, lambda: training_step(model, x, y, loss_fn, device))
+    return chain([first], batches), choice.bf16, choice
+
+
+def _accumulate(step_model, optimizer, x, y, loss_fn, device: str, bf16: bool, micro, splittable: bool):
+    """One step's gradients of batch (x, y) in micro-batches of at most `micro` (None: the whole batch), the loss
+    the batch mean either way; out of memory halves the micro-batch and tries again. Returns (loss, micro)."""
+    while True:
+        size = micro or len(x)
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            total = torch.zeros((), device=device)
+            for start in range(0, len(x), size):
+                xb = x[start : start + size].to(device, non_blocking=True)
+                yb = y[start : start + size].to(device, non_blocking=True)
+                with autocast(device, bf16):
+                    logits = step_model(xb)
+                loss = loss_fn(logits.float(), yb)
+                (loss * (len(xb) / len(x))).backward()
+                total = total + loss.detach() * (len(xb) / len(x))
+            return total, micro
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+            if not _is_oom(err) or size == 1:
+                raise
+            if not splittable:
+                from ..errors import UserError
+
+                raise UserError(
+                    f"out of memory at a batch of {len(x)} on {device}; this loss needs the whole "
+                    "batch at once (no gradient accumulation): lower it with --set batch=N"
+                ) from None
+            micro = max(1, size // 2)
+            optimizer.zero_grad(set_to_none=True)
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
 
 
 LOSS_EVERY = 50  # steps between the host's reads of the loss (each one waits for the device)
@@ -435,3 +442,33 @@ def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 
 
 LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}  # the `loss` hyper-parameter's choices
+
+
+def protocol_batches(data, transform, s, seed: int, ctx, *, steps: int | None = None, **options):
+    """`train_batches` of a protocol's settings `s` (batch, steps) for a cell's `seed` and context (workers,
+    device): the batches of classify, segmentation and pretraining."""
+    steps = s.steps if steps is None else steps
+    return train_batches(
+        data, transform, batch=s.batch, steps=steps, seed=seed, workers=ctx.workers, device=ctx.device, **options
+    )
+
+
+def fit_protocol(model, batches, optimizer, s, ctx, *, steps: int | None = None, **options) -> dict:
+    """`fit` with a protocol's settings `s` (steps, lr, warmup_steps, clip, bf16) and a cell context's device,
+    micro-batch, progress display and compile flag: the one training entry of classify, segmentation, pretraining
+    and LiT's text tower. `options`: fit's own (loss_fn, desc, schedule, on_step, ...)."""
+    return fit(
+        model,
+        batches,
+        optimizer,
+        steps=s.steps if steps is None else steps,
+        base_lr=s.lr,
+        warmup=s.warmup_steps,
+        clip=s.clip,
+        device=ctx.device,
+        bf16=s.bf16,
+        micro_batch=ctx.micro_batch,
+        progress=ctx.progress,
+        compile=ctx.compile,
+        **options,
+    )

@@ -81,13 +81,10 @@ def task_rows(name: str) -> list[Row]:
 
 
 def rows(tasks=None) -> list[Row]:
-    from ..spec import installed_specs
+    from ..spec import BUILTIN_TASKS, installed_specs
 
-    names = tasks or sorted(n for n in installed_specs() if n in BUILTIN)
+    names = tasks or sorted(n for n in installed_specs() if n in BUILTIN_TASKS)
     return [r for n in names for r in task_rows(n)]
-
-
-BUILTIN = ("ade20k", "diagnose", "fewshot", "hires", "imagenet_c", "lit", "pretrain", "vtab")
 
 
 def markdown(table: list[Row]) -> str:

@@ -21,21 +21,15 @@ prompts' normalised text embeddings averaged per class and normalised again; pre
 with the normalised image embedding. Retrieval on the held-out tail of the pairs: image -> text and
 text -> image recall@1/5, a hit being any item whose caption text equals the query's.
 
-Modules: towers (image and text towers, tokenizer, losses), zeroshot (prompts, the zero-shot classifier,
-retrieval), adapter (the adapter and the text-tower cache).
+Modules: settings (every setting with its default and source), towers (image and text towers, tokenizer,
+losses), pairs (the image-text pairs and their cached features), training (the text tower and its cache),
+zeroshot and retrieval (the two evaluators, as big_vision's proj/image_text splits them), adapter (the cell).
 """
 
-from .adapter import (
-    TRAIN_KEYS,
-    LitAdapter,
-    LitDataset,
-    home_dir,
-    open_zero_shot,
-    pairs_identity,
-    pairs_reader,
-    text_tower,
-    tower_key,
-)
+from .adapter import LitAdapter, LitDataset, open_zero_shot
+from .pairs import pairs_identity, pairs_reader
+from .retrieval import retrieval_recall
+from .settings import LitSettings
 from .towers import (
     IMAGE_HEADS,
     LOGIT_SCALE_MAX,
@@ -48,10 +42,10 @@ from .towers import (
     tokenizer,
     trimmable,
 )
+from .training import TRAIN_KEYS, home_dir, text_tower, tower_key
 from .zeroshot import (
     class_names_for,
     clean_class_name,
-    retrieval_recall,
     templates_for,
     topk_accuracy,
     zero_shot_classifier,
@@ -64,6 +58,7 @@ __all__ = [
     "LitAdapter",
     "LitDataset",
     "LitModel",
+    "LitSettings",
     "LockedImageTower",
     "TRAIN_KEYS",
     "class_names_for",

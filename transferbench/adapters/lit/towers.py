@@ -16,14 +16,14 @@ LOSSES = ("clip", "siglip")
 LOGIT_SCALE_MAX = 100.0  # CLIP's clamp on exp(t)
 
 
-def text_config(hp: dict) -> dict:
-    """The open_clip text config (CLIPTextCfg fields) of a cell's hyper-parameters."""
+def text_config(s) -> dict:
+    """The open_clip text config (CLIPTextCfg fields) of a cell's settings (lit.settings.LitSettings)."""
     return {
-        "context_length": int(hp["context_length"]),
-        "vocab_size": int(hp.get("vocab_size", 49408)),
-        "width": int(hp["text_width"]),
-        "heads": int(hp["text_heads"]),
-        "layers": int(hp["text_layers"]),
+        "context_length": s.context_length,
+        "vocab_size": s.vocab_size,
+        "width": s.text_width,
+        "heads": s.text_heads,
+        "layers": s.text_layers,
     }
 
 

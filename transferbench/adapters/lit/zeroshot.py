@@ -1,5 +1,5 @@
-"""LiT's evaluation: prompt templates and class names, the prompt-ensemble zero-shot classifier (open_clip's
-weights), top-k accuracy and image <-> text retrieval recall."""
+"""LiT's zero-shot evaluator (big_vision's discriminative_classifier): prompt templates and class names, the
+prompt-ensemble zero-shot classifier (open_clip's weights), top-k accuracy, and one cell's evaluation."""
 
 from __future__ import annotations
 
@@ -97,17 +97,39 @@ def topk_accuracy(logits: torch.Tensor, labels, ks=(1, 5)) -> dict:
     return {k: float((top[:, :k] == labels[:, None]).any(1).float().mean()) for k in ks if k <= logits.shape[1]}
 
 
-def retrieval_recall(image: torch.Tensor, text: torch.Tensor, captions: Sequence[str], ks=(1, 5)) -> dict:
-    """Recall@k both ways on normalised embeddings of paired rows. A retrieved item is right when its
-    caption text equals the query's (COCO's several-captions rule, for captions that repeat)."""
-    _, group = np.unique(np.asarray(captions), return_inverse=True)
-    group = torch.as_tensor(group)
-    sim = image @ text.T
-    out = {}
-    for k in ks:
-        k_ = min(k, len(group))
-        i2t = group[sim.topk(k_, dim=1).indices] == group[:, None]
-        t2i = group[sim.T.topk(k_, dim=1).indices] == group[:, None]
-        out[f"i2t_r{k}"] = float(i2t.any(1).float().mean())
-        out[f"t2i_r{k}"] = float(t2i.any(1).float().mean())
-    return out
+def evaluate_zero_shot(model, frozen, data, ds: dict, identity: dict, s, device: str, progress=None):
+    """(test metrics, per-example hits, info) of the trained `model` on zero-shot dataset `ds` (opened as
+    `data`): its images through the locked tower (`frozen`, cached), classified by the prompt ensemble."""
+    from ...data.transforms import eval_transform
+    from ...errors import UserError
+    from .towers import tokenizer
+
+    x, y, hit, _ = frozen.split(
+        data,
+        identity,
+        ds["test"],
+        eval_transform(s.resolution, resize_square=s.zeroshot_resize, pixels=s.pixels),
+        frozen.transform(resize_square=s.zeroshot_resize),
+        f"features {frozen.name} {ds['name']}",
+    )
+    names = class_names_for(ds["class_names"], data, s.prompts)
+    if getattr(data, "num_classes", 0) and len(names) != data.num_classes:
+        raise UserError(
+            f"dataset {ds['name']!r} has {data.num_classes} classes but {len(names)} class "
+            "names; give one name per label, in label order (class_names in the spec)"
+        )
+    templates = templates_for(ds["templates"], s.prompts)
+    weights = zero_shot_classifier(
+        model, tokenizer(s.context_length), names, templates, device=device, progress=progress
+    )
+    logits = model.encode_image(torch.from_numpy(x).to(device), normalize=True).float().cpu() @ weights
+    acc = topk_accuracy(logits, y)
+    test = {"accuracy": 100 * acc[1], **({"top5": 100 * acc[5]} if 5 in acc else {})}
+    hits = (logits.argmax(1) == torch.as_tensor(np.asarray(y))).numpy()
+    info = {
+        "eval_examples": int(len(y)),
+        "classes": len(names),
+        "templates": len(templates),
+        "feature_cache_hit_eval": hit,
+    }
+    return test, {"test": hits}, info

@@ -15,18 +15,70 @@ from torch import nn
 from ...backbones import create_backbone
 from ...backbones.api import patch_grid, require
 from ...backbones.checkpoint import POSEMB_METHODS
-from ...data import embedded, pixels
+from ...data import embedded
 from ...data.folder import DataMissingError
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry, require_tfds_name
 from ...engine import augreg
-from ...engine.train import BF16_SETTINGS, SCHEDULES, fit, train_batches
+from ...engine.train import SCHEDULES, fit_protocol, protocol_batches
 from ...errors import UserError
 from ..base import Adapter, plan_select_then_final
+from ..settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
 from .inference import evaluate
 from .metric import IGNORE_INDEX
 
 DECODER_TOKENS = ("prenorm", "norm")
+APP_G = "DPN App. G (its scenic config)"
+MMSEG = "mmsegmentation's ADE20K pipeline"
+
+
+class SegSettings(Settings):
+    """DPN App. G: Segmenter's linear decoder on the fine-tuned backbone (scenic), mmsegmentation's ADE20K data
+    pipeline and sliding-window evaluation."""
+
+    pixels: str = setting(
+        "imagenet", f"{APP_G}: pp_train / pp_eval standardise with ImageNet's mean and std", PIXELS_HELP
+    )
+    optimizer: Literal["adamw"] = setting("adamw", APP_G, "AdamW (optax.adamw: lr_t x wd x param)")
+    lr: float = setting(3.0e-5, APP_G, "learning rate (peak)", gt=0)
+    weight_decay: float = setting(0.01, APP_G, "weight decay, torch AdamW's semantics", ge=0)
+    skip_scale_and_bias: bool = setting(
+        True, "scenic skip_scale_and_bias_regularization", "no decay on 1-D parameters (norm scales, biases)"
+    )
+    drop_path: float = setting(0.1, APP_G, "stochastic depth, growing linearly to this in the last block", ge=0, lt=1)
+    schedule: Literal[SCHEDULES] = setting("poly", APP_G, "poly: (1 - t/T)^power to 0 | cosine")  # type: ignore[valid-type]
+    power: float = setting(0.9, APP_G, "the polynomial schedule's power", gt=0)
+    warmup_steps: int = setting(0, APP_G, "linear warm-up steps", ge=0)
+    clip: float = setting(0.0, APP_G, "gradient clipping by global norm (0: none)", ge=0)
+    batch: int = setting(16, APP_G, "images per step", ge=1)
+    epochs: int = setting(128, APP_G, "training epochs (see epoch)", ge=1)
+    epoch: Literal["pool", "fraction"] = setting(
+        "pool",
+        f"{APP_G}: steps_per_epoch = 20210 // batch_size",
+        "pool: an epoch is (all training images // batch) steps whatever the fraction | fraction: its own images",
+    )
+    steps: int | None = setting(None, "an option", "an explicit step count instead of epochs (null: epochs)")
+    decoder_tokens: Literal[DECODER_TOKENS] = setting(  # type: ignore[valid-type]
+        "prenorm", f"{APP_G}: out_with_norm = False", "prenorm: the last block's tokens before the final norm | norm"
+    )
+    posemb: Literal[(*POSEMB_METHODS, "set_input_size")] = setting(  # type: ignore[valid-type]
+        "scenic",
+        f"{APP_G}: pos_interpolation_method = 'bilinear'",
+        "position-embedding resampling: scenic (jax.image."
+        "resize, half-pixel) | big_vision | timm (set_input_size: a py: model's own)",
+    )
+    crop: int = setting(512, MMSEG, "training crop = the backbone's input size", ge=1)
+    ratio_min: float = setting(0.5, MMSEG, "random resize of the short side to crop x U(ratio_min, ratio_max)", gt=0)
+    ratio_max: float = setting(2.0, MMSEG, "see ratio_min", gt=0)
+    cat_max_ratio: float = setting(
+        0.75, f"{MMSEG}: RandomCrop", "redraw a crop (up to 10 times) where one class covers at least this", gt=0
+    )
+    photometric: bool = setting(True, f"{MMSEG}: PhotoMetricDistortion", "photometric distortion of training crops")
+    test_short: int = setting(512, f"{MMSEG}: Resize (2048, 512), keep ratio", "test image short side", ge=1)
+    window: int = setting(512, MMSEG, "sliding-window side; logits averaged where windows overlap", ge=1)
+    stride: int = setting(341, MMSEG, "sliding-window stride", ge=1)
+    fraction: float = setting(1.0, f"{APP_G}: train_data_pct (swept)", "the share of training images", gt=0, le=1)
+    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
 
 
 class LinearSegmenter(nn.Module):
@@ -77,19 +129,16 @@ def segmentation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
 
 
-def train_steps(hp: dict, subset_size: int, pool_size: int) -> int:
+def train_steps(hp: SegSettings, subset_size: int, pool_size: int) -> int:
     """The fine-tuning steps of a cell. `steps` when set; else `epochs` x steps per epoch, where an epoch is
     `pool_size // batch` steps whatever the fraction (`epoch: pool`, App. G: `steps_per_epoch = 20210 //
     batch_size` with 20,210 = all of ADE20K's training images, so every fraction trains 128 x 1263 steps) or
     ceil(subset_size / batch) steps (`epoch: fraction`: passes over the fraction's own images)."""
-    if hp.get("steps"):
-        return int(hp["steps"])
-    epoch = hp.get("epoch", "pool")
-    if epoch == "pool":
-        return int(hp["epochs"]) * max(1, pool_size // int(hp["batch"]))
-    if epoch == "fraction":
-        return math.ceil(hp["epochs"] * subset_size / hp["batch"])
-    raise ValueError(f"epoch {epoch!r}: choose pool or fraction")
+    if hp.steps:
+        return hp.steps
+    if hp.epoch == "pool":
+        return hp.epochs * max(1, pool_size // hp.batch)
+    return math.ceil(hp.epochs * subset_size / hp.batch)
 
 
 def subset(n: int, fraction: float, seed: int) -> np.ndarray:
@@ -146,14 +195,10 @@ def open_split(ds: dict, split: str, data_dir=None):
 class SegAdapter(Adapter):
     name = "seg"
     dataset_schema = SegDatasetEntry
-    hparam_choices = {
-        "bf16": BF16_SETTINGS,
-        "optimizer": ("adamw",),
-        "schedule": SCHEDULES,
-        "decoder_tokens": DECODER_TOKENS,
-        "epoch": ("pool", "fraction"),
-        "posemb": POSEMB_METHODS,
-    }
+    settings = SegSettings
+
+    def input_size(self, cell) -> int:
+        return SegSettings.of(cell.hparams).crop
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -192,7 +237,7 @@ class SegAdapter(Adapter):
     def plan(self, task, backbone, results):
         for hp in task.grid():  # a model without a patch grid is refused here, before any cell runs
             needs = {"patch grid": "the linear decoder reads the patch tokens on it"}
-            if hp.get("decoder_tokens", "norm") == "prenorm":
+            if hp["decoder_tokens"] == "prenorm":
                 needs["forward_intermediates"] = (
                     "decoder_tokens=prenorm reads the last block before the final norm; --set decoder_tokens=norm "
                     "reads forward_features"
@@ -201,80 +246,59 @@ class SegAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
 
     def run(self, cell, ctx):
-
-        hp = cell.hparams
+        s = SegSettings.of(cell.hparams)
         ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
-        if hp["optimizer"] != "adamw":
-            raise ValueError(f"optimizer {hp['optimizer']!r}: the Segmenter protocol uses adamw")
         full = open_split(ds, ds["train"], ctx.data_dir)
         test = open_split(ds, ds["test"], ctx.data_dir)
-        num_classes = ds["classes"]
-        idx = subset(len(full), float(hp["fraction"]), cell.seed)
-        train = Subset(full, idx)
-        steps = train_steps(hp, len(train), len(full))
+        train = Subset(full, subset(len(full), s.fraction, cell.seed))
+        steps = train_steps(s, len(train), len(full))
 
         torch.manual_seed(cell.seed)
-        extra = {"drop_path_rate": float(hp.get("drop_path") or 0.0)}
-        if hp.get("posemb"):
-            extra["posemb"] = hp["posemb"]
         backbone = create_backbone(
-            cell.backbone.partition("@")[0], img_size=hp["crop"], checkpoint=cell.checkpoint, **extra
+            cell.backbone.partition("@")[0],
+            img_size=s.crop,
+            checkpoint=cell.checkpoint,
+            drop_path_rate=s.drop_path,
+            **({"posemb": s.posemb} if s.posemb else {}),
         )
         backbone.reset_classifier(0)
-        model = LinearSegmenter(backbone, num_classes, tokens=hp.get("decoder_tokens", "norm")).to(ctx.device)
-        skip = bool(hp.get("skip_scale_and_bias", False))
+        model = LinearSegmenter(backbone, ds["classes"], tokens=s.decoder_tokens).to(ctx.device)
         opt = augreg.scenic_adamw(
-            model, lr=hp["lr"], weight_decay=hp["weight_decay"], skip_scale_and_bias=skip, device=ctx.device
+            model, lr=s.lr, weight_decay=s.weight_decay, skip_scale_and_bias=s.skip_scale_and_bias, device=ctx.device
         )
-        transform = train_transform(
-            hp["crop"],
-            ratio=(hp["ratio_min"], hp["ratio_max"]),
-            photometric=hp["photometric"],
-            cat_max_ratio=hp.get("cat_max_ratio", 1.0),
-            pixels=pixels.of(hp),
+        crops = train_transform(
+            s.crop,
+            ratio=(s.ratio_min, s.ratio_max),
+            photometric=s.photometric,
+            cat_max_ratio=s.cat_max_ratio,
+            pixels=s.pixels,
         )
-        batches = train_batches(
-            train,
-            transform,
-            batch=hp["batch"],
-            steps=steps,
-            seed=cell.seed,
-            workers=ctx.workers,
-            joint=True,
-            device=ctx.device,
-        )
+        batches = protocol_batches(train, crops, s, cell.seed, ctx, steps=steps, joint=True)
         started = time.time()
-        out = fit(
+        out = fit_protocol(
             model,
             batches,
             opt,
+            s,
+            ctx,
             steps=steps,
-            base_lr=hp["lr"],
-            warmup=hp["warmup_steps"],
-            clip=hp.get("clip") or None,
             loss_fn=segmentation_loss,
-            device=ctx.device,
-            bf16=hp.get("bf16", "auto"),
-            micro_batch=ctx.micro_batch,
-            progress=ctx.progress,
-            compile=ctx.compile,
-            schedule=hp["schedule"],
-            power=hp["power"],
-            desc=f"{cell.dataset} fraction={hp['fraction']} seed={cell.seed}",
+            schedule=s.schedule,
+            power=s.power,
+            desc=f"{cell.dataset} fraction={s.fraction} seed={cell.seed}",
         )
-        train_seconds = time.time() - started
-        started = time.time()
+        train_seconds, started = time.time() - started, time.time()
         metric = evaluate(
             model,
             test,
-            num_classes,
-            short=hp["test_short"],
-            window=hp["window"],
-            stride=hp["stride"],
+            ds["classes"],
+            short=s.test_short,
+            window=s.window,
+            stride=s.stride,
             bf16=out["bf16"],
             progress=ctx.progress,
             desc=f"{cell.dataset} sliding-window eval",
-            pixels=pixels.of(hp),
+            pixels=s.pixels,
         )
         result = metric.compute()
         return {
@@ -285,7 +309,7 @@ class SegAdapter(Adapter):
                 "train_examples": len(train),
                 "train_pool": len(full),
                 "posemb_resample": getattr(backbone, "posemb_resample", None),
-                "no_decay_params": len(augreg.scale_and_bias(model)) if skip else 0,
+                "no_decay_params": len(augreg.scale_and_bias(model)) if s.skip_scale_and_bias else 0,
                 "eval_examples": len(test),
                 "train_seconds": round(train_seconds, 2),
                 "eval_seconds": round(time.time() - started, 2),

@@ -1,0 +1,159 @@
+"""Typed task settings (adapters.settings): every protocol fact has one home, a model field with the paper's
+default and its source; a task spec only overrides them."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transferbench.adapters import get_adapter, prepare_task
+from transferbench.adapters.settings import settings_markdown, settings_table
+from transferbench.errors import UserError
+from transferbench.spec import BUILTIN_TASKS, load_task, settings_model
+
+REPO = Path(__file__).resolve().parent.parent
+ADAPTERS = sorted({load_task(t).adapter for t in BUILTIN_TASKS})
+PAGES = {
+    "vtab": "vtab.md",
+    "fewshot": "fewshot.md",
+    "ade20k": "segmentation.md",
+    "lit": "lit.md",
+    "imagenet_c": "robustness.md",
+    "hires": "hires.md",
+    "diagnose": "diagnostics.md",
+    "pretrain": "pretraining.md",
+}
+
+
+def _own_spec(tmp_path, adapter: str, datasets: list) -> str:
+    path = tmp_path / f"my_{adapter}.yaml"
+    spec = {"task": f"my_{adapter}", "adapter": adapter, "protocol_version": "1", "metric": "accuracy"}
+    path.write_text(yaml.safe_dump({**spec, "datasets": datasets}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "adapter, dataset, expected",
+    [
+        # DPN App. E (big_vision sigmoid_xent; the selected train800 runs reported)
+        ("vtab", {"name": "c", "tfds": "cifar100", "train": "train[:800]", "val": "train[800:1000]", "test": "test",
+                  "classes": 100}, {"loss": "sigmoid", "final": "none", "steps": 2500, "batch": 512, "clip": 1.0}),
+        # big_vision common_fewshot.py: square resize(256), central_crop(224), l2 2**10
+        ("fewshot", {"name": "c", "tfds": "cifar100", "train": "train", "test": "test"},
+         {"resize_mode": "square", "resize": 256, "resolution": 224, "l2": 1024.0, "pool": "model"}),
+        # DPN App. C: init_head_bias -6.9, wd 1e-4, 93,000 steps of 4,096
+        ("pretrain", {"name": "i", "source": "tfds", "tfds": "imagenet2012", "train": "train", "test": "validation"},
+         {"init_head_bias": -6.9, "wd": 0.0001, "steps": 93000, "batch": 4096, "loss": "sigmoid"}),
+        # big_vision lit_coco / prompt_engineering: canonicalised prompts, wd in big_vision's semantics
+        ("lit", {"name": "z", "tfds": "cifar10", "test": "test"},
+         {"prompts": "big_vision", "decay": "big_vision", "temperature_init": 10.0, "steps": 55000}),
+        # DPN App. G: pre-norm tokens, poly 0.9, 128 epochs of the pool
+        ("seg", {"name": "a", "classes": 150, "train": "training", "test": "validation"},
+         {"decoder_tokens": "prenorm", "schedule": "poly", "epoch": "pool", "epochs": 128, "pixels": "imagenet"}),
+    ],
+)  # fmt: skip
+def test_a_spec_that_leaves_a_setting_out_runs_the_papers_value(tmp_path, adapter, dataset, expected):
+    task = prepare_task(_own_spec(tmp_path, adapter, [dataset]))
+    assert {k: task.hparams[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_every_setting_has_a_default_a_source_and_a_description(adapter):
+    model = get_adapter(adapter).settings
+    assert model is not None and model is settings_model(adapter)
+    for name, default, allowed, source, description in model.rows():
+        assert source and description and allowed, (adapter, name)
+        choices = model.choices(name)
+        assert choices is None or default in choices, (adapter, name, default, choices)
+        model.of({name: default})  # the default validates
+
+
+@pytest.mark.parametrize("task", BUILTIN_TASKS)
+def test_a_task_file_only_overrides_its_adapters_settings(task):
+    """No top-level `hparams` in a shipped spec: the settings model holds the defaults; suites override them."""
+    data = yaml.safe_load((REPO / "tasks" / f"{task}.yaml").read_text())
+    assert "hparams" not in data
+    model = settings_model(data["adapter"])
+    for suite in data["suites"].values():
+        for key in [*suite.get("hparams", {}), *suite.get("sweep", {})]:
+            assert key in model.model_fields, (task, key)
+
+
+def test_a_value_the_protocol_does_not_take_is_one_line():
+    with pytest.raises(UserError, match=r"task 'vtab': loss = 'hinge' is not one of sigmoid, softmax \(set it with"):
+        prepare_task("vtab", suite="embedded", sets=["loss=hinge"])
+    with pytest.raises(UserError, match=r"has no hyper-parameter 'los'.*did you mean.*loss"):
+        prepare_task("vtab", suite="embedded", sets=["los=softmax"])
+
+
+def test_a_setting_outside_the_key_enters_it_only_when_set():
+    """imagenet_c's classifier loss (softmax, as its records ran) is not part of its cells' keys until --set."""
+    plain = prepare_task("imagenet_c", suite="embedded")
+    assert "loss" not in plain.hparams
+    assert prepare_task("imagenet_c", suite="embedded", sets=["loss=sigmoid"]).hparams["loss"] == "sigmoid"
+
+
+def test_list_show_prints_default_suite_value_and_source(capsys):
+    from transferbench.cli import main
+
+    assert main(["list", "tasks", "--show", "vtab", "--suite", "embedded"]) == 0
+    out = capsys.readouterr().out
+    loss = next(line for line in out.splitlines() if line.startswith("loss "))
+    assert re.search(r"loss\s+sigmoid\s+softmax\s+sigmoid \| softmax\s+DPN App\. E", loss), loss
+    headers, rows = settings_table("fewshot", ["embedded"])
+    assert headers[:3] == ["setting", "default", "suite embedded"]
+    assert ["resize", "256", "null"] == next(r for r in rows if r[0] == "resize")[:3]
+
+
+def test_the_settings_page_is_generated_from_the_models():
+    page = (REPO / "docs" / "settings.md").read_text()
+    assert page == settings_markdown(list(BUILTIN_TASKS)), (
+        "docs/settings.md: regenerate with `transferbench list tasks --show all --format markdown > docs/settings.md`"
+    )
+
+
+@pytest.mark.parametrize("task, page", sorted(PAGES.items()))
+def test_every_option_a_task_page_names_is_a_setting_it_takes(task, page):
+    """The hand-written tables name options as `key=value`: each key is a setting of the task and each value one it
+    takes, so the page cannot name an option the code does not have."""
+    model = settings_model(load_task(task).adapter)
+    text = (REPO / "docs" / page).read_text()
+    found = re.findall(r"`(?:--set )?([a-z_0-9]+)=([^`\s]+)`", text)
+    assert found, page
+    for key, value in found:
+        if key not in model.model_fields:
+            continue  # another command's option (`shots=5,25` is a sweep, `KEY=VALUE` a placeholder)
+        choices = model.choices(key)
+        for v in value.split("|") if choices else ():
+            if v not in {str(c) for c in choices} | {"true", "false"}:
+                pytest.fail(f"docs/{page}: `{key}={value}`: {v!r} is not one of {choices}")
+
+
+def _fallback_gets(path: Path, root: Path = REPO) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = ast.unparse(node.func.value)
+            if target in ("hp", "hparams", "cell.hparams", "task.hparams") and len(node.args) > 1:
+                out.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_setting_has_a_second_default_in_code(tmp_path):
+    """A protocol default lives in its settings model only: no `hp.get(key, fallback)` in adapters or engine."""
+    files = [*(REPO / "transferbench" / "adapters").rglob("*.py"), *(REPO / "transferbench" / "engine").rglob("*.py")]
+    assert not [hit for p in files for hit in _fallback_gets(p)]
+    sample = tmp_path / "sample.py"  # the scan sees a fallback where there is one
+    sample.write_text("def f(hp, cell):\n    return hp.get('loss', 'softmax'), cell.hparams.get('bf16', 'auto')\n")
+    assert len(_fallback_gets(sample, root=tmp_path)) == 2
+
+
+def test_no_function_is_over_80_lines():
+    long = []
+    for p in (REPO / "transferbench").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, long

@@ -1,0 +1,186 @@
+"""Typed task settings: each adapter declares its protocol's settings as one pydantic model whose fields carry the
+paper's default, its source, the allowed values and a one-line description (lm-eval's `TaskConfig`). A task spec's
+`hparams` and its suites only override them: the spec loader (spec.parse_spec) starts every spec from its
+adapter's defaults, so a spec that leaves a setting out runs the paper's value, and `transferbench list tasks
+--show TASK` prints them with their sources.
+
+A field declared with `keyed=False` enters a cell's hyper-parameters (and so its key) only where a spec, a suite
+or `--set` gives it: a setting that did not exist when records were made keeps their keys.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..engine.precision import BF16_SETTINGS
+from ..errors import UserError
+
+BF16 = typing.Literal[BF16_SETTINGS]  # type: ignore[valid-type]
+PIXELS_HELP = (
+    "pixel normalisation: auto (the weights' own; [-1, 1] where they state none) | inception | imagenet | "
+    "mean=R,G,B/std=R,G,B"
+)
+BF16_HELP = "bf16 autocast: auto (where a probe of this step measures it faster; always on CUDA with bf16) | on | off"
+
+
+def setting(default, source: str, help: str, *, keyed: bool = True, **constraints) -> Any:
+    """A settings field: the paper's `default`, where it comes from, and what it means."""
+    return Field(default, description=help, json_schema_extra={"source": source, "keyed": keyed}, **constraints)
+
+
+class Settings(BaseModel):
+    """The base of every adapter's settings: read as attributes (`s.lr`); a cell's `hparams` validate into it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # what the backbone's weights state of their input (timm tags); recorded, never set by a spec
+    backbone_preprocess: dict | None = Field(None, json_schema_extra={"source": "", "keyed": False, "hidden": True})
+
+    @classmethod
+    def keyed_defaults(cls) -> dict:
+        """The defaults a spec starts from (the fields that are part of every cell's key), as declared."""
+        return {n: f.default for n, f in cls.model_fields.items() if _extra(f).get("keyed", True)}
+
+    @classmethod
+    def choices(cls, name: str) -> tuple | None:
+        """The allowed values of a field whose type is a Literal (None where any value of its type is)."""
+        return _literal_values(cls.model_fields[name].annotation)
+
+    @classmethod
+    def default_of(cls, name: str):
+        return cls.model_fields[name].default if name in cls.model_fields else None
+
+    @classmethod
+    def rows(cls) -> list[tuple[str, Any, str, str, str]]:
+        """(setting, default, allowed, source, description) for every setting a spec may give."""
+        out = []
+        for name, f in cls.model_fields.items():
+            if _extra(f).get("hidden"):
+                continue
+            values = cls.choices(name)
+            shown = [v for v in values or () if not isinstance(v, bool)] or list(values or ())
+            allowed = " | ".join(_show(v) for v in shown) if values else _type_name(f.annotation)
+            out.append((name, f.default, allowed, _extra(f).get("source", ""), f.description or ""))
+        return out
+
+    @classmethod
+    def of(cls, hparams: dict, task: str = "", hint: str = "--set") -> Settings:
+        """`hparams` (a cell's, or one point of a task's grid) as settings; a value the protocol does not take
+        is one UserError naming the setting, what it got, what it takes and how to change it."""
+        try:
+            return cls.model_validate(hparams)
+        except ValidationError as err:
+            raise UserError(_message(cls, err, hparams, task, hint)) from None
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+def _extra(f) -> dict:
+    return f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+
+
+def _literal_values(annotation) -> tuple | None:
+    """The values of a Literal, also inside Optional/Union (`Literal['a'] | None`)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    values = []
+    for arg in typing.get_args(annotation):
+        inner = _literal_values(arg)
+        if inner:
+            values += inner
+        elif arg is type(None):
+            values.append(None)
+        else:
+            return None  # a union with a free type (`int | Literal['checkpoint']`): any value of that type
+    return tuple(values) if any(v is not None for v in values) else None
+
+
+def _type_name(annotation) -> str:
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    text = str(annotation) if union else getattr(annotation, "__name__", None) or str(annotation)
+    text = re.sub(r"Literal\[([^\]]*)\]", lambda m: m.group(1).replace("'", "").replace(", ", " or "), text)
+    text = text.replace("typing.", "")
+    if text.startswith("Union[") and text.endswith("]"):
+        text = text[6:-1].replace(", ", " or ")
+    return text.replace(" | None", " or null").replace(" | ", " or ").replace("NoneType", "null")
+
+
+def _show(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _message(cls, err: ValidationError, hparams: dict, task: str, hint: str) -> str:
+    e = err.errors()[0]
+    key = str(e["loc"][0]) if e["loc"] else "?"
+    where = f"task {task!r}: " if task else ""
+    if e["type"] == "extra_forbidden":
+        from ..errors import close_matches
+
+        known = [n for n, _, _, _, _ in cls.rows()]
+        return f"{where}no setting {key!r}{close_matches(key, known)}; settings: {', '.join(known)}"
+    value = hparams.get(key)
+    values = cls.choices(key) if key in cls.model_fields else None
+    if values:
+        shown = ", ".join(_show(c) for c in values if not isinstance(c, bool))
+        return f"{where}{key} = {value!r} is not one of {shown} (set it with {hint} {key}=VALUE)"
+    return f"{where}{key} = {value!r}: {e['msg'].removeprefix('Value error, ')} (set it with {hint} {key}=VALUE)"
+
+
+__all__ = ["BF16", "BF16_HELP", "PIXELS_HELP", "Settings", "setting"]
+
+
+def settings_table(task: str, suites: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of an installed task's settings: each setting with its paper default, its value in each of
+    `suites` (default: all the task's suites; empty where the suite keeps the default; a swept setting shows its
+    values), the values it takes and its source (`transferbench list tasks --show TASK`, docs/settings.md)."""
+    from ..spec import load_task, settings_model
+
+    spec = load_task(task)
+    model = settings_model(spec.adapter)
+    if model is None:
+        raise UserError(f"task {task!r}: adapter {spec.adapter!r} declares no settings; its spec states them all")
+    suites = list(spec.suites) if suites is None else suites
+    for name in suites:
+        if name not in spec.suites:
+            raise UserError(f"task {task!r} has no suite {name!r}; suites: {', '.join(spec.suites)}")
+    rows = []
+    for name, default, allowed, source, help_ in model.rows():
+        shown = _value(spec.sweep.get(name, default))
+        cells = []
+        for suite in suites:
+            s = spec.suites[suite]
+            value = s.sweep.get(name, s.hparams.get(name, spec.sweep.get(name, spec.hparams.get(name, default))))
+            cells.append("" if _value(value) == shown else _value(value))
+        rows.append([name, shown, *cells, allowed, source, help_])
+    return ["setting", "default", *(f"suite {s}" for s in suites), "allowed", "source", "description"], rows
+
+
+def _value(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, str) and not value.strip() else _show(value)
+
+
+def settings_markdown(tasks: list[str], suites: list[str] | None = None) -> str:
+    """docs/settings.md: one table per task (`settings_table`; `suites`: those columns only), `|` escaped."""
+    from tabulate import tabulate
+
+    out = [
+        "# Task settings",
+        "",
+        "Generated from each adapter's settings model by `transferbench list tasks --show all --format markdown`",
+        "(a test fails when this page and the models differ). *default* is the paper's value, with its source; a",
+        "suite's column is empty where the suite keeps the default. `--set KEY=VALUE` overrides any of them, and",
+        "every record holds the values it ran with.",
+    ]
+    for task in tasks:
+        headers, rows = settings_table(task, suites)
+        cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+        out += ["", f"## {task}", "", tabulate(cells, headers, tablefmt="github", disable_numparse=True)]
+    return "\n".join(out) + "\n"

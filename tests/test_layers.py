@@ -18,7 +18,8 @@ LAYERS = [
     ("reporting", ("reporting",)),
     ("engine", ("engine",)),
     ("adapters", ("adapters",)),
-    ("front", ("cli", "__main__", "")),  # "" = the package itself: a lazy facade that imports nothing at load
+    # "" = the package itself: a lazy facade that imports nothing at load
+    ("front", ("workflows", "cli", "__main__", "")),
 ]
 
 

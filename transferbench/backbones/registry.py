@@ -197,3 +197,41 @@ def _create_vit(name, *, img_size=None, num_classes=0, checkpoint=None, **overri
     if ckpt is not None:
         load_checkpoint(model, ckpt, posemb=posemb)
     return model
+
+
+BACKBONE_COLUMNS = [
+    "backbone",
+    "width",
+    "depth",
+    "heads",
+    "patch",
+    "stem",
+    "dtn blocks",
+    "rep_size",
+    "params (M, no head)",
+]
+
+
+def backbone_rows() -> list[list]:
+    """`transferbench list backbones`: each registered name's shape and parameter count (built on the meta device)."""
+    import torch
+
+    rows = []
+    for name in list_backbones():
+        with torch.device("meta"):  # shapes only
+            m = create_backbone(name)
+        cfg = getattr(m, "config", {})
+        rows.append(
+            [
+                name,
+                cfg.get("embed_dim"),
+                cfg.get("depth"),
+                cfg.get("num_heads"),
+                cfg.get("patch_size"),
+                cfg.get("stem") or "-",
+                cfg.get("dtn_layers"),
+                cfg.get("rep_size") or "-",
+                f"{sum(p.numel() for p in m.parameters()) / 1e6:.1f}",
+            ]
+        )
+    return rows

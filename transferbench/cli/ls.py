@@ -1,0 +1,81 @@
+"""`transferbench list`: backbones, tasks (and one task's settings), suites, adapters."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UserError
+
+
+def add_parser(sub, fmt) -> argparse.ArgumentParser:
+    ls = sub.add_parser(
+        "list",
+        help="list backbones, tasks, suites or adapters",
+        formatter_class=fmt,
+        epilog="examples:\n  transferbench list backbones\n  transferbench list suites\n"
+        "  transferbench list tasks --show vtab              # every setting: default, each suite's, source\n"
+        "  transferbench list tasks --show fewshot --suite embedded --format markdown",
+    )
+    ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters"])
+    ls.add_argument(
+        "--show",
+        metavar="TASK",
+        help="with `tasks`: TASK's settings, each with its paper default, each suite's value and its source (all: "
+        "every built-in task's, with --format markdown: docs/settings.md)",
+    )
+    ls.add_argument("--suite", "-s", help="with --show: only this suite's column")
+    ls.add_argument("--format", "-f", default="text", choices=["text", "markdown"], help="with --show (default text)")
+    return ls
+
+
+def command(args) -> int:
+    from tabulate import tabulate
+
+    if args.show and args.what != "tasks":
+        raise UserError(f"--show names a task's settings: `transferbench list tasks --show {args.show}`")
+    if args.what == "backbones":
+        from ..backbones.registry import BACKBONE_COLUMNS, backbone_rows
+
+        print(tabulate(backbone_rows(), BACKBONE_COLUMNS, tablefmt="github"))
+        print(
+            "\nAlso any timm ViT as timm:MODEL[.TAG][@FILE] (timm.list_models('*vit*')) and your own module as "
+            "py:MODULE:FACTORY[@FILE]: docs/backbones.md#bring-your-own-vit"
+        )
+    elif args.what == "adapters":
+        from ..adapters import list_adapters
+
+        print("\n".join(list_adapters()) or "no adapters installed")
+    elif args.show:
+        from ..adapters.settings import settings_markdown, settings_table
+        from ..spec import BUILTIN_TASKS
+
+        tasks = list(BUILTIN_TASKS) if args.show == "all" else [args.show]
+        suites = None if args.suite is None else [args.suite]
+        if args.format == "markdown":
+            print(settings_markdown(tasks, suites), end="")
+        for task in tasks if args.format == "text" else ():
+            headers, rows = settings_table(task, suites)
+            print(f"{task}\n\n{tabulate(rows, headers, tablefmt='simple', disable_numparse=True)}\n")
+    else:
+        print(_specs_table(args.what, tabulate))
+    return 0
+
+
+def _specs_table(what: str, tabulate) -> str:
+    from ..spec import installed_specs, load_spec_file
+
+    specs = {n: load_spec_file(p) for n, p in installed_specs().items()}
+    if not specs:
+        return "no tasks installed"
+    if what == "tasks":
+        rows = [
+            [n, ", ".join(s.aliases) or "-", s.adapter, len(s.datasets), ", ".join(s.suites) or "-", s.description]
+            for n, s in specs.items()
+        ]
+        return tabulate(rows, ["task", "aliases", "adapter", "datasets", "suites", "description"], tablefmt="github")
+    rows = [
+        [n, name, len(suite.datasets or s.datasets), suite.description]
+        for n, s in specs.items()
+        for name, suite in s.suites.items()
+    ]
+    return tabulate(rows, ["task", "suite", "datasets", "description"], tablefmt="github")

@@ -1,0 +1,306 @@
+"""Options that several commands share, declared once: list types, the old short forms, the execution options
+(run, pretrain, nightly), the regression gate's (regress, nightly), --strict, and run's --config file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import UserError, close_matches
+
+
+def csv_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in csv_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+DEPRECATED = {"_old_o": ("-o", "--out"), "_old_b": ("-b", "--backbone"), "_old_j": ("-j", "--jobs")}
+
+
+def deprecated(p: argparse.ArgumentParser, short: str, **kw) -> None:
+    """An old short option kept working (main() moves its value to the long one and says so in one line)."""
+    dest = next(d for d, (old, _) in DEPRECATED.items() if old == short)
+    p.add_argument(short, dest=dest, help=argparse.SUPPRESS, **kw)
+
+
+def apply_deprecated(args) -> None:
+    for dest, (old, new) in DEPRECATED.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            print(
+                f"transferbench: note: {old} is deprecated here; use {new} (-o names an output file in every "
+                "command; -b and -j mean batch size and workers to timm users)",
+                file=sys.stderr,
+            )
+            setattr(args, new.lstrip("-").replace("-", "_"), value)
+        if hasattr(args, dest):
+            delattr(args, dest)
+
+
+def execution_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
+    p.add_argument(
+        "--stale",
+        choices=("recompute", "keep"),
+        help="what to do with finished cells whose record another code or library version computed (each record "
+        "holds the fingerprint of the code that computed it): by default the run stops before computing anything "
+        "and names how many differ and what changed; recompute: compute them again; keep: keep them as finished "
+        "(report and leaderboard then name both fingerprints and say the table mixes them)",
+    )
+    p.add_argument("--device", help="torch device for the cells (default: cuda if available, else cpu)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress output: no bars on a terminal, and no per-cell lines where stderr is a file "
+        "(Slurm, nohup, CI), where each finished cell otherwise gets one line with its metric, "
+        "cells done / planned and an ETA",
+    )
+    p.add_argument(
+        "--data-dir",
+        help="where datasets are: a tfds data dir (default: $TFDS_DATA_DIR, else "
+        "~/tensorflow_datasets) or a folder from `transferbench data export-vtab`",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="DataLoader worker processes per cell (default 0: load in the main process; results do not depend on it)",
+    )
+    p.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="keep each cell's per-example test results (VTAB-1k, LiT zero-shot) in a compressed file "
+        "beside its record; reports then compare single-seed cells per example (a paired bootstrap "
+        "over examples). It changes no metric and no cell key",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the training steps through torch.compile (the first step of each model shape compiles, tens of "
+        "seconds; records equal the eager ones up to floating-point summation order; no cell key changes)",
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        help="largest chunk of a batch run at once (gradient accumulation; "
+        "default: the whole batch, halved automatically on out-of-memory)",
+    )
+    executor_options(p)
+
+
+def executor_options(p: argparse.ArgumentParser) -> None:
+    """Where cells run (the `executors` group of execution_options)."""
+    g = p.add_argument_group(
+        "executors",
+        "where cells run; each keeps the same guarantees (records written atomically by this process, "
+        "each cell computed once across runs into one --out, resumable). Records depend on the threads "
+        "per cell, not the executor: the same --cpus-per-cell gives the same metrics with any of them",
+    )
+    g.add_argument(
+        "--executor",
+        default="local",
+        metavar="{local,ray}",
+        help="local: this machine (default); ray: one Ray task per cell on a Ray cluster "
+        "(pip install 'transferbench[scale]')",
+    )
+    deprecated(p, "-j", type=int)
+    g.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="local: cells at once, each in its own worker process with cores/N threads and, when "
+        "several GPUs are visible, its own GPU (default 1: in this process, one at a time)",
+    )
+    g.add_argument(
+        "--address",
+        help="ray: the cluster to join: auto (`ray start` ran here), HOST:6379, or "
+        "ray://HOST:10001 (Ray Client); default: start Ray on this machine",
+    )
+    g.add_argument(
+        "--cpus-per-cell",
+        type=float,
+        help="CPUs (and torch threads) per cell (ray default 1; local "
+        "default: cores/--jobs; --jobs 1 --cpus-per-cell 1 reproduces "
+        "the records of --jobs 2 or Ray at 1 CPU per cell)",
+    )
+    g.add_argument(
+        "--gpus-per-cell", type=float, help="ray: GPUs per cell (default: 1 when the cluster has GPUs, else 0)"
+    )
+    g.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="times a cell whose worker process died (killed, out of memory, a lost node) is started "
+        "again before it is recorded failed (default 1)",
+    )
+
+
+def strict_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop (exit 2) on a file that is not a valid record instead of skipping it with a warning",
+    )
+
+
+def check_execution_options(args):
+    """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
+    from ..engine.executors import make_executor
+
+    if args.workers < 0:
+        raise UserError(f"--workers must be >= 0, got {args.workers}")
+    if args.micro_batch is not None and args.micro_batch < 1:
+        raise UserError(f"--micro-batch must be >= 1, got {args.micro_batch}")
+    if args.retries < 0:
+        raise UserError(f"--retries must be >= 0, got {args.retries}")
+    return make_executor(
+        args.executor,
+        jobs=args.jobs,
+        address=args.address,
+        cpus_per_cell=args.cpus_per_cell,
+        gpus_per_cell=args.gpus_per_cell,
+    )
+
+
+def gate_options(p) -> None:
+    from ..reporting.regress import ALPHA, FLOOR
+
+    p.add_argument(
+        "--floor",
+        "--threshold",
+        dest="floor",
+        type=float,
+        default=FLOOR,
+        help=f"smallest change of one comparison that counts, in metric units ({FLOOR}; half of it for a pooled mean)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help=f"family-wise error rate of the tests of one run of the gate, Holm-corrected ({ALPHA})",
+    )
+    p.add_argument(
+        "--accept",
+        type=csv_list,
+        default=[],
+        metavar="TASK[:SETTING]",
+        help="protocol changes made on purpose: TASK (every setting of it), TASK:SETTING or :SETTING "
+        "(e.g. fewshot:pool, vtab:protocol_version)",
+    )
+
+
+def check_gate_options(args) -> None:
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha {args.alpha}: give a family-wise error rate between 0 and 1, e.g. 0.01")
+    if args.floor < 0:
+        raise UserError(f"--floor {args.floor}: give a change in metric units, 0 or more, e.g. 0.5")
+
+
+def with_config(parser, argv, args):
+    """run's options from --config (a YAML mapping), under the command line's: the file's values become the
+    parser's defaults and the command line is parsed again."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(args.config.read_text())
+    except OSError as e:
+        raise UserError(f"--config {args.config}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"--config {args.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--config {args.config}: expected a mapping of run's options, e.g. {{task: vtab, jobs: 2}}")
+    run = parser.run_parser
+    actions = {a.dest: a for a in run._actions if a.dest not in ("help", "config") and not a.dest.startswith("_")}
+    defaults = {}
+    for key, value in data.items():
+        dest = "sets" if key == "set" else str(key).replace("-", "_")
+        if dest not in actions:
+            raise UserError(
+                f"--config {args.config}: unknown option {key!r}{close_matches(dest, actions)}; options: "
+                f"{', '.join(sorted('set' if d == 'sets' else d for d in actions))}"
+            )
+        defaults[dest] = config_value(actions[dest], value, key, args.config)
+    run.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def config_value(action, value, key, source):
+    """A YAML value as the option's own type: lists or comma-separated strings for list options, a mapping or
+    list of KEY=VALUE for `set`, paths, numbers, booleans."""
+    try:
+        if action.dest == "sets":
+            if isinstance(value, dict):
+                return [f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in value.items()]
+            return [str(v) for v in (value if isinstance(value, list) else [value])]
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError("expected true or false")
+            return value
+        if action.type in (csv_list, int_list) and isinstance(value, list):
+            return action.type(",".join(map(str, value)))
+        return action.type(str(value)) if action.type else value
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        raise UserError(f"--config {source}: {key}: {e}") from None
+
+
+def backbone_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--backbone", type=csv_list, help=help)
+    deprecated(p, "-b", type=csv_list)
+
+
+def set_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def seeds_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--seeds", type=int_list, help=help)
+
+
+def output_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--output", "-o", type=Path, help=help)
+
+
+def reference_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reference",
+        "-r",
+        help="compare every backbone with this one (default: the plain backbone of the same weights source)",
+    )
+
+
+def run_options(args):
+    """The execution options as workflows.RunOptions, with `config` the resolved options a record stores."""
+    from ..workflows import RunOptions
+
+    return RunOptions(
+        force=args.force,
+        stale=args.stale,
+        device=args.device,
+        data_dir=args.data_dir,
+        workers=args.workers,
+        micro_batch=args.micro_batch,
+        show_progress=not args.no_progress,
+        log_samples=getattr(args, "log_samples", False),
+        compile=args.compile,
+        retries=args.retries,
+        executor_name=args.executor,
+        jobs=args.jobs,
+        config=run_config(args),
+    )
+
+
+def run_config(args) -> dict:
+    """run's resolved options as plain JSON values: stored in each record and in results.json."""
+    skip = {"command", "config", "verbose", "quiet"}
+    return {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in sorted(vars(args).items())
+        if k not in skip and not k.startswith("_")
+    }

@@ -1,0 +1,132 @@
+"""`transferbench regress` (compare two records folders and gate the change) and `transferbench nightly` (run the
+nightly suite into a dated folder and gate it against a baseline)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .options import (
+    backbone_option,
+    check_execution_options,
+    check_gate_options,
+    csv_list,
+    deprecated,
+    execution_options,
+    gate_options,
+    output_option,
+    run_options,
+    seeds_option,
+    strict_option,
+)
+
+
+def add_parsers(sub, fmt) -> argparse.ArgumentParser:
+    rg = sub.add_parser(
+        "regress",
+        help="compare two records folders; exit 1 on regression",
+        formatter_class=fmt,
+        description="Match the cells of --current with those of --baseline on what they are (task, dataset, "
+        "backbone, stage, seed, report axes) and gate the change: a setting that differs is a protocol change "
+        "and fails unless accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on "
+        "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
+        "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
+        "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, a changed "
+        "seed spread or an unaccepted protocol change, 0 otherwise (docs/regression.md).",
+        epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
+        "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose",
+    )
+    rg.add_argument("--baseline", required=True, type=Path)
+    rg.add_argument("--current", required=True, type=Path)
+    gate_options(rg)
+    rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
+    output_option(rg, "also write the report to this file")
+    strict_option(rg)
+
+    nt = sub.add_parser(
+        "nightly",
+        help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
+        formatter_class=fmt,
+        description="The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the "
+        "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
+        "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression, a changed seed "
+        "spread, an unaccepted protocol change, a failed cell or a baseline cell the run lacks (--allow-missing "
+        "to let that pass), 2 on bad input, else 0.",
+        epilog="examples:\n  transferbench nightly --baseline results/nightly --out nightly\n"
+        "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
+        "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
+        "--executor ray --address auto",
+    )
+    nt.add_argument(
+        "--baseline",
+        required=True,
+        type=Path,
+        help="records folder to compare against (last night's, or the committed results/nightly)",
+    )
+    nt.add_argument(
+        "--suite",
+        "-s",
+        default="nightly",
+        help="suite of each task (default: nightly, the cheap cells that run every paper default's code path; "
+        "docs/regression.md)",
+    )
+    nt.add_argument(
+        "--tasks",
+        "-t",
+        type=csv_list,
+        help="comma-separated tasks (default: every task the baseline holds records of for --suite)",
+    )
+    backbone_option(nt, "comma-separated backbones (default: each suite's)")
+    seeds_option(nt, "comma-separated seeds (default: the suite's)")
+    nt.add_argument("--out", type=Path, default=Path("nightly"), help="parent of the dated folders (default: nightly)")
+    deprecated(nt, "-o", type=Path)
+    nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
+    gate_options(nt)
+    nt.add_argument(
+        "--allow-missing", action="store_true", help="pass a night that lacks baseline cells (default: it fails)"
+    )
+    execution_options(nt)
+    return nt
+
+
+def regress(args) -> int:
+    from ..records.store import load_records
+    from ..reporting.regress import verdict
+
+    check_gate_options(args)
+    text, code = verdict(
+        load_records([args.baseline], strict=args.strict),
+        load_records([args.current], strict=args.strict),
+        args.floor,
+        alpha=args.alpha,
+        accept=args.accept,
+        fail_on_missing=args.fail_on_missing,
+    )
+    print(text)
+    if args.output:
+        args.output.write_text(text)
+    return code
+
+
+def nightly(args) -> int:
+    from datetime import datetime, timezone
+
+    from .. import workflows
+
+    executor = check_execution_options(args)
+    check_gate_options(args)
+    text, code = workflows.nightly(
+        args.baseline,
+        args.out,
+        args.date or datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        suite=args.suite,
+        tasks=args.tasks,
+        backbones=args.backbone,
+        seeds=args.seeds,
+        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept},
+        allow_missing=args.allow_missing,
+        options=run_options(args),
+        executor=executor,
+    )
+    print(text)
+    return code

@@ -440,40 +440,7 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
         pe = torch.cat([pe.new_zeros(1, 1, width), pe], dim=1)
     sd["pos_embed"] = pe
 
-    scanned = "Transformer/encoderblock/LayerNorm_0/scale" in rest
-    if scanned:
-        depth = rest["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
-    else:
-        depth = len({m[1] for k in rest if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
-    num_heads = None
-    for i in range(depth):
-        blk = "Transformer/encoderblock/" if scanned else f"Transformer/encoderblock_{i}/"
-        # scanned arrays stack all blocks: slice them now, drop them after the last block
-        get = (lambda n, b=blk, i=i: rest[b + n][i]) if scanned else (lambda n, b=blk: take(b + n))
-        ln2 = "LayerNorm_1" if f"{blk}LayerNorm_1/scale" in rest else "LayerNorm_2"
-        mlp = "MlpBlock_0" if f"{blk}MlpBlock_0/Dense_0/kernel" in rest else "MlpBlock_3"
-        att = (
-            "MultiHeadDotProductAttention_0"
-            if f"{blk}MultiHeadDotProductAttention_0/out/bias" in rest
-            else "MultiHeadDotProductAttention_1"
-        )
-        q, k, v = (get(f"{att}/{n}/kernel") for n in ("query", "key", "value"))  # (D, H, hd)
-        num_heads = q.shape[1]
-        o = f"blocks.{i}."
-        sd[o + "norm1.weight"], sd[o + "norm1.bias"] = t(get("LayerNorm_0/scale")), t(get("LayerNorm_0/bias"))
-        sd[o + "attn.qkv.weight"] = t(np.concatenate([a.reshape(width, -1).T for a in (q, k, v)]))
-        sd[o + "attn.qkv.bias"] = t(
-            np.concatenate([get(f"{att}/{n}/bias").reshape(-1) for n in ("query", "key", "value")])
-        )
-        sd[o + "attn.proj.weight"] = t(get(f"{att}/out/kernel").reshape(-1, width).T)  # (H, hd, D)
-        sd[o + "attn.proj.bias"] = t(get(f"{att}/out/bias"))
-        sd[o + "norm2.weight"], sd[o + "norm2.bias"] = t(get(f"{ln2}/scale")), t(get(f"{ln2}/bias"))
-        for j in (0, 1):
-            sd[o + f"mlp.fc{j + 1}.weight"] = t(get(f"{mlp}/Dense_{j}/kernel").T)
-            sd[o + f"mlp.fc{j + 1}.bias"] = t(get(f"{mlp}/Dense_{j}/bias"))
-    if scanned:
-        for key in [k for k in rest if k.startswith("Transformer/encoderblock/")]:
-            del rest[key]
+    depth, num_heads = _big_vision_blocks(rest, sd, t, width)
     sd["norm.weight"], sd["norm.bias"] = (
         t(take("Transformer/encoder_norm/scale")),
         t(take("Transformer/encoder_norm/bias")),
@@ -502,3 +469,43 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     if "pre_logits.fc.weight" in sd:
         config["rep_size"] = int(sd["pre_logits.fc.weight"].shape[0])
     return Checkpoint(sd, "big_vision", config=config, img_size=(grid * patch,) * 2, pixels="inception")
+
+
+def _big_vision_blocks(rest: dict, sd: dict, t, width: int) -> tuple[int, int | None]:
+    """The encoder blocks of a big_vision .npz (`rest`, flax names) into `sd` (ours), as `models/vit.py` and the
+    original ViT repo name them, scanned or not; the converted arrays leave `rest`. Returns (depth, heads)."""
+    scanned = "Transformer/encoderblock/LayerNorm_0/scale" in rest
+    if scanned:
+        depth = rest["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+    else:
+        depth = len({m[1] for k in rest if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))})
+    num_heads = None
+    for i in range(depth):
+        blk = "Transformer/encoderblock/" if scanned else f"Transformer/encoderblock_{i}/"
+        # scanned arrays stack all blocks: slice them now, drop them after the last block
+        get = (lambda n, b=blk, i=i: rest[b + n][i]) if scanned else (lambda n, b=blk: rest.pop(b + n))
+        ln2 = "LayerNorm_1" if f"{blk}LayerNorm_1/scale" in rest else "LayerNorm_2"
+        mlp = "MlpBlock_0" if f"{blk}MlpBlock_0/Dense_0/kernel" in rest else "MlpBlock_3"
+        att = (
+            "MultiHeadDotProductAttention_0"
+            if f"{blk}MultiHeadDotProductAttention_0/out/bias" in rest
+            else "MultiHeadDotProductAttention_1"
+        )
+        q, k, v = (get(f"{att}/{n}/kernel") for n in ("query", "key", "value"))  # (D, H, hd)
+        num_heads = q.shape[1]
+        o = f"blocks.{i}."
+        sd[o + "norm1.weight"], sd[o + "norm1.bias"] = t(get("LayerNorm_0/scale")), t(get("LayerNorm_0/bias"))
+        sd[o + "attn.qkv.weight"] = t(np.concatenate([a.reshape(width, -1).T for a in (q, k, v)]))
+        sd[o + "attn.qkv.bias"] = t(
+            np.concatenate([get(f"{att}/{n}/bias").reshape(-1) for n in ("query", "key", "value")])
+        )
+        sd[o + "attn.proj.weight"] = t(get(f"{att}/out/kernel").reshape(-1, width).T)  # (H, hd, D)
+        sd[o + "attn.proj.bias"] = t(get(f"{att}/out/bias"))
+        sd[o + "norm2.weight"], sd[o + "norm2.bias"] = t(get(f"{ln2}/scale")), t(get(f"{ln2}/bias"))
+        for j in (0, 1):
+            sd[o + f"mlp.fc{j + 1}.weight"] = t(get(f"{mlp}/Dense_{j}/kernel").T)
+            sd[o + f"mlp.fc{j + 1}.bias"] = t(get(f"{mlp}/Dense_{j}/bias"))
+    if scanned:
+        for key in [k for k in rest if k.startswith("Transformer/encoderblock/")]:
+            del rest[key]
+    return depth, num_heads

@@ -88,6 +88,26 @@ class Block(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
+def _check_config(img_size, patch_size, stem, pool, class_token, dtn_layers, depth, act) -> None:
+    """A ViT configuration that cannot be built, as one ValueError saying what to pass instead."""
+    if img_size[0] % patch_size or img_size[1] % patch_size:
+        fit = tuple(-(-s // patch_size) * patch_size for s in img_size)
+        raise ValueError(
+            f"img_size {img_size} is not a multiple of patch size {patch_size}; "
+            f"pass img_size={fit if fit[0] != fit[1] else fit[0]}"
+        )
+    if stem not in STEMS:
+        raise ValueError(f"unknown stem {stem!r}; choose one of {sorted(STEMS)}")
+    if pool not in ("tok", "gap"):
+        raise ValueError(f"unknown pool {pool!r}; choose 'tok' (cls token) or 'gap' (mean of patch tokens)")
+    if pool == "tok" and not class_token:
+        raise ValueError("pool='tok' needs class_token=True; use pool='gap' for a model without a cls token")
+    if not 0 <= dtn_layers <= depth:
+        raise ValueError(f"dtn_layers={dtn_layers} must lie in [0, depth={depth}]")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"unknown act {act!r}; choose one of {sorted(ACTIVATIONS)}")
+
+
 class VisionTransformer(nn.Module):
     """ViT (Dosovitskiy et al.) whose stem and normaliser are the subject of the benchmark.
 
@@ -124,22 +144,7 @@ class VisionTransformer(nn.Module):
     ):
         super().__init__()
         img_size = to_2tuple(img_size)
-        if img_size[0] % patch_size or img_size[1] % patch_size:
-            fit = tuple(-(-s // patch_size) * patch_size for s in img_size)
-            raise ValueError(
-                f"img_size {img_size} is not a multiple of patch size {patch_size}; "
-                f"pass img_size={fit if fit[0] != fit[1] else fit[0]}"
-            )
-        if stem not in STEMS:
-            raise ValueError(f"unknown stem {stem!r}; choose one of {sorted(STEMS)}")
-        if pool not in ("tok", "gap"):
-            raise ValueError(f"unknown pool {pool!r}; choose 'tok' (cls token) or 'gap' (mean of patch tokens)")
-        if pool == "tok" and not class_token:
-            raise ValueError("pool='tok' needs class_token=True; use pool='gap' for a model without a cls token")
-        if not 0 <= dtn_layers <= depth:
-            raise ValueError(f"dtn_layers={dtn_layers} must lie in [0, depth={depth}]")
-        if act not in ACTIVATIONS:
-            raise ValueError(f"unknown act {act!r}; choose one of {sorted(ACTIVATIONS)}")
+        _check_config(img_size, patch_size, stem, pool, class_token, dtn_layers, depth, act)
         mlp_dim = mlp_dim or 4 * embed_dim
         self.name = name
         self.config = dict(
@@ -173,21 +178,9 @@ class VisionTransformer(nn.Module):
         ln = partial(nn.LayerNorm, eps=NORM_EPS)
         dtn = partial(DynamicTokenNorm, num_heads=num_heads, grid=self.grid_size, eps=dtn_eps)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth grows with depth
-        self.blocks = nn.Sequential(
-            *[
-                Block(
-                    embed_dim,
-                    num_heads,
-                    mlp_dim,
-                    dtn if i < dtn_layers else ln,
-                    act=act,
-                    drop=drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[i],
-                )
-                for i in range(depth)
-            ]
-        )
+        norms = [dtn if i < dtn_layers else ln for i in range(depth)]
+        block = partial(Block, embed_dim, num_heads, mlp_dim, act=act, drop=drop_rate, attn_drop=attn_drop_rate)
+        self.blocks = nn.Sequential(*[block(norms[i], drop_path=dpr[i]) for i in range(depth)])
         self.norm = ln(embed_dim)
         self.pre_logits = (
             nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, int(rep_size)), act=nn.Tanh()))

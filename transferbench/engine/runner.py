@@ -169,7 +169,7 @@ def run_task(
     A finished cell is skipped only when its record's fingerprint is the code's at hand (`cell_code`); for finished
     cells of other code, `stale` (STALE) says what happens: 'stop' raises one UserError before anything is computed
     (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as finished."""
-    from .executors import InlineExecutor, WorkerLost
+    from .executors import InlineExecutor
 
     if stale not in STALE:
         raise ValueError(f"stale={stale!r}; one of {', '.join(STALE)}")
@@ -197,132 +197,155 @@ def run_task(
                     b.spec,
                     DEFAULT_PIXELS,
                 )
-    summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)
-    attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait for a rerun)
-    queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
-    held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
-    inflight: dict = {}  # future -> (cell, lock, attempt)
-    bar = tqdm(
-        total=0,
-        desc=f"{task.name} cells",
-        unit="cell",
-        position=0,
-        dynamic_ncols=True,
-        disable=None if show_progress else True,
+    return _TaskRun(task, backbones, out, adapter, store, check, results, executor, stale, force).run(
+        ctx, retries, config, show_progress
     )
-    lines = CellLines(task.name, show_progress, axes=sorted(task.sweep))
 
-    def show():
-        bar.set_postfix_str(
-            f"running {len(inflight)}, failed {summary.failed}"
-            + (f", waiting on another run {len(held)}" if held else ""),
-            refresh=True,
-        )
 
-    def is_done(cell) -> bool:
+class _TaskRun:
+    """The state of one run_task: the cells planned so far, the queue, the cells another run holds, those in
+    flight, and the progress bar and lines; `run` loops until nothing is left."""
+
+    def __init__(self, task, backbones, out, adapter, store, check, results, executor, stale: str, force: bool):
+        self.task, self.backbones, self.out, self.adapter = task, backbones, out, adapter
+        self.store, self.check, self.results, self.executor = store, check, results, executor
+        self.stale, self.force = stale, force
+        self.summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)
+        self.attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait)
+        self.queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
+        self.held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
+        self.inflight: dict = {}  # future -> (cell, lock, attempt)
+        self.changed = True  # a cell finished (here or in another run): the plan may have grown
+
+    def show(self):
+        held = f", waiting on another run {len(self.held)}" if self.held else ""
+        self.bar.set_postfix_str(f"running {len(self.inflight)}, failed {self.summary.failed}{held}", refresh=True)
+
+    def is_done(self, cell) -> bool:
         """Finished, by the code at hand unless stale cells are kept."""
-        return store.finished(cell) and (stale == "keep" or check.current(store.get(cell), cell))
+        return self.store.finished(cell) and (self.stale == "keep" or self.check.current(self.store.get(cell), cell))
 
-    def replan():
-        planned = list({c.key: c for b in backbones for c in adapter.plan(task, b, results)}.values())
-        first = not attempted
-        fresh = [c for c in planned if c.key not in attempted]
-        attempted.update(c.key for c in fresh)
-        finished = [c for c in fresh if not force and store.finished(c)]
-        old = [(store.get(c), c) for c in finished if not check.current(store.get(c), c)]
-        if old and stale == "stop":
-            raise UserError(check.message(task.name, out, old, len(finished)))
+    def replan(self):
+        store, summary = self.store, self.summary
+        planned = list(
+            {c.key: c for b in self.backbones for c in self.adapter.plan(self.task, b, self.results)}.values()
+        )
+        first = not self.attempted
+        fresh = [c for c in planned if c.key not in self.attempted]
+        self.attempted.update(c.key for c in fresh)
+        finished = [c for c in fresh if not self.force and store.finished(c)]
+        old = [(store.get(c), c) for c in finished if not self.check.current(store.get(c), c)]
+        if old and self.stale == "stop":
+            raise UserError(self.check.message(self.task.name, self.out, old, len(finished)))
         summary.stale += len(old)
-        todo = [c for c in fresh if force or not is_done(c)]
+        todo = [c for c in fresh if self.force or not self.is_done(c)]
         summary.skipped += len(fresh) - len(todo)
         if len(fresh) > len(todo):
-            log.info("%s: %d cells already finished under %s: skipped", task.name, len(fresh) - len(todo), out)
-        bar.total += len(todo)
-        lines.total += len(todo)
+            log.info(
+                "%s: %d cells already finished under %s: skipped", self.task.name, len(fresh) - len(todo), self.out
+            )
+        self.bar.total += len(todo)
+        self.lines.total += len(todo)
         # cells that results just unlocked (a final stage) go first: a dataset finishes while others still run
-        queue.extend(todo) if first else queue.extendleft(reversed(todo))
+        self.queue.extend(todo) if first else self.queue.extendleft(reversed(todo))
 
-    changed = True  # a cell finished (here or in another run): the plan may have grown
-
-    def start(cell, after_wait: bool) -> bool:
+    def start(self, cell, after_wait: bool) -> bool:
         """Lock `cell` and submit it; False when another run holds it (the caller keeps it for later)."""
-        nonlocal changed
-        lock = store.lock(cell)
+        lock = self.store.lock(cell)
         try:
             lock.acquire(timeout=0)
         except Timeout:
             return False
         try:
             # finished already, or by the run that held the lock (fresh even under --force); by the code at hand
-            if is_done(cell) and (after_wait or not force):
+            if self.is_done(cell) and (after_wait or not self.force):
                 lock.release()
-                summary.skipped += 1
-                bar.update(1)
-                lines.done += 1
-                changed = True
+                self.summary.skipped += 1
+                self.bar.update(1)
+                self.lines.done += 1
+                self.changed = True
                 return True
-            inflight[executor.submit(cell)] = (cell, lock, 0)
+            self.inflight[self.executor.submit(cell)] = (cell, lock, 0)
         except BaseException:
             lock.release()
             raise
         return True
 
-    def finish(future) -> None:
-        nonlocal changed
-        cell, lock, attempt = inflight.pop(future)
+    def finish(self, future) -> None:
+        from .executors import WorkerLost
+
+        cell, lock, attempt = self.inflight.pop(future)
         try:
             try:
                 outcome = future.result()
             except WorkerLost as e:
-                if attempt < retries:
-                    inflight[executor.submit(cell)] = (cell, lock, attempt + 1)
+                if attempt < self.retries:
+                    self.inflight[self.executor.submit(cell)] = (cell, lock, attempt + 1)
                     lock = None  # still held, by the new attempt
                     return
                 outcome = lost_outcome(e, attempt + 1)
             if "stop" in outcome:  # the user's to fix (missing data on a worker, a bad option)
                 raise UserError(outcome["stop"])
-            status = _write_record(cell, outcome, store, summary, config)
-            setattr(summary, status, getattr(summary, status) + 1)
-            summary.add_caches(outcome.get("caches"))
-            bar.update(1)
-            lines.cell(cell, outcome)
-            changed = True
+            status = _write_record(cell, outcome, self.store, self.summary, self.config)
+            setattr(self.summary, status, getattr(self.summary, status) + 1)
+            self.summary.add_caches(outcome.get("caches"))
+            self.bar.update(1)
+            self.lines.cell(cell, outcome)
+            self.changed = True
         finally:
             if lock is not None:
                 lock.release()
 
-    executor.start(adapter, ctx)
-    interrupted = True
-    try:
-        while True:
-            if changed:
-                changed = False
-                replan()
-            if not (queue or held or inflight):
-                break
-            for key in list(held):  # another run let go: skip what it finished, compute the rest
-                if len(inflight) < executor.slots and start(held[key], after_wait=True):
-                    del held[key]
-            while queue and len(inflight) < executor.slots:
-                cell = queue.popleft()
-                if not start(cell, after_wait=False):
-                    held[cell.key] = cell
-            show()
-            if not inflight:
-                if held:
-                    time.sleep(0.2)
-                continue
-            done, _ = wait(list(inflight), timeout=0.5 if held else None, return_when=FIRST_COMPLETED)
-            for future in done:
-                finish(future)
-        show()
-        interrupted = False
-    finally:
-        executor.close(interrupted=interrupted)
-        for _cell, lock, _ in inflight.values():  # interrupted: nothing of theirs was written
-            lock.release()
-        bar.close()
-    return summary
+    def step(self) -> bool:
+        """Replan if anything finished, start what may start, wait for a cell; False once nothing is left."""
+        if self.changed:
+            self.changed = False
+            self.replan()
+        if not (self.queue or self.held or self.inflight):
+            return False
+        slots = self.executor.slots
+        for key in list(self.held):  # another run let go: skip what it finished, compute the rest
+            if len(self.inflight) < slots and self.start(self.held[key], after_wait=True):
+                del self.held[key]
+        while self.queue and len(self.inflight) < slots:
+            cell = self.queue.popleft()
+            if not self.start(cell, after_wait=False):
+                self.held[cell.key] = cell
+        self.show()
+        if not self.inflight:
+            if self.held:
+                time.sleep(0.2)
+            return True
+        timeout = 0.5 if self.held else None
+        done, _ = wait(list(self.inflight), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            self.finish(future)
+        return True
+
+    def run(self, ctx, retries: int, config, show_progress: bool) -> RunSummary:
+        self.retries, self.config = retries, config
+        self.bar = tqdm(
+            total=0,
+            desc=f"{self.task.name} cells",
+            unit="cell",
+            position=0,
+            dynamic_ncols=True,
+            disable=None if show_progress else True,
+        )
+        self.lines = CellLines(self.task.name, show_progress, axes=sorted(self.task.sweep))
+        self.executor.start(self.adapter, ctx)
+        interrupted = True
+        try:
+            while self.step():
+                pass
+            self.show()
+            interrupted = False
+        finally:
+            self.executor.close(interrupted=interrupted)
+            for _cell, lock, _ in self.inflight.values():  # interrupted: nothing of theirs was written
+                lock.release()
+            self.bar.close()
+        return self.summary
 
 
 def headline(cell, outcome: dict) -> str:

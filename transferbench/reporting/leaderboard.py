@@ -120,52 +120,60 @@ def write_leaderboard(
     ]
     lines += overview(records, reference, correct, per_task)
     for task, (tables, report, ents) in per_task.items():
-        recs = [r for r in records if r["task"] == task]
-        t = tables[0]
-        shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
-        devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
-        lines += [
-            f"## {titles[task]}",
-            "",
-            f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
-            f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
-            f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.",
-            "",
-            code_line(code_summary(recs)),
-            "",
-        ]
-        if report is not None and report.section is not None:
-            lines += report.section(recs, tables, task, out)
-            continue
-        lines += [to_markdown(x, title=False) for x in tables]
-        if report is None or report.uses_reference:
-            sanity = sanity_table(t)
-            if sanity is not None:
-                lines += [
-                    f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
-                    "",
-                    *delta_markdown(sanity),
-                    "",
-                ]
-        if len(tables) > 1 and report is None:  # the wide form: every dataset and setting in one table
-            (wide,) = build_tables(
-                ents, reference=reference if reference in {e.backbone for e in ents} else None, split_axes=False
-            )
-            lines += [
-                "<details><summary>Every setting in one table</summary>",
-                "",
-                to_markdown(wide, title=False),
-                "</details>",
-                "",
-            ]
-            figure = plot_absolute(tables, out.parent / f"{out.stem}_{task}_curve.png")
-            if figure:
-                lines += [f"![{t.metric} per setting, every backbone]({figure.name})", ""]
-        png = plot_deltas(t, out.parent / f"{out.stem}_{task}.png")
-        if png:
-            lines += [f"![Δ vs each row's reference{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
+        lines += task_section(
+            task, titles[task], [r for r in records if r["task"] == task], tables, report, ents, out, reference
+        )
     out.write_text("\n".join(lines))
     return out
 
 
 __all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]
+
+
+def task_section(task: str, title: str, recs: list, tables: list, report, ents, out: Path, reference) -> list[str]:
+    """One task's section: its header line (protocol, cells, code), its tables (or its report kind's section),
+    the sanity table, the wide table and the figures (written beside `out`)."""
+    lines: list[str] = []
+    t = tables[0]
+    shas = sorted({(r.get("environment") or {}).get("git_sha") or "unknown" for r in recs})
+    devices = sorted({(r.get("environment") or {}).get("device") or "unknown" for r in recs})
+    lines += [
+        f"## {title}",
+        "",
+        f"Task `{task}`, protocol v{', v'.join(t.protocol_versions)}; {len(recs)} cells; last finished "
+        f"{max(r.get('finished_at', '') for r in recs)[:19]}; records' git sha "
+        f"{', '.join(s[:12] for s in shas)}; devices: {'; '.join(devices)}.",
+        "",
+        code_line(code_summary(recs)),
+        "",
+    ]
+    if report is not None and report.section is not None:
+        return lines + report.section(recs, tables, task, out)
+    lines += [to_markdown(x, title=False) for x in tables]
+    if report is None or report.uses_reference:
+        sanity = sanity_table(t)
+        if sanity is not None:
+            lines += [
+                f"#### Sanity: pretraining against random init{' at ' + t.setting if t.setting else ''}",
+                "",
+                *delta_markdown(sanity),
+                "",
+            ]
+    if len(tables) > 1 and report is None:  # the wide form: every dataset and setting in one table
+        (wide,) = build_tables(
+            ents, reference=reference if reference in {e.backbone for e in ents} else None, split_axes=False
+        )
+        lines += [
+            "<details><summary>Every setting in one table</summary>",
+            "",
+            to_markdown(wide, title=False),
+            "</details>",
+            "",
+        ]
+        figure = plot_absolute(tables, out.parent / f"{out.stem}_{task}_curve.png")
+        if figure:
+            lines += [f"![{t.metric} per setting, every backbone]({figure.name})", ""]
+    png = plot_deltas(t, out.parent / f"{out.stem}_{task}.png")
+    if png:
+        lines += [f"![Δ vs each row's reference{' at ' + t.setting if t.setting else ''}]({png.name})", ""]
+    return lines

@@ -259,9 +259,32 @@ def gate(
         from ..spec import seeds_shared as shared
     axes = _axes(baseline, current)
     b, c = _index(baseline, axes), _index(current, axes)
+    changes, selection, pairs, axes_of = _match(b, c, axes)
+    for pc in changes.values():
+        pc.accepted = accepts(accept, pc.task, pc.setting)
+    comparisons, paired = _cell_comparisons(pairs, axes_of, floor)
+    comparisons += _suite_comparisons(pairs, paired, floor, shared)
+    comparisons += _moved_comparisons(paired, floor)
+    _judge(comparisons, alpha)
+    return Gate(
+        comparisons,
+        sorted(changes.values(), key=lambda p: (p.task, p.setting)),
+        sorted(k for k in b if k not in c),
+        sorted(k for k in c if k not in b),
+        _exact(baseline, current, b, c),
+        selection,
+        alpha,
+        floor,
+        [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
+    )
+
+
+def _match(b: dict, c: dict, axes) -> tuple[dict, list, dict, dict]:
+    """The records both sides hold, matched: protocol changes (a setting that differs), changed selections of a
+    final stage, and the pairs of every (task, dataset, backbone, stage, axes, split, metric) per seed."""
     changes: dict[tuple, ProtocolChange] = {}
     selection = []
-    pairs = defaultdict(dict)  # (task, dataset, backbone, stage, axes, split) -> seed -> (base record, cur record)
+    pairs = defaultdict(dict)  # (task, dataset, backbone, stage, axes, split, metric) -> seed -> (base, cur) records
     axes_of = {}
     for key in sorted(set(b) & set(c)):
         (rb, ax), (rc, _) = b[key], c[key]
@@ -290,30 +313,23 @@ def gate(
                 group = (task, dataset, backbone, stage, axkey, split, metric)
                 pairs[group][seed] = (rb, rc)
                 axes_of[group] = ax
-    for pc in changes.values():
-        pc.accepted = accepts(accept, pc.task, pc.setting)
+    return changes, selection, pairs, axes_of
 
-    comparisons = []
-    paired = {}  # group -> seed -> (baseline value, current value), the seeds where both sides have one
+
+def _cell_comparisons(pairs: dict, axes_of: dict, floor: float) -> tuple[list, dict]:
+    """One paired test per matched group over its seeds (McNemar on the examples with one seed); returns the
+    comparisons and, per group, seed -> (baseline value, current value) where both sides have one."""
+    comparisons, paired = [], {}
     for group, seeds in sorted(pairs.items()):
         task, dataset, backbone, stage, _, split, metric = group
         vals = {s: (_value_of(rb, split, metric), _value_of(rc, split, metric)) for s, (rb, rc) in seeds.items()}
         vals = paired[group] = {s: v for s, v in vals.items() if None not in v}
         if not vals:
             continue
-        first = next(iter(seeds.values()))[0]
-        sign = _direction(first, metric)
+        sign = _direction(next(iter(seeds.values()))[0], metric)
         level = float(np.mean([v[0] for v in vals.values()]))
-        cur = {s: sign * v[1] for s, v in vals.items()}
-        base = {s: sign * v[0] for s, v in vals.items()}
-        d = paired_difference(cur, base)
-        low = high = None
-        p = d.p
-        if d.n == 1:
-            (s,) = vals
-            p = _examples_p(*seeds[s], split)
-        elif d.low is not None:
-            low, high = d.low, d.high
+        d = paired_difference({s: sign * v[1] for s, v in vals.items()}, {s: sign * v[0] for s, v in vals.items()})
+        low, high, p = (d.low, d.high, d.p) if d.n > 1 else (None, None, _examples_p(*seeds[next(iter(vals))], split))
         comparisons.append(
             Comparison(
                 "cell",
@@ -334,9 +350,18 @@ def gate(
                 high,
             )
         )
+    return comparisons, paired
 
-    # pooled and spread tests per (task, backbone): units are per (dataset, seed) means over the dataset's
-    # reported comparisons
+
+def _broad(kind, task, backbone, metric, baseline, current, change, n, p, floor, low=None, high=None) -> Comparison:
+    """A comparison over a whole (task, backbone, metric): pooled, spread or moved."""
+    return Comparison(kind, task, backbone, "", "", {}, "", metric, baseline, current, change, n, p, floor, low, high)
+
+
+def _suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
+    """Per (task, backbone, metric), over the reported results: the pooled test of the suite mean and the test of
+    the seed spread. Units are per (dataset, seed) means over the dataset's comparisons (per seed suite means
+    where one run per seed serves every dataset)."""
     units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     signs = {}
     for group, vals in paired.items():
@@ -346,34 +371,32 @@ def gate(
         sign = signs[(task, backbone, metric)] = _direction(next(iter(pairs[group].values()))[0], metric)
         for s, (vb, vc) in vals.items():
             units[(task, backbone, metric)][dataset][s].append((sign * vb, sign * vc))
+    out = []
     for (task, backbone, metric), per_dataset in sorted(units.items()):
-        base = {
-            ds: {s: float(np.mean([v[0] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
-        }
-        cur = {
-            ds: {s: float(np.mean([v[1] for v in vs])) for s, vs in seeds.items()} for ds, seeds in per_dataset.items()
-        }
-        diff = {ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base}
-        est = suite_mean(diff, shared=shared(task))
+        base, cur = (
+            {
+                ds: {s: float(np.mean([v[i] for v in vs])) for s, vs in seeds.items()}
+                for ds, seeds in per_dataset.items()
+            }
+            for i in (0, 1)
+        )
+        est = suite_mean({ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base}, shared=shared(task))
         sign = signs[(task, backbone, metric)]
         level_b = sign * float(np.mean([np.mean(list(v.values())) for v in base.values()]))
         level_c = sign * float(np.mean([np.mean(list(v.values())) for v in cur.values()]))
-        comparisons.append(
-            Comparison(
+        pooled_floor = POOLED_FLOOR * floor_of(metric, level_b, floor)
+        out.append(
+            _broad(
                 "pooled",
                 task,
                 backbone,
-                "",
-                "",
-                {},
-                "",
                 metric,
                 level_b,
                 level_c,
                 est.mean,
-                len(diff),
+                len(base),
                 est.p,
-                POOLED_FLOOR * floor_of(metric, level_b, floor),
+                pooled_floor,
                 est.low,
                 est.high,
             )
@@ -383,60 +406,36 @@ def gate(
             gb = [[np.mean([base[ds][s] for ds in base]) for s in seeds]]
             gc = [[np.mean([cur[ds][s] for ds in cur]) for s in seeds]]
         else:
-            gb = [list(v.values()) for v in base.values()]
-            gc = [list(v.values()) for v in cur.values()]
+            gb, gc = [list(v.values()) for v in base.values()], [list(v.values()) for v in cur.values()]
         ratio, p = variance_ratio(gc, gb)
         if not math.isnan(ratio):
-            comparisons.append(
-                Comparison(
-                    "spread",
-                    task,
-                    backbone,
-                    "",
-                    "",
-                    {},
-                    "",
-                    metric,
-                    _pooled_sd(gb),
-                    _pooled_sd(gc),
-                    ratio,
-                    sum(len(g) - 1 for g in gc),
-                    p,
-                    SPREAD_FLOOR,
-                )
+            dof = sum(len(g) - 1 for g in gc)
+            out.append(
+                _broad("spread", task, backbone, metric, _pooled_sd(gb), _pooled_sd(gc), ratio, dof, p, SPREAD_FLOOR)
             )
+    return out
 
-    # per (task, backbone, metric): did its comparisons move more than their seeds vary, either way?
+
+def _moved_comparisons(paired: dict, floor: float) -> list:
+    """Per (task, backbone, metric): did its comparisons move more than their seeds vary, either way?"""
     moved, levels = defaultdict(list), defaultdict(list)  # the paired differences; the baseline's values
     for group, vals in paired.items():
         task, dataset, backbone, stage, _, split, metric = group
         if len(vals) > 1:
             moved[(task, backbone, metric)].append([vc - vb for vb, vc in vals.values()])
             levels[(task, backbone, metric)] += [vb for vb, _ in vals.values()]
+    out = []
     for (task, backbone, metric), diffs in sorted(moved.items()):
         rms, p, df1, df2 = moved_test(diffs)
-        base = float(np.mean(levels[(task, backbone, metric)]))
-        comparisons.append(
-            Comparison(
-                "moved",
-                task,
-                backbone,
-                "",
-                "",
-                {},
-                "",
-                metric,
-                0.0,
-                rms,
-                rms,
-                df1,
-                p,
-                floor_of(metric, base, floor),
-            )
-        )
+        level = floor_of(metric, float(np.mean(levels[(task, backbone, metric)])), floor)
+        out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level))
+    return out
 
-    # two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the night's family-wise error stays
-    # at most alpha): the few broad tests (pooled, moved, spread) are not diluted by the hundreds of cell tests
+
+def _judge(comparisons: list, alpha: float) -> None:
+    """Each comparison's verdict. Two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the
+    night's family-wise error stays at most alpha): the few broad tests (pooled, moved, spread) are not diluted by
+    the hundreds of cell tests."""
     rejected = {}
     for family in (("cell",), ("pooled", "moved", "spread")):
         members = [x for x in comparisons if x.kind in family]
@@ -450,37 +449,25 @@ def gate(
             # a training curve is not a score: lower is not better, a moved curve is changed pretraining code
             worse = x.change < 0 or x.metric.startswith("loss@")
             x.verdict = x.kind if x.kind in ("spread", "moved") else "regressed" if worse else "improved"
+    called = {(y.task, y.backbone, y.metric) for y in comparisons if y.kind == "pooled" and y.verdict != "unchanged"}
     for x in comparisons:  # a move that the pooled mean already calls is told once, by the pooled mean
-        if x.verdict == "moved" and any(
-            y.kind == "pooled"
-            and y.verdict != "unchanged"
-            and (y.task, y.backbone, y.metric) == (x.task, x.backbone, x.metric)
-            for y in comparisons
-        ):
+        if x.verdict == "moved" and (x.task, x.backbone, x.metric) in called:
             x.verdict = "see pooled"
 
-    exact = None
+
+def _exact(baseline: list, current: list, b: dict, c: dict):
+    """On one machine and environment: per backbone, (cells whose metrics differ at all, cells compared); else None."""
     env_b, env_c = _environment(baseline), _environment(current)
-    if len(env_b) == 1 and env_b == env_c:
-        exact = defaultdict(lambda: [0, 0])
-        for key in set(b) & set(c):
-            (rb, _), (rc, _) = b[key], c[key]
-            if rb["status"] != "ok" or rc["status"] != "ok":
-                continue
-            exact[key[2]][1] += 1
-            exact[key[2]][0] += canon(rb.get("metrics")) != canon(rc.get("metrics"))
-        exact = {k: tuple(v) for k, v in sorted(exact.items())}
-    return Gate(
-        comparisons,
-        sorted(changes.values(), key=lambda p: (p.task, p.setting)),
-        sorted(k for k in b if k not in c),
-        sorted(k for k in c if k not in b),
-        exact,
-        selection,
-        alpha,
-        floor,
-        [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
-    )
+    if len(env_b) != 1 or env_b != env_c:
+        return None
+    exact = defaultdict(lambda: [0, 0])
+    for key in set(b) & set(c):
+        (rb, _), (rc, _) = b[key], c[key]
+        if rb["status"] != "ok" or rc["status"] != "ok":
+            continue
+        exact[key[2]][1] += 1
+        exact[key[2]][0] += canon(rb.get("metrics")) != canon(rc.get("metrics"))
+    return {k: tuple(v) for k, v in sorted(exact.items())}
 
 
 def moved_test(diffs: list) -> tuple[float, float, int, int]:
@@ -559,12 +546,24 @@ def _p(p: float | None) -> str:
 
 
 def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) -> str:
+    sections = (_protocol_section, _pooled_section, _moved_section, _spread_section, _cell_sections, _exact_section)
+    lines = _summary(g, failed, title, reasons)
+    for section in sections:
+        lines += section(g)
+    if g.selection:
+        lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {_selection(g.selection[0])}).", ""]
+    return "\n".join(lines + _failed_section(failed) + _missing_sections(g))
+
+
+def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
+    """The verdict line, the counts and how a test fires."""
+    lines: list[str] = []
     cells = g.of("cell")
     counts = {v: sum(c.verdict == v for c in cells) for v in ("regressed", "improved", "unchanged", "untested")}
     pooled_bad = g.of("pooled", "regressed")
     spread = g.of("spread", "spread")
     head = f"**{'REGRESSION' if reasons else 'OK'}**" + (f" ({', '.join(reasons)})" if reasons else "")
-    lines = [
+    lines += [
         f"# {title}",
         "",
         f"{head}: {counts['regressed']} regressed, {counts['improved']} improved, {counts['unchanged']} unchanged, "
@@ -586,6 +585,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
         f"{SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
         "",
     ]
+    return lines
+
+
+def _protocol_section(g: Gate) -> list[str]:
+    """Settings of matched cells that differ."""
+    lines: list[str] = []
     if g.protocol:
         lines += [
             "## Protocol changes",
@@ -609,6 +614,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
+    return lines
+
+
+def _pooled_section(g: Gate) -> list[str]:
+    """The pooled test of each task and backbone."""
+    lines: list[str] = []
     pooled = g.of("pooled")
     if pooled:
         lines += [
@@ -634,6 +645,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
+    return lines
+
+
+def _moved_section(g: Gate) -> list[str]:
+    """The moved-either-way tests that fired or came close."""
+    lines: list[str] = []
     either = [x for x in g.of("moved") if x.verdict == "moved" or (x.p is not None and x.p < g.alpha)]
     if either:
         lines += [
@@ -649,6 +666,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
+    return lines
+
+
+def _spread_section(g: Gate) -> list[str]:
+    """The seed-spread tests that fired or came close."""
+    lines: list[str] = []
     spreads = [x for x in g.of("spread") if x.verdict == "spread" or (x.p is not None and x.p < g.alpha)]
     if spreads:
         lines += [
@@ -672,6 +695,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
+    return lines
+
+
+def _cell_sections(g: Gate) -> list[str]:
+    """The cells that regressed and those that improved."""
+    lines: list[str] = []
     head_cells = [
         "task",
         "dataset",
@@ -713,6 +742,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
                 ),
                 "",
             ]
+    return lines
+
+
+def _exact_section(g: Gate) -> list[str]:
+    """Same machine and libraries: the cells whose numbers changed at all."""
+    lines: list[str] = []
     if g.exact is not None:
         lines += [
             "## Exact reproduction",
@@ -726,8 +761,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
-    if g.selection:
-        lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {_selection(g.selection[0])}).", ""]
+    return lines
+
+
+def _failed_section(failed) -> list[str]:
+    """The cells of current that failed, or diverged where the baseline did not."""
+    lines: list[str] = []
     if failed:
         lines += [
             "## Failed in current (or diverged where the baseline's cell did not)",
@@ -744,6 +783,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             ),
             "",
         ]
+    return lines
+
+
+def _missing_sections(g: Gate) -> list[str]:
+    """Cells only one side holds (the first 50 of each)."""
+    lines: list[str] = []
     for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
         if keys:
             lines += [f"## {heading}", ""] + [
@@ -753,7 +798,7 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
             if len(keys) > 50:
                 lines.append(f"- ... and {len(keys) - 50} more")
             lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def _axes_text(key: str) -> str:

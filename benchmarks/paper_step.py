@@ -213,9 +213,10 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     """One VTAB-1k cell at the protocol's hyper-parameters on synthetic images, timed end to end."""
     from transferbench.adapters import prepare_task
     from transferbench.adapters.classify import finetune
+    from transferbench.adapters.vtab import VtabSettings
     from transferbench.data.transforms import eval_transform
     from transferbench.engine.compute import CellContext
-    from transferbench.engine.train import accuracy
+    from transferbench.engine.train import Evaluation, accuracy
 
     task = prepare_task("vtab")
     hp = {**task.grid()[0], "steps": steps, "batch": batch, "pixels": "inception"}  # random init: no weights to ask
@@ -225,9 +226,10 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     ctx = CellContext(device=device, workers=workers)
     started = time.time()
     source = hp["resolution"] * 8 // 7
-    model, info = finetune(cell, _Synthetic(n, source, 100), 100, "crop_flip", ctx)
+    model, info = finetune(cell, VtabSettings.of(hp), _Synthetic(n, source, 100), 100, "crop_flip", ctx)
     trained = time.time() - started
-    acc = accuracy(model, _Synthetic(n, source, 100, seed=1), eval_transform(hp["resolution"]), device, info["bf16"])
+    evaluation = Evaluation(device, info["bf16"])
+    acc = accuracy(model, _Synthetic(n, source, 100, seed=1), eval_transform(hp["resolution"]), evaluation)
     wall = time.time() - started
     return {
         "size": size,

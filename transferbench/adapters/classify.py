@@ -8,7 +8,6 @@ the resolution's grid). Each protocol's adapter is its own module; this one hold
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +21,7 @@ from ..data import vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
-from ..engine.train import LOSSES, fit_protocol, optimizer_options, protocol_batches
+from ..engine.train import LOSSES, fit_protocol, optimizer_options
 from ..spec import SpecError
 from .base import Adapter
 from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
@@ -213,22 +212,21 @@ def finetune(
         weight_decay=s.weight_decay,
         **optimizer_options(ctx.device),
     )
-    batches = protocol_batches(train, train_transform(s.resolution, augment, pixels=s.pixels), s, cell.seed, ctx)
-    started = time.time()
-    out = fit_protocol(
+    out, data_info, train_seconds = fit_protocol(
         model,
-        batches,
+        train,
+        train_transform(s.resolution, augment, pixels=s.pixels),
         opt,
         s,
+        cell.seed,
         ctx,
         loss_fn=LOSSES[s.loss],
         desc=desc or f"{cell.dataset} lr={s.lr} seed={cell.seed}",
         on_step=None if on_step is None else (lambda step: on_step(model, step)),
     )
-    train_seconds = time.time() - started
     return model, {
         **out,
-        **batches.info(),
+        **data_info,
         "train_examples": len(train),
         "head": "checkpoint" if head_kept else "new",
         "loss": s.loss,

@@ -46,7 +46,7 @@ from ..data.sources import DatasetEntry, open_split, require_tfds_name
 from ..data.tfds_source import TfdsDataset
 from ..data.transforms import AUGMENTATIONS, eval_transform
 from ..engine.precision import for_forward
-from ..engine.train import accuracy
+from ..engine.train import Evaluation, accuracy
 from ..errors import UserError
 from ..fingerprint import CORRUPT, for_cache
 from ..hashing import digest
@@ -225,16 +225,8 @@ def top1_error(model, data, hp: CorruptionSettings, ctx, use_bf16: bool, *, resi
     res = hp.resolution
     fast = hasattr(data, "array") and tuple(data.array().shape[1:3]) == (res, res)
     transform = None if fast else eval_transform(res, resize_small=resize_small, pixels=hp.pixels)
-    return 100.0 - accuracy(
-        model,
-        data,
-        transform,
-        ctx.device,
-        use_bf16,
-        batch=hp.eval_batch,
-        workers=ctx.workers,
-        pixels=hp.pixels,
-    )
+    how = Evaluation.of(ctx, use_bf16, batch=hp.eval_batch, pixels=hp.pixels)
+    return 100.0 - accuracy(model, data, transform, how)
 
 
 # --- the classifier under test ----------------------------------------------------------------------------

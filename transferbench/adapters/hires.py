@@ -27,7 +27,7 @@ from typing import Literal
 from ..backbones.checkpoint import POSEMB_METHODS, checkpoint_resolution
 from ..cell import make_cell
 from ..data.transforms import AUGMENTATIONS, eval_transform
-from ..engine.train import accuracy
+from ..engine.train import Evaluation, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
@@ -156,13 +156,12 @@ class HiresAdapter(ClassificationAdapter):
         )
         resize = eval_resize_small(s, res)
         evaluate = eval_transform(res, resize_small=resize, pixels=s.pixels)
-        acc = accuracy(model, test, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
+        how = Evaluation.of(ctx, info["bf16"])
+        acc = accuracy(model, test, evaluate, how)
         extra = {}
         if ds.get("minival"):
             minival = open_split({**ds, "test": ds["minival"]}, "test", ctx.data_dir)
-            extra["minival"] = {
-                "accuracy": accuracy(model, minival, evaluate, ctx.device, info["bf16"], workers=ctx.workers)
-            }
+            extra["minival"] = {"accuracy": accuracy(model, minival, evaluate, how)}
         return {
             "test": {"accuracy": acc},
             **extra,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +31,7 @@ from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
 from ..engine import augreg
 from ..engine.runner import Results, run_task
-from ..engine.train import LOSSES, accuracy, fit_protocol, protocol_batches
+from ..engine.train import LOSSES, Evaluation, accuracy, fit_protocol
 from ..errors import UserError
 from ..fingerprint import for_cache
 from ..hashing import file_sha256
@@ -175,34 +174,31 @@ class PretrainAdapter(Adapter):
         opt = augreg.adamw(model, lr=hp.lr, wd=hp.wd, betas=(0.9, hp.beta2), device=ctx.device)
         px = hp.pixels
         transform = train_transform(hp.resolution, hp.augment, pixels=px, randaug=augreg.randaugment(r["aug"]))
-        batches = protocol_batches(train, transform, hp, cell.seed, ctx)
-        data_path = batches.info()
-        if r["mixup"]:
-            batches = augreg.mixup_batches(batches, r["mixup"], train.num_classes, cell.seed)
-        started = time.time()
+        mixup = (lambda b: augreg.mixup_batches(b, r["mixup"], train.num_classes, cell.seed)) if r["mixup"] else None
         log = TrainingLog(model, hp.steps, last=GRAD_LOG_LAST)
-        out = fit_protocol(
+        out, data_path, train_seconds = fit_protocol(
             model,
-            batches,
+            train,
+            transform,
             opt,
             hp,
+            cell.seed,
             ctx,
+            wrap=mixup,
             loss_fn=LOSSES[hp.loss],
             desc=f"pretrain {cell.backbone}",
             on_step=log,
             loss_at=loss_points(hp.steps),
         )
-        train_seconds = time.time() - started
         resize = hp.eval_resize_small
         evaluate = eval_transform(hp.resolution, resize_small=resize, pixels=px)
-        metrics = {"test": {"accuracy": accuracy(model, test, evaluate, ctx.device, out["bf16"], workers=ctx.workers)}}
+        how = Evaluation.of(ctx, out["bf16"])
+        metrics = {"test": {"accuracy": accuracy(model, test, evaluate, how)}}
         # the training curve at fixed points: what the regression gate compares besides the upstream accuracy
         metrics["train"] = {f"loss@{k}": v for k, v in out.pop("loss_at").items()}
         if cell.dataset_config.get("minival"):
             minival = load_split(cell, "minival", ctx.data_dir)
-            metrics["minival"] = {
-                "accuracy": accuracy(model, minival, evaluate, ctx.device, out["bf16"], workers=ctx.workers)
-            }
+            metrics["minival"] = {"accuracy": accuracy(model, minival, evaluate, how)}
         acc = metrics["test"]["accuracy"]
         path = save_checkpoint(
             model.cpu(),

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..data.transforms import eval_transform
-from ..engine.train import hits
+from ..engine.train import Evaluation, hits
 from .base import plan_select_then_final
 from .classify import APP_E, ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
 from .settings import setting
@@ -72,7 +72,7 @@ class VtabAdapter(ClassificationAdapter):
         transform = eval_transform(s.resolution, pixels=s.pixels)
         for role in roles:
             data = open_split(ds, role, ctx.data_dir)
-            right = hits(model, data, transform, ctx.device, info["bf16"], workers=ctx.workers)
+            right = hits(model, data, transform, Evaluation.of(ctx, info["bf16"]))
             metrics[role] = {"accuracy": 100.0 * float(right.mean())}
             samples[role] = right
             sizes[f"{role}_examples"] = len(data)

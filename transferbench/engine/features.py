@@ -20,6 +20,7 @@ import torch
 from ..backbones.registry import backbone_code
 from ..fingerprint import Fingerprint, for_cache
 from ..paths import cache, sealed, verified
+from .train import Evaluation
 
 log = logging.getLogger("transferbench")
 
@@ -74,46 +75,25 @@ def cache_key(
 
 
 @torch.inference_mode()
-def extract(
-    model,
-    dataset,
-    transform,
-    *,
-    device: str,
-    bf16: bool,
-    batch: int = 256,
-    workers: int = 0,
-    progress=None,
-    desc: str = "features",
-) -> tuple[np.ndarray, np.ndarray]:
+def extract(model, dataset, transform, how: Evaluation) -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits features (B, D) and labels of every example, batched, in order."""
     from .train import eval_batches
 
-    model.eval().to(device)
-    batches = eval_batches(dataset, transform, batch=batch, workers=workers)
-    total = (len(dataset) + batch - 1) // batch
-    feats, labels = _forward(model, batches, device, bf16, progress, total, desc)
+    model.eval().to(how.device)
+    batches = eval_batches(dataset, transform, batch=how.batch, workers=how.workers)
+    total = (len(dataset) + how.batch - 1) // how.batch
+    feats, labels = _forward(model, batches, how, total)
     return feats, np.concatenate([np.asarray(y, dtype=np.int64) for y in labels])
 
 
 @torch.inference_mode()
-def extract_pairs(
-    model,
-    pairs,
-    transform,
-    *,
-    device: str,
-    bf16: bool,
-    batch: int = 256,
-    workers: int = 0,
-    progress=None,
-    desc: str = "features",
-) -> tuple[np.ndarray, np.ndarray]:
+def extract_pairs(model, pairs, transform, how: Evaluation) -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits (N, D) and captions (a unicode array) of an ordered stream of (image, caption) pairs
     (data.image_text readers). Decoding runs in at most one worker, so the order is the reader's."""
-    model.eval().to(device)
-    loader = torch.utils.data.DataLoader(_PairStream(pairs, transform), batch_size=batch, num_workers=min(1, workers))
-    feats, captions = _forward(model, loader, device, bf16, progress, None, desc)
+    model.eval().to(how.device)
+    stream = _PairStream(pairs, transform)
+    loader = torch.utils.data.DataLoader(stream, batch_size=how.batch, num_workers=min(1, how.workers))
+    feats, captions = _forward(model, loader, how, None)
     return feats, np.array([c for cs in captions for c in cs], dtype=np.str_)
 
 
@@ -125,17 +105,17 @@ class _PairStream(torch.utils.data.IterableDataset):
         return ((self.transform(image), caption) for image, caption in self.pairs)
 
 
-def _forward(model, batches, device, bf16, progress, total, desc) -> tuple[np.ndarray, list]:
+def _forward(model, batches, how: Evaluation, total) -> tuple[np.ndarray, list]:
     from .train import autocast
 
     feats, labels = [], []
-    for x, y in progress(batches, total=total, desc=desc) if progress else batches:
-        with autocast(device, bf16):
-            f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
+    for x, y in how.progress(batches, total=total, desc=how.desc) if how.progress else batches:
+        with autocast(how.device, how.bf16):
+            f = model.forward_head(model.forward_features(x.to(how.device)), pre_logits=True)
         feats.append(f.float().cpu().numpy())
         labels.append(y)
     if not feats:
-        raise ValueError(f"{desc}: no examples")
+        raise ValueError(f"{how.desc}: no examples")
     return np.concatenate(feats), labels
 
 
@@ -205,13 +185,15 @@ class FrozenFeatures:
         )
         return (*cached(key, compute), key)
 
+    def _how(self, desc: str) -> Evaluation:
+        return Evaluation(self.device, self.bf16, workers=self.workers, progress=self.progress, desc=desc)
+
     def split(self, data, identity: dict, split: str, transform, transform_id: dict, desc: str):
         """(features, labels, hit, key) of every example of `data` (read only on a miss)."""
-        run = dict(device=self.device, bf16=self.bf16, workers=self.workers, progress=self.progress, desc=desc)
-        return self._cached(identity, split, transform_id, lambda: extract(self.model(), data, transform, **run))
+        compute = lambda: extract(self.model(), data, transform, self._how(desc))  # noqa: E731
+        return self._cached(identity, split, transform_id, compute)
 
     def pairs(self, reader, identity: dict, transform, transform_id: dict, desc: str):
         """(features, captions, hit, key) of an image-text pair stream (`reader()` opens it on a miss)."""
-        run = dict(device=self.device, bf16=self.bf16, workers=self.workers, progress=self.progress, desc=desc)
-        compute = lambda: extract_pairs(self.model(), reader(), transform, **run)  # noqa: E731
+        compute = lambda: extract_pairs(self.model(), reader(), transform, self._how(desc))  # noqa: E731
         return self._cached(identity, "pairs", transform_id, compute)

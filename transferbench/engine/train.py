@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -383,42 +385,40 @@ def array_batches(images: np.ndarray, labels, *, batch: int = 256, pixels: str =
         yield normalise_uint8(x, pixels), labels[i : i + batch]
 
 
-def accuracy(
-    model,
-    dataset,
-    transform,
-    device: str,
-    bf16: bool,
-    *,
-    batch: int = 256,
-    workers: int = 0,
-    pixels: str = DEFAULT_PIXELS,
-) -> float:
+@dataclass(frozen=True)
+class Evaluation:
+    """How an evaluation loop runs after (model, data, transform): the one signature of `hits`, `accuracy` and
+    engine.features' `extract` and `extract_pairs`. `pixels`: the normalisation of a set read as an array
+    (transform=None)."""
+
+    device: str
+    bf16: bool
+    batch: int = 256
+    workers: int = 0
+    progress: object = None
+    desc: str = "evaluate"
+    pixels: str = DEFAULT_PIXELS
+
+    @classmethod
+    def of(cls, ctx, bf16: bool, **options) -> Evaluation:
+        """A cell context's device and workers, at `bf16` (what the cell's training ran in)."""
+        return cls(ctx.device, bf16, workers=ctx.workers, **options)
+
+
+def accuracy(model, dataset, transform, how: Evaluation) -> float:
     """Top-1 accuracy in percent. `transform=None`: the dataset's `array()` holds images at the model's input
-    size, which are only normalised (`pixels`; batched, no per-image transform)."""
-    return 100.0 * float(
-        hits(model, dataset, transform, device, bf16, batch=batch, workers=workers, pixels=pixels).mean()
-    )
+    size, which are only normalised (`how.pixels`; batched, no per-image transform)."""
+    return 100.0 * float(hits(model, dataset, transform, how).mean())
 
 
-def hits(
-    model,
-    dataset,
-    transform,
-    device: str,
-    bf16: bool,
-    *,
-    batch: int = 256,
-    workers: int = 0,
-    pixels: str = DEFAULT_PIXELS,
-) -> np.ndarray:
+def hits(model, dataset, transform, how: Evaluation) -> np.ndarray:
     """Per example of `dataset`, in its order: whether the top-1 prediction is right (what `accuracy` averages,
     and what --log-samples keeps for per-example paired tests)."""
     if transform is None:
-        batches = array_batches(dataset.array(), dataset.labels, batch=batch, pixels=pixels)
+        batches = array_batches(dataset.array(), dataset.labels, batch=how.batch, pixels=how.pixels)
     else:
-        batches = eval_batches(dataset, transform, batch=batch, workers=workers)
-    pred, label = predict(model, batches, device, bf16)
+        batches = eval_batches(dataset, transform, batch=how.batch, workers=how.workers)
+    pred, label = predict(model, batches, how.device, how.bf16)
     return pred == label
 
 
@@ -444,19 +444,26 @@ def sigmoid_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 LOSSES = {"sigmoid": sigmoid_cross_entropy, "softmax": cross_entropy}  # the `loss` hyper-parameter's choices
 
 
-def protocol_batches(data, transform, s, seed: int, ctx, *, steps: int | None = None, **options):
-    """`train_batches` of a protocol's settings `s` (batch, steps) for a cell's `seed` and context (workers,
-    device): the batches of classify, segmentation and pretraining."""
+def fit_protocol(
+    model, data, transform, optimizer, s, seed: int, ctx, *, steps=None, joint=False, wrap=None, **options
+):
+    """The one training entry of classify, segmentation and pretraining: `train_batches` of `data` for a protocol's
+    settings `s` (batch, steps) and a cell's `seed`, optionally wrapped (`wrap(batches)`: mixup), through
+    `fit_settings`. Returns (fit's result, the data path's info, training seconds)."""
     steps = s.steps if steps is None else steps
-    return train_batches(
-        data, transform, batch=s.batch, steps=steps, seed=seed, workers=ctx.workers, device=ctx.device, **options
+    batches = train_batches(
+        data, transform, batch=s.batch, steps=steps, seed=seed, workers=ctx.workers, device=ctx.device, joint=joint
     )
+    data_info = batches.info()
+    started = time.time()
+    out = fit_settings(model, wrap(batches) if wrap else batches, optimizer, s, ctx, steps=steps, **options)
+    return out, data_info, time.time() - started
 
 
-def fit_protocol(model, batches, optimizer, s, ctx, *, steps: int | None = None, **options) -> dict:
+def fit_settings(model, batches, optimizer, s, ctx, *, steps: int | None = None, **options) -> dict:
     """`fit` with a protocol's settings `s` (steps, lr, warmup_steps, clip, bf16) and a cell context's device,
-    micro-batch, progress display and compile flag: the one training entry of classify, segmentation, pretraining
-    and LiT's text tower. `options`: fit's own (loss_fn, desc, schedule, on_step, ...)."""
+    micro-batch, progress display and compile flag (LiT's text tower trains on its own batches through it).
+    `options`: fit's own (loss_fn, desc, schedule, on_step, ...)."""
     return fit(
         model,
         batches,

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from ...engine.train import fit, optimizer_options, tensor_batches
+from ...engine.train import fit_settings, optimizer_options, tensor_batches
 from ...fingerprint import for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified
@@ -102,19 +102,13 @@ def text_tower(features: list, captions, s: LitSettings, seed: int, pairs_key: s
         groups = parameter_groups(model, s.weight_decay, lr=s.lr, decay=s.decay)
         opt = torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.999), **optimizer_options(ctx.device))
         started = time.time()
-        out = fit(
+        out = fit_settings(
             model,
             batches,
             opt,
-            steps=s.steps,
-            base_lr=s.lr,
-            warmup=s.warmup_steps,
-            clip=s.clip or None,
+            s,
+            ctx,
             loss_fn=contrastive_loss(model),
-            device=ctx.device,
-            bf16=s.bf16,
-            progress=ctx.progress,
-            compile=ctx.compile,
             desc=f"text tower seed={seed}",
             splittable=False,
         )

@@ -20,7 +20,7 @@ from ...data.folder import DataMissingError
 from ...data.segmentation import AdeFolder, SegFolderDataset, TfdsSegmentation, find_ade_root, train_transform
 from ...data.sources import DatasetEntry, require_tfds_name
 from ...engine import augreg
-from ...engine.train import SCHEDULES, fit_protocol, protocol_batches
+from ...engine.train import SCHEDULES, fit_protocol
 from ...errors import UserError
 from ..base import Adapter, plan_select_then_final
 from ..settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
@@ -273,21 +273,22 @@ class SegAdapter(Adapter):
             cat_max_ratio=s.cat_max_ratio,
             pixels=s.pixels,
         )
-        batches = protocol_batches(train, crops, s, cell.seed, ctx, steps=steps, joint=True)
-        started = time.time()
-        out = fit_protocol(
+        out, _, train_seconds = fit_protocol(
             model,
-            batches,
+            train,
+            crops,
             opt,
             s,
+            cell.seed,
             ctx,
             steps=steps,
+            joint=True,
             loss_fn=segmentation_loss,
             schedule=s.schedule,
             power=s.power,
             desc=f"{cell.dataset} fraction={s.fraction} seed={cell.seed}",
         )
-        train_seconds, started = time.time() - started, time.time()
+        started = time.time()
         metric = evaluate(
             model,
             test,

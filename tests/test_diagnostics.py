@@ -262,3 +262,27 @@ def test_bad_settings_are_one_line(suite_home):
         match = rf"task 'diagnose': {key} = 0: .*greater than or equal to 1 .*--set {key}="
         with pytest.raises(UserError, match=match):
             _task(**{key: "0"})
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_forward_intermediates_returns_what_timm_returns(class_token):
+    """timm's contract to the letter: with `return_prefix_tokens`, (patches, prefix) pairs for a model with prefix
+    tokens and plain patch tensors for one without; timm's own ViT of the same shape and weights is the reference."""
+    import timm
+
+    kw = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=0)
+    pool = "token" if class_token else "avg"
+    ref = randomize_(timm.create_model("vit_tiny_patch16_224", class_token=class_token, global_pool=pool, **kw))
+    from transferbench.backbones import VisionTransformer
+
+    ours = VisionTransformer(**{**kw, "num_classes": 0}, class_token=class_token, pool="tok" if class_token else "gap")
+    from transferbench.backbones.checkpoint import convert_timm
+
+    ours.load_state_dict(convert_timm(ref.state_dict()).state_dict, strict=False)
+    x = torch.randn(2, 3, 16, 16)
+    want = ref.forward_intermediates(x, return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True)
+    got = ours.forward_intermediates(x, return_prefix_tokens=True, output_fmt="NLC", intermediates_only=True)
+    assert [type(w) for w in want] == [type(g) for g in got] == [tuple if class_token else torch.Tensor] * 2
+    for w, g in zip(want, got):
+        for a, b in zip(w if class_token else [w], g if class_token else [g]):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

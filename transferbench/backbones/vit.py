@@ -267,7 +267,8 @@ class VisionTransformer(nn.Module):
         """timm's API: the outputs of the blocks in `indices` (None: all; an int n: the last n; a list: those
         indices, negative from the end), optionally through the final norm (`norm`), as (B, D, h, w) maps
         ('NCHW') or (B, N, D) patch tokens ('NLC'); with `return_prefix_tokens` each is (patch, prefix) where
-        prefix is (B, prefix, D) (no tokens for a DTN block before the cls token joins). Returns
+        prefix is (B, prefix, D) (no tokens for a DTN block before the cls token joins), and, as in timm, a
+        model without prefix tokens (no cls token) returns the plain patch tensors. Returns
         (final normed tokens, intermediates), or the intermediates alone with `intermediates_only`;
         `stop_early` stops after the last block asked for (the final tokens are then that block's, normed,
         as in timm)."""
@@ -278,6 +279,7 @@ class VisionTransformer(nn.Module):
         take, last = feature_take_indices(len(self.blocks), indices)
         B = x.shape[0]
         gh, gw = self.grid_size
+        pairs = return_prefix_tokens and self.num_prefix_tokens > 0  # timm: plain tensors for a model without any
         out = []
         for i, x in enumerate(self._run_blocks(self._embed(x), last if stop_early else None)):  # noqa: B020 - x is read once, first
             if i not in take:
@@ -287,7 +289,7 @@ class VisionTransformer(nn.Module):
             patches = y[:, p:]
             if output_fmt == "NCHW":
                 patches = patches.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous()
-            out.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+            out.append((patches, y[:, :p]) if pairs else patches)
         if intermediates_only:
             return out
         return self.norm(x), out

@@ -1,6 +1,17 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores shared among the workers, none oversubscribed
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than the cores, since many tests wait on subprocesses they start (command lines,
+    worker pools, Ray) rather than compute."""
+    return (os.cpu_count() or 1) + 1
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +31,6 @@ def randomize_(model: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> to
 
 # The toy adapter and its task specs are installed as a plugin: a .dist-info on the path is all
 # importlib.metadata needs, exactly as for a pip-installed package.
-import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,13 +42,28 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGINS, os.environ.get("
 
 @pytest.fixture(scope="session")
 def suite_home(tmp_path_factory):
-    """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 25 s)."""
+    """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 25 s): once for the whole test run
+    where pytest-xdist's workers share it (the first generates it under a lock, the others copy it), so that each
+    worker's own cache folders stay its own."""
+    import shutil
+
+    from filelock import FileLock
+
     from transferbench.data import embedded
 
     home = tmp_path_factory.mktemp("tbhome")
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "embedded-suite"  # this run's
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / "done").is_file():
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TRANSFERBENCH_HOME", str(shared))
+                embedded.ensure()
+            (shared / "done").touch()
+    shutil.copytree(shared / "embedded", home / "embedded")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRANSFERBENCH_HOME", str(home))
-    embedded.ensure()
+    embedded.ensure()  # checks what was copied (the manifests), generates nothing
     yield home
     mp.undo()
 

@@ -4,6 +4,7 @@ classifier stage and an end-to-end run."""
 
 from pathlib import Path
 
+import kit
 import numpy as np
 import pytest
 import torch
@@ -167,34 +168,27 @@ def test_relative_mce_by_hand():
 
 def _records(values: dict, dataset="mini_x", baseline="reference"):
     """Corruption records: values[backbone][seed] = (clean error, {corruption: [e1..e5]})."""
+    common = {"protocol_version": "1", "report": "corruption", "dataset_config": {"baseline": baseline}}
+    common |= {"metric": "error", "mode": "min", "finished_at": "2026"}
     recs = []
     for b, seeds in values.items():
         for seed, (clean, per) in seeds.items():
-            common = {
-                "task": "imagenet_c",
-                "dataset": dataset,
-                "backbone": b,
-                "seed": seed,
-                "status": "ok",
-                "protocol_version": "1",
-                "report": "corruption",
-                "order": 0,
-                "finished_at": "2026",
-                "dataset_config": {"baseline": baseline},
-                "metric": "error",
-                "mode": "min",
-            }
-            recs.append({**common, "stage": "classifier", "hparams": {}, "metrics": {"test": {"error": clean}}})
+            recs.append(
+                kit.record("imagenet_c", dataset, b, seed, {"test": {"error": clean}}, stage="classifier", **common)
+            )
             for c, errs in per.items():
+                test = {"error": float(np.mean(errs)), **{f"error_{s + 1}": e for s, e in enumerate(errs)}}
                 recs.append(
-                    {
+                    kit.record(
+                        "imagenet_c",
+                        dataset,
+                        b,
+                        seed,
+                        {"test": test},
+                        stage="corruption",
+                        hparams={"corruption": c},
                         **common,
-                        "stage": "corruption",
-                        "hparams": {"corruption": c},
-                        "metrics": {
-                            "test": {"error": float(np.mean(errs)), **{f"error_{s + 1}": e for s, e in enumerate(errs)}}
-                        },
-                    }
+                    )
                 )
     return recs
 

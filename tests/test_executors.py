@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from kit import cli_argv
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
@@ -95,27 +95,9 @@ def run_killing_one(out, executor, retries: int, log: Path, pids: Path):
 
 def two_drivers(out: Path, log: Path, executor_args: list[str], env=None) -> None:
     """Two `transferbench run` processes at once into `out`: both succeed and every cell is computed once."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "transferbench.cli",
-        "run",
-        "toy",
-        "--backbone",
-        ",".join(BACKBONES),
-        "--seeds",
-        "0,1",
-        "--set",
-        "lr=0.01,0.1",
-        "--set",
-        "steps=2",
-        "--set",
-        "delay=0.05",
-        *executor_args,
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
+    line = f"run toy --datasets alpha,beta --backbone {','.join(BACKBONES)} --seeds 0,1 --set lr=0.01,0.1"
+    line += " --set steps=2 --set delay=0.05"
+    cmd = cli_argv(f"{line} {' '.join(executor_args)} --no-progress --out", out)
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from kit import cli
 
 from transferbench.cli import main
 from transferbench.errors import UserError
@@ -304,24 +305,8 @@ def test_torn_record_is_skipped_by_every_reader_with_one_line(tmp_path, caplog, 
     # nightly: a torn baseline record is skipped; the run's own folder is a run's (set aside, recomputed)
     tear(sorted(p for p in base.rglob("*.json") if p.name != "results.json")[1])
     caplog.clear()
-    code = main(
-        [
-            "nightly",
-            "--baseline",
-            str(base),
-            "--suite",
-            "quick",
-            "--tasks",
-            "toy",
-            "--backbone",
-            "mu4,mu4_dpn",
-            "--out",
-            str(tmp_path / "nightly"),
-            "--date",
-            "d",
-            "--no-progress",
-        ]
-    )
+    line = "nightly --suite quick --tasks toy --backbone mu4,mu4_dpn --date d --no-progress"
+    code = cli(f"{line} --baseline {base} --out {tmp_path / 'nightly'}")
     assert code == 0 and any("skipping" in r.getMessage() for r in caplog.records)
 
 

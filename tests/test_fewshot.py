@@ -4,6 +4,7 @@ leave-one-out l2 selection against refitting, the feature cache's misses, and th
 import numpy as np
 import pytest
 import torch
+from kit import cli
 
 from transferbench.adapters.fewshot import (
     BIAS,
@@ -15,7 +16,6 @@ from transferbench.adapters.fewshot import (
     select_l2,
 )
 from transferbench.backbones import create_backbone
-from transferbench.cli import main
 from transferbench.engine import features
 from transferbench.records.store import load_records
 
@@ -133,29 +133,10 @@ def test_cache_key_changes_with_everything_that_changes_features():
 def test_adapter_end_to_end_with_cached_features(suite_home, tmp_path):
     # fp32 (bf16=off): the features are checked against an fp32 hand computation at fp32's tolerance, on every
     # CPU (under bf16 autocast they differ from it by up to 1e-3, and auto picks bf16 only where it is faster)
-    args = [
-        "run",
-        "fewshot",
-        "--suite",
-        "embedded",
-        "--datasets",
-        "mini_digits",
-        "--backbone",
-        "mu4",
-        "--seeds",
-        "0,1",
-        "--set",
-        "shots=1,5",
-        "--set",
-        "resolution=8",
-        "--set",
-        "bf16=off",
-        "--out",
-        str(tmp_path),
-        "--no-progress",
-    ]
+    line = "run fewshot --suite embedded --datasets mini_digits --backbone mu4 --seeds 0,1 --set shots=1,5 "
+    line += "--set resolution=8 --set bf16=off --no-progress --out"
     torch.manual_seed(12345)
-    assert main(args) == 0
+    assert cli(line, tmp_path) == 0
     recs = load_records([tmp_path / "fewshot"])
     assert len(recs) == 4 and all(r["status"] == "ok" for r in recs)
     assert sum(not all(r["info"]["cache_hit"].values()) for r in recs) == 1  # one extraction, then hits

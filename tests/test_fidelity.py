@@ -4,6 +4,7 @@ fewshot resize, AugReg's per-size table (DPN App. C), the VTAB reported score (D
 
 import types
 
+import kit
 import numpy as np
 import pytest
 import timm
@@ -55,23 +56,11 @@ def test_sigmoid_xent_equals_big_vision_on_random_logits():
 
 
 def _record(lr, seed, val, test, stage="select", final="none"):
-    return {
-        "task": "vtab",
-        "protocol_version": "2",
-        "dataset": "d",
-        "backbone": "b",
-        "status": "ok",
-        "hparams": {"lr": lr, "final": final},
-        "select": ["lr"],
-        "seed": seed,
-        "stage": stage,
-        "metric": "accuracy",
-        "mode": "max",
-        "order": 0,
-        "group": None,
-        "finished_at": f"{stage}{seed}",
-        "metrics": {k: {"accuracy": v} for k, v in (("val", val), ("test", test)) if v is not None},
-    }
+    metrics = {k: {"accuracy": v} for k, v in (("val", val), ("test", test)) if v is not None}
+    hp = {"lr": lr, "final": final}
+    return kit.record(
+        "vtab", "d", "b", seed, metrics, stage=stage, hparams=hp, select=["lr"], finished_at=f"{stage}{seed}"
+    )
 
 
 def test_vtab_reports_the_test_accuracy_of_the_val_selected_train800_runs():
@@ -159,6 +148,7 @@ def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path
         clip=1.0,
         loss="sigmoid",
         bf16=False,
+        pixels="inception",
     )
     cell = types.SimpleNamespace(hparams=hp, seed=0, backbone="mu4", checkpoint=str(path), dataset="d")
     ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False)

@@ -2,11 +2,11 @@
 per-example samples: hand-made records with hand-computed differences."""
 
 import csv
-import hashlib
 import io
 import json
 import math
 
+import kit
 import numpy as np
 import pytest
 import scipy.stats
@@ -33,29 +33,12 @@ VALUES = {
 
 
 def record(task, dataset, backbone, seed, value, lr, val, order=0, group=None, **extra):
-    hp = {"lr": lr, **extra}
-    return {
-        "task": task,
-        "protocol_version": "1",
-        "dataset": dataset,
-        "backbone": backbone,
-        "seed": seed,
-        "hparams": hp,
-        "select": ["lr"],
-        "metric": "accuracy",
-        "mode": "max",
-        "status": "ok",
-        "stage": "final",
-        "order": order,
-        "group": group,
-        "report": "",
-        "key": hashlib.sha256(f"{task}-{dataset}-{backbone}-{seed}-{lr}-{sorted(extra.items())}".encode()).hexdigest()[
-            :20
-        ],
-        "finished_at": "2026-11-24T00:00:00",
-        "metrics": {"val": {"accuracy": val}, "test": {"accuracy": value}},
-        "environment": {"git_sha": "abc", "torch": "2.14.1", "transferbench": "0.1.0"},
-    }
+    metrics = {"val": {"accuracy": val}, "test": {"accuracy": value}}
+    env = {"git_sha": "abc", "torch": "2.14.1", "transferbench": "0.1.0"}
+    return kit.record(
+        task, dataset, backbone, seed, metrics, hparams={"lr": lr, **extra}, select=["lr"], order=order, group=group,
+        protocol_version="1", environment=env, finished_at="2026-11-24T00:00:00",
+    )  # fmt: skip
 
 
 def records(task="vtab"):

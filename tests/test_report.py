@@ -8,6 +8,7 @@ import pytest
 import scipy.stats
 from conftest import shifted as shifted_by
 from conftest import write_records as write
+from kit import cli
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
@@ -262,23 +263,11 @@ def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
 
 
 def test_cli_run_prints_the_table_and_resumes(tmp_path, capsys):
-    argv = [
-        "run",
-        "toy",
-        "--suite",
-        "quick",
-        "--backbone",
-        "mu4,mu4_dpn",
-        "--out",
-        str(tmp_path),
-        "--no-progress",
-        "--reference",
-        "mu4",
-    ]
-    assert main(argv) == 0
+    line = "run toy --suite quick --backbone mu4,mu4_dpn --no-progress --reference mu4 --out"
+    assert cli(line, tmp_path) == 0
     cap = capsys.readouterr()
     assert "8 ok, 0 diverged, 0 failed, 0 skipped" in cap.err and "| mu4_dpn" in cap.out
-    assert main(argv) == 0
+    assert cli(line, tmp_path) == 0
     assert "0 ok, 0 diverged, 0 failed, 8 skipped" in capsys.readouterr().err
 
 

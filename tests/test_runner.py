@@ -1,11 +1,11 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
+from kit import cli_argv
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
@@ -90,30 +90,14 @@ def test_check_finite():
         check_finite(float("nan"), step=7)
 
 
-def cli(*args):
-    return [sys.executable, "-m", "transferbench.cli", *args]
-
-
-SLOW = [
-    "run",
-    "toy",
-    "--backbone",
-    "mu4,mu4_dpn",
-    "--seeds",
-    "0,1",
-    "--set",
-    "lr=0.01,0.1",
-    "--set",
-    "delay=0.04",
-    "--no-progress",
-]
+SLOW = "run toy --backbone mu4,mu4_dpn --seeds 0,1 --set lr=0.01,0.1 --set delay=0.04 --no-progress --out"
 
 
 def test_sigkill_mid_plan_then_resume_gives_the_same_table(tmp_path):
     out = tmp_path / "killed"
     log = tmp_path / "computed.log"
     env = {**os.environ, "TOY_LOG": str(log)}
-    proc = subprocess.Popen(cli(*SLOW, "--out", str(out)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cli_argv(SLOW, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while len(list(out.rglob("*.json"))) < 8 and time.time() < deadline:
         time.sleep(0.02)
@@ -121,7 +105,7 @@ def test_sigkill_mid_plan_then_resume_gives_the_same_table(tmp_path):
     proc.wait()
     before = {r["key"]: r["run_id"] for r in load_records([out])}  # every file parses: nothing torn
     assert 8 <= len(before) < 36, "the kill should land mid-plan"
-    done = subprocess.run(cli(*SLOW, "--out", str(out)), env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cli_argv(SLOW, out), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     after = {r["key"]: r["run_id"] for r in load_records([out])}
     assert len(after) == 3 * 2 * (2 * 2 + 2)
@@ -140,9 +124,7 @@ def test_two_runs_into_one_folder_compute_each_cell_once(tmp_path):
     out, log = tmp_path / "shared", tmp_path / "computed.log"
     env = {**os.environ, "TOY_LOG": str(log)}
     procs = [
-        subprocess.Popen(
-            cli(*SLOW, "--out", str(out)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        subprocess.Popen(cli_argv(SLOW, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
     errs = [p.communicate(timeout=300)[1] for p in procs]

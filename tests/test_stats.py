@@ -178,7 +178,7 @@ def test_paired_bootstrap_over_examples():
 
 # --- coverage, by simulation: every interval the reports print holds its 95% at the seed counts we run -------------
 
-DRAWS = 4000  # per configuration: a true 95% is seen as 95.0 ± 0.7 (2 SE); 93.5% is more than 4 SE below
+DRAWS = 2500  # per configuration: a true 95% is seen as 95.0 ± 0.9 (2 SE); 93.5% is more than 3 SE below
 
 
 def _draws(model: str, n: int, d: int, rng) -> np.ndarray:

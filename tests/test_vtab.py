@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from kit import cli, tiny_args
 
 from transferbench.adapters import prepare_task
 from transferbench.adapters.vtab import config, open_split
@@ -15,41 +16,17 @@ from transferbench.data.folder import FolderDataset
 from transferbench.data.vtab import export_vtab
 from transferbench.records.store import load_records
 
-TINY = [
-    "--set",
-    "steps=3",
-    "--set",
-    "batch=8",
-    "--set",
-    "warmup_steps=1",
-    "--set",
-    "resolution=8",
-    "--set",
-    "lr=0.003,0.3",
-    "--seeds",
-    "0,1",
-    "--no-progress",
-]
+TINY = tiny_args("vtab", lr="0.003,0.3")  # the tests' tiny profile, two learning rates to select from
 
 
 def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, tmp_path):
     from transferbench.records.aggregate import aggregate
     from transferbench.records.store import read_samples
 
-    args = [
-        "run",
-        "vtab",
-        "--suite",
-        "embedded",
-        "--datasets",
-        "mini_digits",
-        "--backbone",
-        "mu4",
-        "--out",
-        str(tmp_path),
-        "--log-samples",
-    ]
-    assert main(args + TINY) == 0
+    assert (
+        cli(f"run vtab --suite embedded --datasets mini_digits --backbone mu4 --log-samples {TINY} --out", tmp_path)
+        == 0
+    )
     recs = load_records([tmp_path / "vtab"])
     assert len(recs) == 4 and {r["stage"] for r in recs} == {"select"} and all(r["status"] == "ok" for r in recs)
     for r in recs:  # each train800 run measured on val200 and on test
@@ -68,21 +45,8 @@ def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, 
 
 
 def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, tmp_path):
-    args = [
-        "run",
-        "vtab",
-        "--suite",
-        "embedded",
-        "--datasets",
-        "mini_digits",
-        "--backbone",
-        "mu4",
-        "--set",
-        "final=retrain",
-        "--out",
-        str(tmp_path),
-    ]
-    assert main(args + TINY) == 0
+    line = f"run vtab --suite embedded --datasets mini_digits --backbone mu4 --set final=retrain {TINY} --out"
+    assert cli(line, tmp_path) == 0
     recs = load_records([tmp_path / "vtab"])
     n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))  # 1,797 digits - 1,000
     assert n_test == 797
@@ -107,28 +71,17 @@ def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, t
 
     # same seed -> same metrics (CPU): recompute every cell and compare
     again = tmp_path / "again"
-    assert main(args[:-1] + [str(again)] + TINY) == 0
+    assert cli(line, again) == 0
     key = lambda r: r["key"]  # noqa: E731
     first = {key(r): r["metrics"] for r in recs}
     assert {key(r): r["metrics"] for r in load_records([again / "vtab"])} == first
 
 
 def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
-    args = [
-        "run",
-        "vtab",
-        "--suite",
-        "embedded",
-        "--datasets",
-        "mini_mnist",
-        "--backbone",
-        "mu4",
-        "--out",
-        str(tmp_path),
-    ] + TINY
-    assert main(args) == 0
+    line = f"run vtab --suite embedded --datasets mini_mnist --backbone mu4 {TINY} --out"
+    assert cli(line, tmp_path) == 0
     capsys.readouterr()
-    assert main(args) == 0
+    assert cli(line, tmp_path) == 0
     assert "0 ok, 0 diverged, 0 failed, 4 skipped" in capsys.readouterr().err
 
 

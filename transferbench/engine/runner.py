@@ -400,21 +400,20 @@ class CellLines:
         )
 
 
-def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, config: dict | None = None) -> str:
-    status = outcome["status"]
-    if status == "failed":
-        summary.failures.append(f"{cell.dataset} {cell.backbone} seed {cell.seed}: {outcome['reason']}")
+def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> dict:
+    """A finished cell's record (schema SCHEMA_VERSION): the cell's fields and key, its outcome (status, metrics,
+    info, seconds, environment, fingerprint, caches), the run and the command that made it."""
     record = {
         "schema_version": SCHEMA_VERSION,
         **cell.to_dict(),
         "checkpoint": portable(cell.checkpoint),  # this machine's path stays out of the record
         "key": cell.key,
-        "status": status,
+        "status": outcome["status"],
         "reason": outcome["reason"],
         "metrics": {split: {k: tidy(v) for k, v in m.items()} for split, m in outcome["metrics"].items()},
         "info": outcome["info"],
         "seconds": outcome["seconds"],
-        "run_id": summary.run_id,
+        "run_id": run_id,
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "environment": outcome["environment"],
         "fingerprint": outcome.get("fingerprint"),
@@ -424,6 +423,14 @@ def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, 
     }
     if outcome.get("traceback"):
         record["traceback"] = outcome["traceback"]
+    return record
+
+
+def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, config: dict | None = None) -> str:
+    status = outcome["status"]
+    if status == "failed":
+        summary.failures.append(f"{cell.dataset} {cell.backbone} seed {cell.seed}: {outcome['reason']}")
+    record = record_of(cell, outcome, summary.run_id, config)
     if outcome.get("samples"):  # written first: a record that names its samples always has them beside it
         record["samples"] = store.write_samples(record, outcome["samples"])
     store.write(record)

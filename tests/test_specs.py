@@ -226,3 +226,29 @@ def test_a_tfds_entry_without_its_tfds_name_is_one_spec_error(task):
         rf"\(dataset '{ds.name}'\)",
     ):
         get_adapter(spec.adapter).validate(broken, "<x>")
+
+
+def test_what_specs_share_is_declared_once_and_merged_into_each(tmp_path):
+    """tasks/_shared.yaml: a dataset entry of a shared name starts from its fields (its own win), a suite's
+    `backbones: NAME` is that list, an unknown name is one error, and the file is no task of its own."""
+    from transferbench.spec import installed_specs, load_spec_file, shared_entries
+
+    assert "_shared" not in installed_specs()
+    shared = shared_entries()
+    assert shared["backbones"]["shipped"] == ["mu4@embedded", "mu4_dpn@embedded", "mu4_dtn@embedded"]
+    spec = {
+        "task": "mine", "adapter": "fewshot", "protocol_version": "1", "metric": "accuracy",
+        "datasets": [{"name": "mini_digits", "train": "train800", "test": "test"},
+                     {"name": "mini_mnist", "set": "digits", "train": "train800", "test": "test"}],
+        "suites": {"quick": {"backbones": "shipped+random"}},
+    }  # fmt: skip
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec_file(path)
+    digits, mnist = (d.model_dump() for d in loaded.datasets)
+    assert (digits["source"], digits["set"]) == ("embedded", "digits")
+    assert (mnist["source"], mnist["set"]) == ("embedded", "digits")  # the entry's own field wins
+    assert loaded.suites["quick"].backbones == [*shared["backbones"]["shipped"], "mu4", "mu4_dpn", "mu4_dtn"]
+    path.write_text(yaml.safe_dump({**spec, "suites": {"quick": {"backbones": "shiped"}}}))
+    with pytest.raises(SpecError, match=r"suites\.quick\.backbones: no shared list 'shiped'.*did you mean shipped"):
+        load_spec_file(path)

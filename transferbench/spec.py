@@ -130,7 +130,40 @@ def load_spec_file(path) -> TaskSpec:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a task spec is a YAML mapping")
-    return parse_spec(_with_borrowed_datasets(data, path), str(path))
+    return parse_spec(_with_shared(_with_borrowed_datasets(data, path), path), str(path))
+
+
+SHARED = "_shared.yaml"  # beside the built-in specs: what several specs share (tasks/_shared.yaml)
+
+
+@cache
+def shared_entries() -> dict:
+    """tasks/_shared.yaml: {'datasets': name -> fields, 'backbones': name -> list}."""
+    data = yaml.safe_load((files("transferbench.tasks") / SHARED).read_text())
+    return {"datasets": dict(data.get("datasets") or {}), "backbones": dict(data.get("backbones") or {})}
+
+
+def _with_shared(data: dict, path: Path) -> dict:
+    """A spec with what tasks/_shared.yaml declares once: a dataset entry of a shared name starts from its
+    fields (the entry's own win), and a suite's `backbones: NAME` becomes that named list."""
+    shared = shared_entries()
+    datasets = [
+        {**shared["datasets"].get(d.get("name"), {}), **d} if isinstance(d, dict) else d
+        for d in data.get("datasets") or []
+    ]
+    suites = {}
+    for name, suite in (data.get("suites") or {}).items():
+        backbones = suite.get("backbones") if isinstance(suite, dict) else None
+        if isinstance(backbones, str):
+            if backbones not in shared["backbones"]:
+                known = ", ".join(shared["backbones"])
+                raise SpecError(
+                    f"{path}: suites.{name}.backbones: no shared list {backbones!r}"
+                    f"{close_matches(backbones, shared['backbones'])}; lists: {known} (or give a list of names)"
+                )
+            suite = {**suite, "backbones": list(shared["backbones"][backbones])}
+        suites[name] = suite
+    return {**data, "datasets": datasets, **({"suites": suites} if "suites" in data else {})}
 
 
 def _with_borrowed_datasets(data: dict, path: Path) -> dict:
@@ -159,7 +192,7 @@ def installed_specs() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for module in load_group("transferbench.tasks").values():
         for entry in sorted(files(module).iterdir(), key=lambda e: e.name):
-            if entry.name.endswith((".yaml", ".yml")):
+            if entry.name.endswith((".yaml", ".yml")) and not entry.name.startswith("_"):  # _shared.yaml
                 found.setdefault(Path(entry.name).stem, Path(str(entry)))
     return found
 

@@ -8,12 +8,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores shared amon
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores, since many tests wait on subprocesses they start (command lines,
-    worker pools, Ray) rather than compute."""
-    return (os.cpu_count() or 1) + 1
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

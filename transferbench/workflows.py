@@ -31,6 +31,15 @@ class RunOptions:
     jobs: int = 1
     config: dict = field(default_factory=dict)  # the resolved options, stored in each record
 
+    def engine(self) -> dict:
+        """engine.runner.run_task's keywords for these options."""
+        passed = ("force", "device", "data_dir", "workers", "micro_batch", "show_progress", "retries", "log_samples")
+        return {k: getattr(self, k) for k in passed} | {
+            "config": self.config,
+            "compile": self.compile,
+            "stale": self.stale or "stop",  # stop on finished cells of other code unless told otherwise
+        }
+
 
 def records_folder(out: Path) -> list[Path]:
     """Make `out` (and its parents) or say in one line why it cannot be; returns the folders it made, so that a
@@ -105,24 +114,7 @@ def run_cells(task, backbones: list, out: Path, options: RunOptions, executor, m
         file=sys.stderr,
     )
     try:
-        summary = run_task(
-            task,
-            backbones,
-            out,
-            force=options.force,
-            device=options.device,
-            data_dir=options.data_dir,
-            workers=options.workers,
-            micro_batch=options.micro_batch,
-            show_progress=options.show_progress,
-            executor=executor,
-            retries=options.retries,
-            check_data=False,
-            log_samples=options.log_samples,
-            config=options.config,
-            compile=options.compile,
-            stale=options.stale or "stop",
-        )
+        summary = run_task(task, backbones, out, executor=executor, check_data=False, **options.engine())
     except UserError:
         remove_empty(made)
         raise

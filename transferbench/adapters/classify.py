@@ -212,18 +212,10 @@ def finetune(
         weight_decay=s.weight_decay,
         **optimizer_options(ctx.device),
     )
-    out, data_info, train_seconds = fit_protocol(
-        model,
-        train,
-        train_transform(s.resolution, augment, pixels=s.pixels),
-        opt,
-        s,
-        cell.seed,
-        ctx,
-        loss_fn=LOSSES[s.loss],
-        desc=desc or f"{cell.dataset} lr={s.lr} seed={cell.seed}",
-        on_step=None if on_step is None else (lambda step: on_step(model, step)),
-    )
+    transform = train_transform(s.resolution, augment, pixels=s.pixels)
+    options = {"loss_fn": LOSSES[s.loss], "desc": desc or f"{cell.dataset} lr={s.lr} seed={cell.seed}"}
+    options["on_step"] = None if on_step is None else (lambda i: on_step(model, i))
+    out, data_info, train_seconds = fit_protocol(model, train, transform, opt, s, cell.seed, ctx, **options)
     return model, {
         **out,
         **data_info,

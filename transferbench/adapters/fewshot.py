@@ -239,16 +239,7 @@ class FewshotAdapter(Adapter):
         s = FewshotSettings.of(cell.hparams)
         ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
-        frozen = FrozenFeatures(
-            cell,
-            resolution=s.resolution,
-            pixels=s.pixels,
-            pool=s.pool,
-            bf16=s.bf16,
-            device=ctx.device,
-            workers=ctx.workers,
-            progress=ctx.progress,
-        )
+        frozen = FrozenFeatures.of(cell, s, ctx)
         sizes = {("resize_square" if s.resize_mode == "square" else "resize_small"): s.resize}
         transform = eval_transform(s.resolution, **sizes, pixels=s.pixels)
         hits, data = {}, {role: open_split(ds, ds[role], ctx.data_dir) for role in ("train", "test")}

@@ -22,7 +22,7 @@ hand (`_DTN`), since autograd through the forward costs ~4x the forward; on CPU 
 in cache-sized slices. benchmarks/dtn_layer.py measures it against the plain per-head T x T algorithm.
 
 Differences from the authors' released code, on purpose: that code l2-normalises each head before
-the statistics and uses the unbiased LN variance; we follow the paper's equations (see DESIGN.md).
+the statistics and uses the unbiased LN variance; this module follows the paper's eq. 4-7 as written above.
 """
 
 from __future__ import annotations

@@ -279,19 +279,12 @@ def run_options(args):
     """The execution options as workflows.RunOptions, with `config` the resolved options a record stores."""
     from ..workflows import RunOptions
 
+    same = ("force", "stale", "device", "data_dir", "workers", "micro_batch", "compile", "retries", "jobs")
     return RunOptions(
-        force=args.force,
-        stale=args.stale,
-        device=args.device,
-        data_dir=args.data_dir,
-        workers=args.workers,
-        micro_batch=args.micro_batch,
+        **{k: getattr(args, k) for k in same},
         show_progress=not args.no_progress,
-        log_samples=getattr(args, "log_samples", False),
-        compile=args.compile,
-        retries=args.retries,
+        log_samples=getattr(args, "log_samples", False),  # run's option; pretrain and nightly keep none
         executor_name=args.executor,
-        jobs=args.jobs,
         config=run_config(args),
     )
 

@@ -30,7 +30,8 @@ ADE_ROOT = "ADEChallengeData2016"
 ADE_SPLITS = {"train": "training", "training": "training", "validation": "validation", "val": "validation"}
 OBTAIN_ADE = (
     "download ADEChallengeData2016.zip from http://data.csail.mit.edu/places/ADEchallenge/ "
-    "(mmsegmentation's docs/en/user_guides/2_dataset_prepare.md) and unzip it there"
+    "(as https://github.com/open-mmlab/mmsegmentation/blob/main/docs/en/user_guides/2_dataset_prepare.md says) and "
+    "unzip it there"
 )
 
 

@@ -157,6 +157,12 @@ class FrozenFeatures:
         )
         self.bf16 = self.choice.bf16
 
+    @classmethod
+    def of(cls, cell, s, ctx) -> FrozenFeatures:
+        """A cell's extractor with a protocol's settings `s` (resolution, pixels, pool, bf16) in context `ctx`."""
+        run = {"device": ctx.device, "workers": ctx.workers, "progress": ctx.progress}
+        return cls(cell, resolution=s.resolution, pixels=s.pixels, pool=s.pool, bf16=s.bf16, **run)
+
     def model(self):
         if self._model is None:
             from ..backbones import create_backbone

@@ -100,16 +100,7 @@ class LitAdapter(Adapter):
     def run(self, cell, ctx):
         s = LitSettings.of(cell.hparams)
         ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
-        frozen = FrozenFeatures(  # the locked image tower's forwards (the text tower picks its own precision)
-            cell,
-            resolution=s.resolution,
-            pixels=s.pixels,
-            pool=s.pool,
-            bf16=s.bf16,
-            device=ctx.device,
-            workers=ctx.workers,
-            progress=ctx.progress,
-        )
+        frozen = FrozenFeatures.of(cell, s, ctx)  # the locked image tower (the text tower picks its own precision)
         views, captions, pairs_hit, pairs_key = pair_views(frozen, s)
         if not s.heldout < len(captions):
             raise UserError(

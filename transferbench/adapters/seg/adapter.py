@@ -273,21 +273,9 @@ class SegAdapter(Adapter):
             cat_max_ratio=s.cat_max_ratio,
             pixels=s.pixels,
         )
-        out, _, train_seconds = fit_protocol(
-            model,
-            train,
-            crops,
-            opt,
-            s,
-            cell.seed,
-            ctx,
-            steps=steps,
-            joint=True,
-            loss_fn=segmentation_loss,
-            schedule=s.schedule,
-            power=s.power,
-            desc=f"{cell.dataset} fraction={s.fraction} seed={cell.seed}",
-        )
+        options = {"steps": steps, "joint": True, "loss_fn": segmentation_loss, "schedule": s.schedule}
+        options |= {"power": s.power, "desc": f"{cell.dataset} fraction={s.fraction} seed={cell.seed}"}
+        out, _, train_seconds = fit_protocol(model, train, crops, opt, s, cell.seed, ctx, **options)
         started = time.time()
         metric = evaluate(
             model,

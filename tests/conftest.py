@@ -54,7 +54,7 @@ def suite_home(tmp_path_factory):
                 mp.setenv("TRANSFERBENCH_HOME", str(shared))
                 embedded.ensure()
             (shared / "done").touch()
-    shutil.copytree(shared / "embedded", home / "embedded")
+    shutil.copytree(shared / "embedded", home / "embedded", copy_function=os.link)  # read-only use: links
     mp = pytest.MonkeyPatch()
     mp.setenv("TRANSFERBENCH_HOME", str(home))
     embedded.ensure()  # checks what was copied (the manifests), generates nothing

@@ -27,6 +27,16 @@ def tiny_args(task: str, **more) -> str:
     return " ".join(f"--set {s}" for s in tiny(task, **more)) + " --seeds 0,1 --no-progress"
 
 
+def embedded_home(suite_home, home):
+    """A home holding the embedded suite of `suite_home` (conftest) as hard links: instant, and safe for tests that
+    only read the sets (a test that damages a set makes a home of its own)."""
+    import os
+    import shutil
+
+    shutil.copytree(suite_home / "embedded", home / "embedded", copy_function=os.link)
+    return home
+
+
 def cli(line: str, *extra) -> int:
     """`transferbench LINE` in this process (shell quoting), its exit code; `extra` are further arguments (paths)."""
     from transferbench.cli import main

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kit
 import pytest
 
 from transferbench import fingerprint as F
@@ -240,7 +241,7 @@ def test_an_edited_backbone_gives_new_numbers_from_the_same_home_and_a_reporting
     shutil.copytree(REPO / "transferbench", copy / "transferbench")
     homes = [tmp_path / "home", tmp_path / "fresh"]
     for h in homes:
-        shutil.copytree(suite_home / "embedded", h / "embedded")
+        kit.embedded_home(suite_home, h)
     run = ["run", "fewshot", "--suite", "embedded", "--backbone", "mu4_dpn@embedded", "--datasets", "mini_dsprites_loc"]
     run += ["--seeds", "0,1", "--set", "shots=25", "--set", "bf16=off", "--no-progress", "--out"]
 

@@ -43,3 +43,44 @@ def test_every_relative_link_resolves(page):
         elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"{target}: no heading #{fragment} in {dest.relative_to(REPO)}")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+OUTPUTS = {"REGRESSION.md", "LEADERBOARD.md", "table.md"}  # files the commands write, named in their docs
+TOP = ("docs/", "benchmarks/", "tasks/", "transferbench/", "tests/", "results/", ".ci/")
+REFERENCE = re.compile(r"(?<![\w/.:-])((?:\.\./)?(?:[\w.-]+/)*[\w.-]+\.(?:md|py|yaml|json))(?![\w/])")
+SOURCES = [
+    *PAGES,
+    REPO / "CHANGELOG.md",
+    *sorted((REPO / "benchmarks").glob("*.md")),
+    *sorted((REPO / "benchmarks").glob("*.py")),
+    *sorted((REPO / "transferbench").rglob("*.py")),
+    *sorted((REPO / "tasks").glob("*.yaml")),
+]
+
+
+def test_every_file_a_page_or_module_cites_exists():
+    """Beyond links: a file named in prose, a docstring or a comment (`docs/regression.md`, `benchmarks/RESULTS.md`,
+    `see DESIGN.md`) exists in the project. A path under one of the project's folders must resolve; a bare
+    `NAME.md` must be some file of the project. Other libraries' files (`big_vision/optax.py`) are not ours."""
+    names = {p.name for p in REPO.rglob("*.md") if ".git" not in p.parts}
+    missing = []
+    for source in SOURCES:
+        for ref in REFERENCE.findall(source.read_text()):
+            if ref in OUTPUTS:
+                continue
+            if ref.startswith(TOP) or ref.startswith("../"):
+                found = (REPO / ref).exists() or (source.parent / ref).resolve().exists()
+            elif ref.endswith(".md") and "/" not in ref:
+                found = ref in names
+            else:
+                continue
+            if not found:
+                missing.append(f"{source.relative_to(REPO)}: {ref}")
+    assert not missing, "files cited but not in the project: " + "; ".join(missing)
+
+
+def test_the_file_check_sees_a_missing_file():
+    assert REFERENCE.findall("as the paper says (see DESIGN.md); docs/x.md") == ["DESIGN.md", "docs/x.md"]
+    assert REFERENCE.findall("https://github.com/a/b/blob/main/docs/x.md and big_vision/optax.py") == [
+        "big_vision/optax.py"
+    ]

@@ -333,7 +333,7 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
 
 
 @pytest.mark.parametrize(
-    "argv", [["report", "{runs}"], ["list", "backbones"], ["regress", "--baseline", "{runs}", "--current", "{runs}"]]
+    "argv", [["report", "{runs}"], ["list", "suites"], ["regress", "--baseline", "{runs}", "--current", "{runs}"]]
 )
 def test_a_closed_pipe_ends_quietly_with_exit_0(toy_runs, argv):
     import os

@@ -222,7 +222,9 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     hp = {**task.grid()[0], "steps": steps, "batch": batch, "pixels": "inception"}  # random init: no weights to ask
     hp["resolution"] = res or hp["resolution"]
     hp["warmup_steps"] = min(hp["warmup_steps"], max(1, steps // 10))
-    cell = types.SimpleNamespace(hparams=hp, seed=0, backbone=size, checkpoint=None, dataset="synthetic")
+    cell = types.SimpleNamespace(
+        hparams=hp, seed=0, backbone=size, backbone_name=size, checkpoint=None, dataset="synthetic"
+    )
     ctx = CellContext(device=device, workers=workers)
     started = time.time()
     source = hp["resolution"] * 8 // 7

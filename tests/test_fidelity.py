@@ -150,7 +150,9 @@ def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path
         bf16=False,
         pixels="inception",
     )
-    cell = types.SimpleNamespace(hparams=hp, seed=0, backbone="mu4", checkpoint=str(path), dataset="d")
+    cell = types.SimpleNamespace(
+        hparams=hp, seed=0, backbone="mu4", backbone_name="mu4", checkpoint=str(path), dataset="d"
+    )
     ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False)
     s = FinetuneSettings.model_construct(**hp)  # 0 steps: the head as it starts
     model, info = finetune(
@@ -404,31 +406,9 @@ def test_normalisation_travels_with_the_weights_into_the_cell_key(tmp_path):
 def test_a_checkpoint_without_stated_pixels_is_named_once(suite_home, tmp_path, caplog):
     import logging
 
-    from transferbench.cli import main
-
     path = save_checkpoint(create_backbone("mu4", img_size=16), tmp_path / "bare.safetensors")
-    args = [
-        "run",
-        "vtab",
-        "--suite",
-        "embedded",
-        "--datasets",
-        "mini_digits",
-        "--backbone",
-        f"mu4@{path}",
-        "--seeds",
-        "0,1",
-        "--set",
-        "steps=1",
-        "--set",
-        "batch=4",
-        "--set",
-        "warmup_steps=1",
-        "--out",
-        str(tmp_path / "o"),
-        "--no-progress",
-    ]
+    line = f"run vtab --suite embedded --datasets mini_digits --backbone mu4@{path} {kit.tiny_args('vtab', steps=1)}"
     with caplog.at_level(logging.WARNING, logger="transferbench"):
-        assert main(args) == 0
+        assert kit.cli(f"{line} --out", tmp_path / "o") == 0
     said = [r.getMessage() for r in caplog.records if "states no pixel normalisation" in r.getMessage()]
     assert len(said) == 1 and "using 'inception'" in said[0]  # 4 cells, one line

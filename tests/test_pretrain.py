@@ -111,7 +111,8 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
     ]
     shipped = save_checkpoint(create_backbone("mu8_dpn"), tmp_path / f"mu8_dpn-upstream-{cell.key}.safetensors")
     write_digest(shipped)  # a shipped checkpoint's size and sha256 ship beside it
-    pretrained = lambda: [r for r in load_records([suite_home / "pretrain"]) if r["backbone"] == "mu8_dpn"]  # noqa: E731
+    done = suite_home / "pretrain"  # where NAME@embedded pretrains (none yet in a fresh worker's home)
+    pretrained = lambda: [r for r in load_records([done]) if r["backbone"] == "mu8_dpn"] if done.is_dir() else []  # noqa: E731
     ref = resolve_backbone("mu8_dpn@embedded")
     assert ref.checkpoint == str(shipped) and pretrained() == []  # used as is: nothing pretrained
     monkeypatch.setattr(pretrain, "PRETRAIN_SETS", ("steps=4", "batch=8", "warmup_steps=1"))  # another profile

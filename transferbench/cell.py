@@ -62,6 +62,11 @@ class Cell:
     )
 
     @property
+    def backbone_name(self) -> str:
+        """The backbone's name without its weights (`mu4_dpn` of `mu4_dpn@embedded`): what builds the model."""
+        return self.backbone.partition("@")[0]
+
+    @property
     def key(self) -> str:
         return digest({k: getattr(self, k) for k in self.IDENTITY}, 20)
 

@@ -192,7 +192,7 @@ def finetune(
     torch.manual_seed(cell.seed)
     head_kept = keep_head and cell.checkpoint is not None and head_classes(cell.checkpoint) == classes
     model = create_backbone(
-        cell.backbone.partition("@")[0],
+        cell.backbone_name,
         img_size=s.resolution,
         checkpoint=cell.checkpoint,
         num_classes=classes if head_kept else 0,

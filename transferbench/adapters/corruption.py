@@ -243,7 +243,7 @@ def classifier_key(cell) -> str:
     ds = entry(cell)
     ident = {
         "code": for_cache("classifiers", *backbone_code(cell.backbone)).digest,
-        "backbone": cell.backbone.partition("@")[0],
+        "backbone": cell.backbone_name,
         "weights": cell.checkpoint_sha256,
         "data": {k: ds.get(k) for k in ("name", "source", "tfds", "set", "train", "classes", "augment")},
         "data_version": cell.data_version,
@@ -259,7 +259,7 @@ def classifier(cell, ctx):
     from filelock import FileLock
 
     hp, ds = CorruptionSettings.of(cell.hparams), entry(cell)
-    name, mode, res = cell.backbone.partition("@")[0], hp.classifier, hp.resolution
+    name, mode, res = cell.backbone_name, hp.classifier, hp.resolution
     head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
     if head == ds["classes"]:
         model = create_backbone(name, img_size=res, num_classes=ds["classes"], checkpoint=cell.checkpoint)

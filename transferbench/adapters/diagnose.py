@@ -58,9 +58,7 @@ STAGES = {"forward": ("patch_cosine", "min"), "gradients": ("embed_grad_norm", "
 def backbone_for(cell, ctx):
     """The backbone under study at the cell's resolution: its checkpoint, or random-init seeded by the cell's seed."""
     torch.manual_seed(cell.seed)
-    model = create_backbone(
-        cell.backbone.partition("@")[0], img_size=int(cell.hparams["resolution"]), checkpoint=cell.checkpoint
-    )
+    model = create_backbone(cell.backbone_name, img_size=int(cell.hparams["resolution"]), checkpoint=cell.checkpoint)
     return model.to(ctx.device).eval()
 
 

@@ -159,7 +159,7 @@ class PretrainAdapter(Adapter):
         hp = PretrainSettings.of(cell.hparams)
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
-        name = cell.backbone.partition("@")[0]  # the spec may name a checkpoint to continue from
+        name = cell.backbone_name  # the spec may name a checkpoint to continue from
         r = recipe(name, hp)
         reg = dict(drop_rate=r["dropout"], drop_path_rate=r["dropout"]) if r["dropout"] else {}
         model = create_backbone(

@@ -51,7 +51,7 @@ def shape_of(task, cell) -> tuple[str, int]:
     """The model shape a cell trains: the backbone's architecture name and the side of its images, as its adapter
     says (224 for an adapter that does not)."""
     size = getattr(task.adapter, "input_size", None)
-    return cell.backbone.partition("@")[0], int(size(cell)) if size else 224
+    return cell.backbone_name, int(size(cell)) if size else 224
 
 
 def training_images(task, cell) -> int:

@@ -148,7 +148,7 @@ class FrozenFeatures:
     `fields`); `split(...)` and `pairs(...)` return cached (features, labels or captions, hit, key)."""
 
     def __init__(self, cell, *, resolution: int, pixels: str, pool: str, bf16, device: str, workers=0, progress=None):
-        self.cell, self.name = cell, cell.backbone.partition("@")[0]
+        self.cell, self.name = cell, cell.backbone_name
         self.resolution, self.pixels, self.pool = int(resolution), pixels, pool
         self.device, self.workers, self.progress = device, workers, progress
         self._model = None

@@ -255,7 +255,7 @@ class SegAdapter(Adapter):
 
         torch.manual_seed(cell.seed)
         backbone = create_backbone(
-            cell.backbone.partition("@")[0],
+            cell.backbone_name,
             img_size=s.crop,
             checkpoint=cell.checkpoint,
             drop_path_rate=s.drop_path,

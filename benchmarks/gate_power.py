@@ -207,8 +207,8 @@ CATALOGUE = [
         "fewshot_l2_default",
         "a task default",
         "fault",
-        "few-shot's l2 default edited from 2^10 to 2^9 in its YAML (no protocol bump)",
-        [("tasks/fewshot.yaml", "  l2: 1024.0", "  l2: 512.0")],
+        "few-shot's l2 default edited from 2^10 to 2^9 in its settings (no protocol bump)",
+        [("transferbench/adapters/fewshot.py", "DEFAULT_L2 = 2.0**10", "DEFAULT_L2 = 2.0**9")],
     ),
     Variant(
         "pretrain_wd",

@@ -458,3 +458,14 @@ def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home)
     text, code = verdict(outs["clean"], outs["head_bias"])
     g = gate(outs["clean"], outs["head_bias"])
     assert code == 1 and any(c.metric.startswith("loss@") for c in g.regressed), text
+
+
+def test_every_catalogued_fault_still_applies_to_the_code():
+    """benchmarks/gate_power.py measures the gate against edits of the package's source: each edit must find its
+    text exactly once, or the fault silently stops being injected when the code around it is rewritten."""
+    from benchmarks.gate_power import CATALOGUE, ROOT
+
+    for v in CATALOGUE:
+        for path, old, _ in v.edits:
+            assert (ROOT / path).read_text().count(old) == 1, (v.name, path, old)
+    assert len(CATALOGUE) == 20

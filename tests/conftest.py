@@ -8,6 +8,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores shared amon
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow first, so that pytest-xdist's workers start them early and the run does not end on
+    one of them (their relative order, and everyone else's, as collected)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

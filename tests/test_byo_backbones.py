@@ -259,6 +259,7 @@ def test_hires_and_ade20k_cells_take_the_models_own_resolution_and_resampling(by
     assert make_cell(hires, ds, own, hp, 0).hparams["posemb"] == "big_vision"
 
 
+@pytest.mark.slow
 def test_py_and_timm_cells_of_the_same_weights_agree_and_compare_in_one_table(suite_home, byo, tmp_path, capsys):
     """A py: factory that builds timm's ViT-Ti and the timm: name, on the same file: VTAB and few-shot cells on
     the embedded suite give the same numbers (the same model through two families), and the report with

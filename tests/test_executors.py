@@ -129,6 +129,7 @@ def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep
     assert len(order) == CELLS and order.index("final") < len(order) - 1 - order[::-1].index("select")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retries", [1, 0])
 def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, monkeypatch, retries):
     log, pids = tmp_path / "computed.log", tmp_path / "pids"
@@ -143,6 +144,7 @@ def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, mon
         check_toy_records(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_two_pool_drivers_into_one_folder_compute_each_cell_once(tmp_path):
     log = tmp_path / "computed.log"
     two_drivers(tmp_path / "shared", log, ["--jobs", "2"], env={**os.environ, "TOY_LOG": str(log)})

@@ -508,6 +508,7 @@ def _cli(args, home, **kw):
     )
 
 
+@pytest.mark.slow
 def test_soak_sigkill_at_five_random_moments(home, tmp_path):
     fresh = tmp_path / "fresh-home"
     shutil.copytree(home / "embedded", fresh / "embedded")

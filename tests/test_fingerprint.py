@@ -234,6 +234,7 @@ def _accuracies(out: Path) -> dict:
     return {(r["dataset"], r["seed"]): r["metrics"]["test"]["accuracy"] for r in recs}
 
 
+@pytest.mark.slow
 def test_an_edited_backbone_gives_new_numbers_from_the_same_home_and_a_reporting_edit_recomputes_nothing(
     tmp_path, suite_home
 ):

@@ -55,6 +55,7 @@ def _task(*sets, datasets=("mini_mnist",)):
     )
 
 
+@pytest.mark.slow
 def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task

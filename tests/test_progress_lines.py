@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 LINE = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d fewshot mini_digits mu4 final shots=(\d+) seed 0: "
     r"accuracy ([\d.]+) \(test\) \| (\d+)/4 cells, \d+:\d\d:\d\d elapsed, ETA \d+:\d\d:\d\d$"
@@ -17,6 +19,7 @@ LINE = re.compile(
 CLI = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())"]
 
 
+@pytest.mark.slow
 def test_one_line_per_cell_when_stderr_is_a_file(suite_home, tmp_path):
     err = tmp_path / "run.log"
     argv = [*CLI, *"run fewshot --suite embedded --datasets mini_digits --backbone mu4 --seeds 0".split()]

@@ -340,6 +340,7 @@ def test_coverage_kinds():
     assert kind(True) != kind(False) and kind("sigmoid") != kind("softmax") and kind([]) != kind([1])
 
 
+@pytest.mark.slow
 def test_the_docs_bisect_recipe_names_the_commit_that_broke_the_numbers(tmp_path):
     """The recipe of docs/regression.md, run as written (its tasks swapped for the toy plugin's), on a repository of
     a plugin whose third of four commits makes every accuracy 5 points worse."""
@@ -387,6 +388,7 @@ def test_the_docs_bisect_recipe_names_the_commit_that_broke_the_numbers(tmp_path
     assert re.search(rf"^{shas[2]} is the first bad commit", out, re.M), out
 
 
+@pytest.mark.slow
 def test_arithmetic_alone_raises_no_alarm(tmp_path, suite_home):
     """The nightly's few-shot cells of one backbone on one set, run twice on this machine: as committed, and with
     scalar ATen kernels, 2 threads per cell and fp32 where the bf16 probe picked bf16 (the setting written back to
@@ -423,6 +425,7 @@ def test_arithmetic_alone_raises_no_alarm(tmp_path, suite_home):
         assert sum(changed for changed, _ in g.exact.values()) > 0
 
 
+@pytest.mark.slow
 def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home):
     """The nightly's pretraining probe, shortened to 24 steps and 3 seeds, in a clean copy of the package and in one
     whose new heads start with a bias 1 higher than asked, so that pretraining's -6.9 becomes -5.9

@@ -201,6 +201,7 @@ def _covers(estimates) -> float:
     return float(np.mean([e.low <= 0.0 <= e.high for e in estimates]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3, 5, 10])
 def test_every_interval_covers_at_least_93_5_percent(n):
     """A single cell, a paired difference, a suite mean and a suite difference, each as the reports make it, on

@@ -89,6 +89,4 @@ def record(
         "seconds": 1.0,
         "environment": dict(environment or ENV),
     }
-    r = record_of(cell, outcome, run_id="test")
-    r["select"] = list(cell.select)
-    return {**r, **fields}
+    return {**record_of(cell, outcome, run_id="test"), **fields}

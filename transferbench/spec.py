@@ -359,6 +359,8 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         chosen = [d for d in chosen if d.name in datasets]
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
+    model = settings_model(spec.adapter) if sets else None
+    settable = [row[0] for row in model.rows()] if model is not None else []
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -367,8 +369,6 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         fixed = [hparams, spec.hparams, *(x.hparams for x in spec.suites.values())]
         swept = [sweep, spec.sweep, *(x.sweep for x in spec.suites.values())]
         seen = [d[key] for d in fixed if key in d] + [v for d in swept for v in d.get(key, [])]
-        model = settings_model(spec.adapter)
-        settable = [row[0] for row in model.rows()] if model is not None else []
         unkeyed = key in settable and key not in hparams and key not in sweep
         if unkeyed:  # a setting whose default is not part of the key: --set makes it one
             seen.append(model.default_of(key))

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.precision import BF16_SETTINGS
-from ..errors import UserError
+from ..errors import UserError, close_matches
 
 BF16 = typing.Literal[BF16_SETTINGS]  # type: ignore[valid-type]
 PIXELS_HELP = (
@@ -69,13 +69,13 @@ class Settings(BaseModel):
         return out
 
     @classmethod
-    def of(cls, hparams: dict, task: str = "", hint: str = "--set") -> Settings:
+    def of(cls, hparams: dict, task: str = "") -> Settings:
         """`hparams` (a cell's, or one point of a task's grid) as settings; a value the protocol does not take
         is one UserError naming the setting, what it got, what it takes and how to change it."""
         try:
             return cls.model_validate(hparams)
         except ValidationError as err:
-            raise UserError(_message(cls, err, hparams, task, hint)) from None
+            raise UserError(_message(cls, err, hparams, task)) from None
 
     def __getitem__(self, key: str):
         return getattr(self, key)
@@ -115,24 +115,19 @@ def _show(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _message(cls, err: ValidationError, hparams: dict, task: str, hint: str) -> str:
+def _message(cls, err: ValidationError, hparams: dict, task: str) -> str:
     e = err.errors()[0]
     key = str(e["loc"][0]) if e["loc"] else "?"
     where = f"task {task!r}: " if task else ""
     if e["type"] == "extra_forbidden":
-        from ..errors import close_matches
-
         known = [n for n, _, _, _, _ in cls.rows()]
         return f"{where}no setting {key!r}{close_matches(key, known)}; settings: {', '.join(known)}"
     value = hparams.get(key)
     values = cls.choices(key) if key in cls.model_fields else None
     if values:
         shown = ", ".join(_show(c) for c in values if not isinstance(c, bool))
-        return f"{where}{key} = {value!r} is not one of {shown} (set it with {hint} {key}=VALUE)"
-    return f"{where}{key} = {value!r}: {e['msg'].removeprefix('Value error, ')} (set it with {hint} {key}=VALUE)"
-
-
-__all__ = ["BF16", "BF16_HELP", "PIXELS_HELP", "Settings", "setting"]
+        return f"{where}{key} = {value!r} is not one of {shown} (set it with --set {key}=VALUE)"
+    return f"{where}{key} = {value!r}: {e['msg'].removeprefix('Value error, ')} (set it with --set {key}=VALUE)"
 
 
 def settings_table(task: str, suites: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
@@ -184,3 +179,6 @@ def settings_markdown(tasks: list[str], suites: list[str] | None = None) -> str:
         cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
         out += ["", f"## {task}", "", tabulate(cells, headers, tablefmt="github", disable_numparse=True)]
     return "\n".join(out) + "\n"
+
+
+__all__ = ["BF16", "BF16_HELP", "PIXELS_HELP", "Settings", "setting", "settings_markdown", "settings_table"]

@@ -122,7 +122,5 @@ def run_one(name: str, args) -> int:
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = workflows.check_backbones(task, args.backbone)
-    if args.reference and args.reference not in names:
-        raise UserError(f"--reference {args.reference!r} is not among --backbone {','.join(names)}")
-    executor = check_execution_options(args)
+    executor = check_execution_options(args)  # workflows.run checks --reference against `names` first
     return workflows.run(task, names, args.out, run_options(args), executor, reference=args.reference)

@@ -182,8 +182,6 @@ def run_task(
         )
     store = RecordStore(out)
     store.remove_stale_temps()
-    check = CodeCheck(adapter)
-    results = Results(store, None if stale == "keep" else check.current)
     executor = executor or InlineExecutor()
     ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile)
     if check_data and hasattr(adapter, "check_data"):
@@ -197,25 +195,35 @@ def run_task(
                     b.spec,
                     DEFAULT_PIXELS,
                 )
-    return _TaskRun(task, backbones, out, adapter, store, check, results, executor, stale, force).run(
-        ctx, retries, config, show_progress
-    )
+    options = {"stale": stale, "force": force, "retries": retries, "config": config, "show_progress": show_progress}
+    return _TaskRun(task, backbones, out, adapter, store, executor, **options).run(ctx)
 
 
 class _TaskRun:
     """The state of one run_task: the cells planned so far, the queue, the cells another run holds, those in
     flight, and the progress bar and lines; `run` loops until nothing is left."""
 
-    def __init__(self, task, backbones, out, adapter, store, check, results, executor, stale: str, force: bool):
+    def __init__(self, task, backbones, out, adapter, store, executor, *, stale, force, retries, config, show_progress):
         self.task, self.backbones, self.out, self.adapter = task, backbones, out, adapter
-        self.store, self.check, self.results, self.executor = store, check, results, executor
-        self.stale, self.force = stale, force
+        self.store, self.executor = store, executor
+        self.stale, self.force, self.retries, self.config = stale, force, retries, config
+        self.check = CodeCheck(adapter)  # whether a finished cell's record is of the code at hand
+        self.results = Results(store, None if stale == "keep" else self.check.current)
         self.summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)
         self.attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait)
         self.queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
         self.held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
         self.inflight: dict = {}  # future -> (cell, lock, attempt)
         self.changed = True  # a cell finished (here or in another run): the plan may have grown
+        self.bar = tqdm(
+            total=0,
+            desc=f"{task.name} cells",
+            unit="cell",
+            position=0,
+            dynamic_ncols=True,
+            disable=None if show_progress else True,
+        )
+        self.lines = CellLines(task.name, show_progress, axes=sorted(task.sweep))
 
     def show(self):
         held = f", waiting on another run {len(self.held)}" if self.held else ""
@@ -322,17 +330,7 @@ class _TaskRun:
             self.finish(future)
         return True
 
-    def run(self, ctx, retries: int, config, show_progress: bool) -> RunSummary:
-        self.retries, self.config = retries, config
-        self.bar = tqdm(
-            total=0,
-            desc=f"{self.task.name} cells",
-            unit="cell",
-            position=0,
-            dynamic_ncols=True,
-            disable=None if show_progress else True,
-        )
-        self.lines = CellLines(self.task.name, show_progress, axes=sorted(self.task.sweep))
+    def run(self, ctx) -> RunSummary:
         self.executor.start(self.adapter, ctx)
         interrupted = True
         try:

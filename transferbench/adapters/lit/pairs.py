@@ -37,11 +37,12 @@ def pair_views(frozen, s: LitSettings) -> tuple[list, object, bool, str]:
     names the pairs' features in the text tower's identity."""
     views, hits, key, captions = [], [], "", None
     for flip in (False, True) if s.augment == "flip" else (False,):
+        mirrored = {"flip": True} if flip else {}  # in the pipeline and in its cache description alike
         x, captions, hit, k = frozen.pairs(
             lambda: pairs_reader(s),
             pairs_identity(s),
-            eval_transform(s.resolution, pixels=s.pixels, **({"flip": True} if flip else {})),
-            frozen.transform(resize="square", **({"flip": True} if flip else {})),
+            eval_transform(s.resolution, pixels=s.pixels, **mirrored),
+            frozen.transform(resize="square", **mirrored),
             f"features {frozen.name} image-text pairs" + (", flipped" if flip else ""),
         )
         views.append(x)

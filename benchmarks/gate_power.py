@@ -50,6 +50,7 @@ class Variant:
     env: dict = field(default_factory=dict)
     args: tuple = ()
     relabel: dict = field(default_factory=dict)  # hparam -> value written back into the records before gating
+    accept_code: tuple = ()  # an intended change: gated once as it is (it must fail) and once accepting these
 
 
 CATALOGUE = [
@@ -261,6 +262,21 @@ CATALOGUE = [
         relabel={"bf16": "auto"},
     ),
     Variant(
+        "fewshot_scores_f64",
+        "few-shot solver",
+        "intended",
+        "an intended change that moves bits: the ridge probe scores float32 features in float64 (passes only with "
+        "--accept-code adapters.fewshot)",
+        [
+            (
+                "transferbench/adapters/fewshot.py",
+                "dtype = np.float32 if x.dtype == np.float32 else np.float64",
+                "dtype = np.float64",
+            )
+        ],
+        accept_code=("adapters.fewshot",),
+    ),
+    Variant(
         "refactor_mlp",
         "refactor",
         "benign",
@@ -333,6 +349,40 @@ def fired(g, failed=()) -> str:
     return "; ".join(parts) or "-"
 
 
+def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=()) -> list:
+    """One row of the table: the gate's verdict on a variant's records against the clean run's."""
+    from transferbench.reporting.regress import gate
+
+    g = gate(baseline, current, accept_code=accept_code)
+    failed = [r for r in current if r["status"] == "failed"]
+    t = g.exact
+    fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored)
+    fails = fails or bool(t.failing or t.irreproducible)
+    caught = fails or bool(g.improved) or bool(t.changed)
+    cells = [abs(c.change) for c in g.of("cell") if c.metric == "accuracy"]
+    cells += [abs(x.change) for x in t.changed + t.irreproducible if x.change is not None]
+    pooled = [abs(c.change) for c in g.of("pooled") if c.metric == "accuracy"]
+    named = ", ".join(m.removeprefix("transferbench.") for m in t.modules())
+    exact = f"{t.judged}: {t.identical} identical" + (f", {len(t.changed)} changed by {named}" if t.changed else "")
+    exact += f", {len(t.irreproducible)} irreproducible" if t.irreproducible else ""
+    exact += " (accepted)" if t.changed and not t.failing else ""
+    kind = v.kind if not accept_code else f"{v.kind}, --accept-code {','.join(accept_code)}"
+    verdict = ("caught" if caught else "missed") if v.kind == "fault" else ("flagged" if fails else "quiet")
+    return [
+        v.name,
+        kind,
+        v.area,
+        verdict,
+        "fails" if fails else "passes",
+        exact,
+        str(t.statistical),
+        ("a run exited 2; " if errored else "") + fired(g, failed),
+        f"{max(cells, default=0):.2f}",
+        f"{max(pooled, default=0):.2f}",
+        f"{seconds:.0f}",
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated variant names (the clean run always runs first)")
@@ -354,7 +404,6 @@ def main(argv=None) -> int:
         return 2
     sys.path.insert(0, str(ROOT))
     from transferbench.records.store import load_records
-    from transferbench.reporting.regress import gate
 
     work = args.work or Path(tempfile.mkdtemp(prefix="gate-power-"))
     clean = CATALOGUE[0]
@@ -367,45 +416,15 @@ def main(argv=None) -> int:
         if v.name not in chosen:
             continue
         out, seconds, log = run_variant(v, work, embedded, args.jobs, args.reuse)
-        errored = "exit 2" in log
         current = load_records([out])
         for r in current:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
-        g = gate(baseline, current)
-        failed = [r for r in current if r["status"] == "failed"]
-        fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored)
-        caught = fails or bool(g.improved)
-        changed = sum(c for c, _ in (g.exact or {}).values())
-        compared = sum(n for _, n in (g.exact or {}).values())
-        cells = [abs(c.change) for c in g.of("cell") if c.metric == "accuracy"]
-        pooled = [abs(c.change) for c in g.of("pooled") if c.metric == "accuracy"]
-        rows.append(
-            [
-                v.name,
-                v.kind,
-                v.area,
-                ("caught" if caught else "missed") if v.kind == "fault" else ("flagged" if caught else "quiet"),
-                "fails" if fails else "passes",
-                ("a run exited 2; " if errored else "") + fired(g, failed),
-                f"{changed}/{compared}",
-                f"{max(cells, default=0):.2f}",
-                f"{max(pooled, default=0):.2f}",
-                f"{seconds:.0f}",
-            ]
-        )
+        rows.append(judge(v, baseline, current, seconds, "exit 2" in log))
+        if v.accept_code:
+            rows.append(judge(v, baseline, current, seconds, "exit 2" in log, v.accept_code))
         print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)
-    head = [
-        "variant",
-        "kind",
-        "area",
-        "gate",
-        "night",
-        "what fired",
-        "cells changed",
-        "max |cell Δ|",
-        "max |pooled Δ|",
-        "s",
-    ]
+    head = ["variant", "kind", "area", "gate", "night", "exact tier", "statistical tier", "what fired"]
+    head += ["max |cell Δ|", "max |pooled Δ|", "s"]
     print(tabulate(rows, head, tablefmt="github", disable_numparse=True))
     faults = [r for r in rows if r[1] == "fault"]
     benign = [r for r in rows if r[1] == "benign"]

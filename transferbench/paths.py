@@ -41,6 +41,7 @@ TMP_MARK = ".tmp"  # temporary names are '.NAME.tmp<pid>-<host>[suffix]': a read
 QUARANTINE = ".quarantine"  # damaged entries and records are renamed into this folder beside them
 DIGEST_SUFFIX = ".digest"  # a file entry's digest, beside it: {"size", "algorithm", "checksum"} (file_digest)
 MANIFEST = "MANIFEST.json"  # a folder entry's digest, inside it: {relative path: file_digest}
+ARITHMETIC_KEY = "arithmetic"  # in a file's digest, and as ".arithmetic" in a MANIFEST: the machine that computed it
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -72,12 +73,18 @@ TALLY: Counter = Counter()  # (cache folder, 'read' | 'computed') -> entries, in
 def tally(path, what: str) -> None:
     """Count one cache entry read (`verified` found it whole) or computed (`sealed` put it in place), by the cache
     folder it lies in: each cell's outcome carries its counts, and a run's summary line adds them up."""
+    kind = _kind(path)
+    if kind is not None:
+        TALLY[(kind, what)] += 1
+
+
+def _kind(path) -> str | None:
+    """The cache folder that `path` lies in, or None outside the home's caches."""
     try:
         kind = Path(path).resolve().relative_to(home().resolve()).parts[0]
     except (ValueError, IndexError):
-        return
-    if kind in CACHES:
-        TALLY[(kind, what)] += 1
+        return None
+    return kind if kind in CACHES else None
 
 
 def tally_since(before: Counter) -> dict:
@@ -324,6 +331,7 @@ def write_digest(path, digest: dict | None = None) -> Path:
 
 
 _WHOLE: dict = {}  # (path, what each file's size and mtime were) of entries verified in this process
+_COMPUTED_IN: dict = {}  # path -> the machine arithmetic digest its digest records (None: none recorded)
 
 
 def _signature(path: Path, directory: bool) -> tuple:
@@ -345,13 +353,16 @@ def damage(path, *, directory: bool = False) -> str | None:
     try:
         if directory:
             listed = json.loads((path / MANIFEST).read_text())
+            arithmetic = listed.pop("." + ARITHMETIC_KEY, None)
             present = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
             if set(listed) != present:
                 gone, extra = sorted(set(listed) - present), sorted(present - set(listed))
                 return ", ".join([*(f"{g} missing" for g in gone), *(f"{x} not in {MANIFEST}" for x in extra)])
             expected = {rel: (path / rel, d) for rel, d in listed.items()}
         else:
-            expected = {path.name: (path, json.loads(digest_path(path).read_text()))}
+            side = json.loads(digest_path(path).read_text())
+            expected = {path.name: (path, side)}
+            arithmetic = side.get(ARITHMETIC_KEY) if isinstance(side, dict) else None
     except FileNotFoundError:
         return f"no digest ({MANIFEST if directory else digest_path(path).name} missing)"
     except (OSError, ValueError) as e:
@@ -366,6 +377,7 @@ def damage(path, *, directory: bool = False) -> str | None:
         if checksum(p) != d.get("checksum"):
             return f"{label}checksum differs from its digest"
     _WHOLE[str(path)] = sig
+    _COMPUTED_IN[str(path)] = arithmetic
     return None
 
 
@@ -406,17 +418,33 @@ def verified(path, what: str = "cache entry", *, directory: bool = False) -> boo
     if not path.exists():
         return False
     if damage(path, directory=directory) is None:
-        tally(path, "read")
+        _read(path)
         return True
     with entry_lock(path):
         if not path.exists():
             return False
         why = damage(path, directory=directory)
         if why is None:
-            tally(path, "read")
+            _read(path)
             return True
         quarantine(path, why, what)
     return False
+
+
+def _read(path: Path) -> None:
+    """Count a whole entry read, and tell the cell's arithmetic trace which machine computed it."""
+    tally(path, "read")
+    kind = _kind(path)
+    if kind is not None:
+        from .arithmetic import note_cache_read
+
+        note_cache_read(kind, _COMPUTED_IN.get(str(path)))
+
+
+def _computing_arithmetic() -> str:
+    from .arithmetic import machine_digest
+
+    return machine_digest()
 
 
 @contextmanager
@@ -429,9 +457,11 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
         yield tmp
         if directory:
             listed = {p.relative_to(tmp).as_posix(): file_digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            listed["." + ARITHMETIC_KEY] = _computing_arithmetic()
             (tmp / MANIFEST).write_text(json.dumps(listed, indent=1, sort_keys=True))
         else:
             digest = file_digest(tmp)  # before the lock: readers wait no longer than the renames take
+            digest[ARITHMETIC_KEY] = _computing_arithmetic()
         tally(path, "computed")
         with entry_lock(path):
             if path.exists() and damage(path, directory=directory) is None:

@@ -30,6 +30,7 @@ class RunOptions:
     executor_name: str = "local"
     jobs: int = 1
     config: dict = field(default_factory=dict)  # the resolved options, stored in each record
+    pins: dict | None = None  # cell key -> the precision of each `bf16: auto` step (nightly: the baseline's choices)
 
     def engine(self) -> dict:
         """engine.runner.run_task's keywords for these options."""
@@ -37,6 +38,7 @@ class RunOptions:
         return {k: getattr(self, k) for k in passed} | {
             "config": self.config,
             "compile": self.compile,
+            "pins": self.pins,
             "stale": self.stale or "stop",  # stop on finished cells of other code unless told otherwise
         }
 
@@ -236,15 +238,22 @@ def nightly(
     allow_missing: bool = False,
     options: RunOptions,
     executor,
+    rolling: Path | None = None,
 ) -> tuple[str, int]:
-    """The nightly regression run: each task's `suite` into `out/date` (resumable), compared with the `baseline`
-    records as `regress` does (`gate`: floor, alpha, accept), with REGRESSION.md and LEADERBOARD.md written there.
-    Every task, backbone and data set is checked before the first cell runs. Returns (report, exit code)."""
+    """The nightly regression run: each task's `suite` into `out/date` (resumable), its `bf16: auto` steps pinned to
+    the `baseline` records' choices, then gated as `regress` does (`gate`: floor, alpha, accept, accept_code), with
+    REGRESSION.md and LEADERBOARD.md written there. Every task, backbone and data set is checked before the first
+    cell runs.
+
+    With `rolling` (a folder of rolling baselines, one per arithmetic), the night is gated, exact tier first,
+    against the rolling baseline of its own arithmetic where there is one, and statistically against `baseline`
+    as a fixed anchor (a fault the rolling baseline absorbed, or a slow drift, still shows there); a passing night
+    becomes its arithmetic's rolling baseline. Returns (report, exit code)."""
+    import dataclasses
+
     from .adapters import prepare_task
-    from .engine.runner import environment
+    from .arithmetic import pins_of
     from .records.store import load_records
-    from .reporting.leaderboard import write_leaderboard
-    from .reporting.regress import verdict
 
     if not date or "/" in date or date.startswith("."):
         raise UserError(f"--date {date!r}: give a plain folder name such as 2026-11-23")
@@ -259,21 +268,90 @@ def nightly(
     current = out / date
     chosen = {t.name: check_backbones(t, backbones) for t in prepared}
     resolved = {t.name: prepare(t, chosen[t.name], current, options.data_dir) for t in prepared}
+    options = dataclasses.replace(options, pins=pins_of(base))
     for task in prepared:
         refs, made = resolved[task.name]
         run_cells(task, refs, current, options, executor, made)
     ran = {(t.spec.task, b) for t in prepared for b in chosen[t.name]}
-    text, code = verdict(
-        [r for r in base if (r["task"], r["backbone"]) in ran],
-        load_records([current]),
-        gate["floor"],
-        alpha=gate["alpha"],
-        accept=gate["accept"],
-        fail_on_missing=not allow_missing,
-        fail_on_failed=True,
-        title=f"Nightly {date}: {current} vs {baseline}",
-    )
+    night = Night(baseline, current, date, suite, ran)
+    text, code = night.gate(base, load_records([current]), gate, allow_missing, rolling)
     (current / "REGRESSION.md").write_text(text)
+    _write_board(current)
+    return text, code
+
+
+@dataclass
+class Night:
+    """One night's folders and what ran in it, for its gate."""
+
+    baseline: Path
+    current: Path
+    date: str
+    suite: str
+    ran: set  # (task, backbone)
+
+    def gate(self, base: list, tonight: list, gate: dict, allow_missing: bool, rolling: Path | None):
+        """(report, exit code): against this arithmetic's rolling baseline (both tiers) and the anchor `base`
+        (statistical tier only) with `rolling`; against the anchor alone (both tiers) without it, or where this
+        arithmetic has no rolling baseline yet. A passing night replaces its rolling baseline."""
+        from .arithmetic import arithmetic_key
+        from .records.store import load_records
+        from .reporting.regress import verdict
+
+        options = dict(
+            floor=gate["floor"],
+            alpha=gate["alpha"],
+            accept=gate["accept"],
+            accept_code=gate.get("accept_code", ()),
+            fail_on_missing=not allow_missing,
+            fail_on_failed=True,
+        )
+        anchor = [r for r in base if (r["task"], r["backbone"]) in self.ran]
+        key = arithmetic_key(tonight)
+        roll = rolling / key if rolling is not None else None
+        title = f"Nightly {self.date}: {self.current} vs"
+        if roll is None or not roll.is_dir():
+            text, code = verdict(anchor, tonight, **options, title=f"{title} {self.baseline}")
+            if rolling is not None:
+                text += f"\n\nNo rolling baseline of this arithmetic ({key}) in {rolling}: gated against the anchor.\n"
+        else:
+            last = [r for r in load_records([roll]) if self.mine(r)]
+            text, code = verdict(last, tonight, **options, title=f"{title} the rolling baseline {roll}")
+            title = f"Against the anchor {self.baseline} (statistical tier)"
+            more, code2 = verdict(anchor, tonight, **options, exact=False, title=title)
+            text, code = text + "\n\n" + more.replace("# Against", "## Against", 1), max(code, code2)
+        if roll is not None and code == 0:
+            keep_rolling(self.current, roll, len(tonight))
+        return text, code
+
+    def mine(self, r: dict) -> bool:
+        return (r.get("suite") or "") == self.suite and (r["task"], r["backbone"]) in self.ran
+
+
+def keep_rolling(night: Path, roll: Path, records: int) -> None:
+    """Tonight's records become the rolling baseline `roll` (never one smaller than the one it replaces)."""
+    import shutil
+
+    from .records.store import load_records
+
+    if roll.is_dir() and len(load_records([roll])) > records:
+        print(f"kept the rolling baseline {roll}: it holds more records than tonight's", file=sys.stderr)
+        return
+    roll.parent.mkdir(parents=True, exist_ok=True)
+    tmp = roll.with_name(f".{roll.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(night, tmp, ignore=shutil.ignore_patterns(".locks", "*.md", "*.png", "*.svg"))
+    old = roll.with_name(f".{roll.name}.old{os.getpid()}")
+    if roll.is_dir():
+        os.replace(roll, old)
+    os.replace(tmp, roll)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"tonight's records are the rolling baseline {roll}", file=sys.stderr)
+
+
+def _write_board(current: Path) -> None:
+    from .engine.runner import environment
+    from .reporting.leaderboard import write_leaderboard
+
     board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
     print(f"wrote {current / 'REGRESSION.md'} and {board}", file=sys.stderr)
-    return text, code

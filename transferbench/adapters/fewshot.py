@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..arithmetic import output
 from ..data.sources import DatasetEntry, missing_data, open_split
 from ..data.sources import missing as find_missing
 from ..data.transforms import eval_transform
@@ -81,7 +82,10 @@ class Probe:
 
     def scores(self, x) -> np.ndarray:
         """design(x) @ w through the folded weights. float32 features stay float32."""
-        return _affine(x, *self.folded())
+        output("probe.weights", self.w)
+        scores = _affine(x, *self.folded())
+        output("probe.scores", scores)
+        return scores
 
     def predict(self, x) -> np.ndarray:
         return np.argmax(self.scores(x), axis=1)

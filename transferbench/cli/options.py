@@ -194,6 +194,16 @@ def gate_options(p) -> None:
         help="protocol changes made on purpose: TASK (every setting of it), TASK:SETTING or :SETTING "
         "(e.g. fewshot:pool, vtab:protocol_version)",
     )
+    p.add_argument(
+        "--accept-code",
+        type=csv_list,
+        default=[],
+        metavar="MODULE",
+        help="code changes meant to move numbers, for this run only: a module (backbones.vit or "
+        "transferbench.backbones.vit), a package (every module under it), `checkpoint` or `data`. A cell computed "
+        "in the same arithmetic on both sides whose outputs changed passes when every module that changed in its "
+        "fingerprint is accepted; the report lists it as accepted",
+    )
 
 
 def check_gate_options(args) -> None:

@@ -27,14 +27,19 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
         help="compare two records folders; exit 1 on regression",
         formatter_class=fmt,
         description="Match the cells of --current with those of --baseline on what they are (task, dataset, "
-        "backbone, stage, seed, report axes) and gate the change: a setting that differs is a protocol change "
+        "backbone, stage, seed, report axes) and gate the change. Cells that both sides computed in the same "
+        "arithmetic (the records' arithmetic digest: kernels, threads, libraries, precision) are judged to the bit: "
+        "equal outputs pass, outputs changed by code fail naming the modules (--accept-code accepts them), outputs "
+        "changed with nothing else changed are irreproducible and fail. The other cells are judged statistically: "
+        "a setting that differs is a protocol change "
         "and fails unless accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on "
         "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
         "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
         "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, a changed "
         "seed spread or an unaccepted protocol change, 0 otherwise (docs/regression.md).",
         epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
-        "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose",
+        "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose\n"
+        "  transferbench regress --baseline old --current new --accept-code backbones.dtn   # a meant numeric change",
     )
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
@@ -85,6 +90,14 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     nt.add_argument(
         "--allow-missing", action="store_true", help="pass a night that lacks baseline cells (default: it fails)"
     )
+    nt.add_argument(
+        "--rolling",
+        type=Path,
+        help="folder of rolling baselines, one per arithmetic (ROLLING/<digest>): the night is gated, exact tier "
+        "first, against the last passing night of the same arithmetic, and statistically against --baseline as a "
+        "fixed anchor; a passing night replaces its rolling baseline. A runner kind without one is gated against "
+        "the anchor alone",
+    )
     execution_options(nt)
     return nt
 
@@ -100,6 +113,7 @@ def regress(args) -> int:
         args.floor,
         alpha=args.alpha,
         accept=args.accept,
+        accept_code=args.accept_code,
         fail_on_missing=args.fail_on_missing,
     )
     print(text)
@@ -123,7 +137,8 @@ def nightly(args) -> int:
         tasks=args.tasks,
         backbones=args.backbone,
         seeds=args.seeds,
-        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept},
+        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
+        rolling=args.rolling,
         allow_missing=args.allow_missing,
         options=run_options(args),
         executor=executor,

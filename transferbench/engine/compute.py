@@ -36,7 +36,8 @@ class CellContext:
     """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
     a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
     data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
-    batch), progress bars and whether per-example results are kept (`log_samples`: an adapter that can returns
+    batch), precision pins (`pins`: per cell key, the bf16 choice of each `auto` step, in order), progress bars
+    and whether per-example results are kept (`log_samples`: an adapter that can returns
     them under "samples", {split: bool array in the split's order}; the record's file beside it holds them) and
     whether the training steps run through torch.compile (`compile`)."""
 
@@ -47,6 +48,8 @@ class CellContext:
     micro_batch: int | None = None
     log_samples: bool = False
     compile: bool = False  # torch.compile the model for the training steps (engine.train.fit)
+    # cell key -> the precision each of its `bf16: auto` steps takes, in order (nightly: the baseline's choices)
+    pins: dict | None = None
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(
@@ -165,6 +168,7 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     seconds, environment, traceback, the fingerprint of the code that computed it, the cache entries it read
     and computed): everything its record needs besides the cell. A UserError comes back as {"stop": message}:
     the runner stops the run with it."""
+    from .. import arithmetic
     from ..paths import TALLY, tally_since
 
     if ctx.device is None:
@@ -174,6 +178,7 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     except UserError as e:
         return {"stop": str(e)}
     before = TALLY.copy()
+    arithmetic.begin((ctx.pins or {}).get(cell.key))
     started = time.time()
     metrics, info, reason, tb, samples = {}, {}, "", None, {}
     try:
@@ -194,6 +199,8 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
+    how = {"device": ctx.device, "workers": ctx.workers, "compile": ctx.compile, "micro_batch": ctx.micro_batch}
+    arith, outputs = arithmetic.finish(metrics, **how)
     return {
         "status": status,
         "reason": reason,
@@ -202,6 +209,8 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         "seconds": round(time.time() - started, 3),
         "environment": environment(),
         "fingerprint": code,
+        "arithmetic": arith,
+        "outputs": outputs,
         "caches": tally_since(before),
         "traceback": tb,
         **({"samples": samples} if status == "ok" and samples else {}),

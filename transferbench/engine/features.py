@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..arithmetic import output
 from ..backbones.registry import backbone_code
 from ..fingerprint import Fingerprint, for_cache
 from ..paths import cache, sealed, verified
@@ -189,7 +190,9 @@ class FrozenFeatures:
             split=split,
             pool=self.pool,
         )
-        return (*cached(key, compute), key)
+        features, labels, hit = cached(key, compute)
+        output(f"features.{split}", features)
+        return features, labels, hit, key
 
     def _how(self, desc: str) -> Evaluation:
         return Evaluation(self.device, self.bf16, workers=self.workers, progress=self.progress, desc=desc)

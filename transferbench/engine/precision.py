@@ -4,7 +4,8 @@
 probing (the tensor cores' format). On a CPU without bf16 units (no `avx512_bf16` / `amx_bf16` in
 /proc/cpuinfo) bf16 is emulated, so it is fp32 without probing. Elsewhere a short probe times the cell's own
 step (forward + backward for training, forward for feature extraction and evaluation) at the cell's own
-model and batch shape in fp32 and in bf16, alternating, and takes the faster. A measured 2-core Xeon with
+model and batch shape in fp32 and in bf16, alternating, and takes bf16 only where it is at least PROBE_MARGIN
+faster (a near tie stays fp32, so that two fresh homes on one kind of machine decide alike). A measured 2-core Xeon with
 AMX ran a small ViT's training step 1.9x slower under bf16 autocast, so the CPU flags alone do not decide.
 
 The decision is cached per (device kind, threads, torch version, step signature) under
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..arithmetic import note_precision, pinned
 from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths import cache, quarantine, sealed, verified
@@ -33,6 +35,9 @@ from ..paths import cache, quarantine, sealed, verified
 BF16_SETTINGS = ("auto", "on", "off", True, False)
 PROBE_PAIRS = 7  # timed (fp32, bf16) step pairs at most ...
 PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
+# bf16 only where it measures at least this much faster: a near tie (a fraction of a percent) stays fp32, so that a
+# fresh home's probe does not flip the arithmetic of a cell from one run to the next
+PROBE_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,15 @@ def device_kind(device: str) -> str:
 def resolve(setting, device: str, signature: dict, make_step: Callable[[], Callable[[bool], None]]) -> Precision:
     """The precision for a cell. `signature` names the step's shape (model, batch, input size, forward or
     training); `make_step()` is called only when a probe must run and returns `step(bf16)`, which runs one
-    step and returns once it is finished."""
+    step and returns once it is finished. Where the cell carries a pin (`transferbench nightly` pins `auto` to the
+    baseline record's choice), the probe still runs and its pick is kept in the info, but the pin decides
+    (`decided_by: baseline`). The choice is noted in the cell's arithmetic (transferbench.arithmetic)."""
+    choice = _resolve(setting, device, signature, make_step, pinned())  # the i-th pin is the i-th resolve's
+    note_precision(choice.bf16)
+    return choice
+
+
+def _resolve(setting, device: str, signature: dict, make_step, pin: bool | None) -> Precision:
     setting = check_setting(setting)
     if setting != "auto":
         return Precision(setting == "on", {"setting": setting})
@@ -109,17 +122,24 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
     if timing is None:
         timing = probe(make_step())
         _write(path, {**timing, "device": kind, "step": signature})
-    bf16 = timing["bf16_ms"] < timing["fp32_ms"]
-    return Precision(
-        bf16,
-        {
-            "setting": "auto",
-            "decided_by": "probe",
-            "probe_cached": cached,
-            "fp32_ms": timing["fp32_ms"],
-            "bf16_ms": timing["bf16_ms"],
-        },
-    )
+    bf16 = faster(timing)
+    info = {
+        "setting": "auto",
+        "decided_by": "probe",
+        "probe_cached": cached,
+        "fp32_ms": timing["fp32_ms"],
+        "bf16_ms": timing["bf16_ms"],
+        "margin": PROBE_MARGIN,
+    }
+    if pin is not None:
+        info.update(decided_by="baseline", probe_bf16=bf16)
+        bf16 = pin
+    return Precision(bf16, info)
+
+
+def faster(timing: dict, margin: float = PROBE_MARGIN) -> bool:
+    """Whether bf16 wins a probe: at least `margin` (a fraction) faster than fp32."""
+    return timing["bf16_ms"] < (1.0 - margin) * timing["fp32_ms"]
 
 
 def probe_key(kind: str, signature: dict) -> str:

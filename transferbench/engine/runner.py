@@ -154,6 +154,7 @@ def run_task(
     config: dict | None = None,
     compile: bool = False,
     stale: str = "stop",
+    pins: dict | None = None,
 ) -> RunSummary:
     """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
     (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
@@ -168,7 +169,8 @@ def run_task(
 
     A finished cell is skipped only when its record's fingerprint is the code's at hand (`cell_code`); for finished
     cells of other code, `stale` (STALE) says what happens: 'stop' raises one UserError before anything is computed
-    (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as finished."""
+    (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as finished.
+    `pins`: per cell key, the precision of each `bf16: auto` step (the nightly pins them to its baseline's)."""
     from .executors import InlineExecutor
 
     if stale not in STALE:
@@ -183,7 +185,7 @@ def run_task(
     store = RecordStore(out)
     store.remove_stale_temps()
     executor = executor or InlineExecutor()
-    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile)
+    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile, pins)
     if check_data and hasattr(adapter, "check_data"):
         adapter.check_data(task, ctx)
     if task.hparams.get("pixels") == "auto":
@@ -400,7 +402,8 @@ class CellLines:
 
 def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> dict:
     """A finished cell's record (schema SCHEMA_VERSION): the cell's fields and key, its outcome (status, metrics,
-    info, seconds, environment, fingerprint, caches), the run and the command that made it."""
+    info, seconds, environment, fingerprint, arithmetic and outputs digests (transferbench.arithmetic), caches),
+    the run and the command that made it."""
     record = {
         "schema_version": SCHEMA_VERSION,
         **cell.to_dict(),
@@ -415,6 +418,8 @@ def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> d
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "environment": outcome["environment"],
         "fingerprint": outcome.get("fingerprint"),
+        "arithmetic": outcome.get("arithmetic"),
+        "outputs": outcome.get("outputs"),
         "caches": outcome.get("caches") or {},
         "argv": sys.argv[1:],
         **({"config": config} if config else {}),

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..arithmetic import note_micro_batch, output
 from ..data.pixels import DEFAULT_PIXELS, normalise_uint8
 from .compute import check_finite
 from .precision import BF16_SETTINGS, autocast, resolve, shapes, training_step  # noqa: F401 (BF16_SETTINGS: the adapters' choices)
@@ -274,7 +275,7 @@ def fit(
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     bad_loss = torch.zeros((), device=device)
     total = torch.full((), float("nan"), device=device)
-    points, kept = set(loss_at), {}
+    points, kept, curve = set(loss_at), {}, []
     for step in steps_iter:
         x, y = next(batches)
         lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
@@ -285,6 +286,7 @@ def fit(
         bad_step = torch.where(first, at, bad_step)
         bad_loss = torch.where(first, total, bad_loss)
         at += 1
+        curve.append(total.detach())
         if step + 1 in points:
             kept[step + 1] = total
         if on_step is not None:
@@ -294,6 +296,9 @@ def fit(
         optimizer.step()
         if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
             _raise_if_diverged(bad_step, bad_loss)
+    note_micro_batch(micro or 0)
+    output(f"{desc}.loss_curve", torch.stack(curve) if curve else torch.zeros(0))
+    output(f"{desc}.weights", {n: p for n, p in model.state_dict().items()})
     return {
         "final_loss": float(total),
         **({"loss_at": {k: float(v) for k, v in sorted(kept.items())}} if loss_at else {}),
@@ -371,7 +376,9 @@ def predict(model, batches: Iterator, device: str, bf16: bool) -> tuple[np.ndarr
     preds, labels = [], []
     for x, y in batches:
         with autocast(device, bf16):
-            preds.append(model(x.to(device)).argmax(-1).cpu().numpy())
+            logits = model(x.to(device))
+        output("logits", logits)
+        preds.append(logits.argmax(-1).cpu().numpy())
         labels.append(np.asarray(y))
     return np.concatenate(preds), np.concatenate(labels)
 

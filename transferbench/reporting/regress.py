@@ -22,9 +22,12 @@
    loss, half of either for a pooled mean, a factor 2 for a spread). Worse is a regression, better an
    improvement; both are reported, only regressions (and spread changes) fail. A training loss that moves either
    way is a regression: a training curve is not a score, and a moved one is changed pretraining code.
-4. Reproduction. Where both sides ran on one kind of machine with the same libraries, every cell whose value
-   changed at all is counted per backbone (the embedded suites are bit-reproducible there); a count alone never
-   fails the gate.
+4. The exact tier comes first. A matched cell whose two records carry the same arithmetic digest
+   (transferbench.arithmetic: kernels, threads, BLAS, library versions, precision, ...) is judged to the bit, not
+   by statistics: equal outputs pass; different outputs where the code fingerprints differ fail, naming the
+   modules that changed (`--accept-code MODULE` accepts an intended change); different outputs from the same code,
+   weights and data are *irreproducible* and fail. Only the cells whose arithmetic differs (or is unrecorded) reach
+   the tests of 3.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import numpy as np
 from scipy import stats as _scipy
 from tabulate import tabulate
 
+from ..arithmetic import differences as arithmetic_differences
+from ..fingerprint import differences as code_differences
 from ..hashing import canon
 from ..records.stats import holm, mcnemar, paired_difference, pooled_variance, suite_mean, variance_ratio
 
@@ -45,8 +50,6 @@ FLOOR = 0.5  # the smallest change of one comparison that counts, in metric unit
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
 LOSS_FLOOR = 0.005  # ... of a training loss (`loss@STEP`), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
-# the machine and the libraries that decide the arithmetic: equal on both sides, a rerun of unchanged code is exact
-ARITHMETIC = ("device", "torch", "numpy", "timm", "python")
 
 
 def words(axes: dict) -> str:
@@ -109,12 +112,65 @@ class ProtocolChange:
 
 
 @dataclass
+class ExactCell:
+    """One matched cell of the exact tier whose outputs differ."""
+
+    task: str
+    dataset: str
+    backbone: str
+    stage: str
+    seed: int
+    axes: dict
+    causes: tuple  # the modules whose code changed (and 'checkpoint ...' / 'data ...' where those changed); () if none
+    change: float | None  # current - baseline of the main metric (> 0 better), None where unavailable
+    accepted: bool = False
+
+    @property
+    def cell(self) -> str:
+        axes = f" {words(self.axes)}" if self.axes else ""
+        return f"{self.task} / {self.dataset} / {self.backbone} {self.stage}{axes} seed {self.seed}".replace("  ", " ")
+
+
+@dataclass
+class Exact:
+    """The exact tier: matched cells whose records carry one arithmetic digest."""
+
+    identical: int = 0
+    changed: list = field(default_factory=list)  # ExactCell: outputs differ and code, weights or data changed
+    irreproducible: list = field(default_factory=list)  # ExactCell: outputs differ, nothing else did
+    statistical: int = 0  # matched cells left to the statistical tier (their arithmetic differs or is unrecorded)
+    why: dict = field(default_factory=dict)  # what differs in the arithmetic -> cells it sent to the statistical tier
+    enabled: bool = True
+
+    @property
+    def judged(self) -> int:
+        return self.identical + len(self.changed) + len(self.irreproducible)
+
+    @property
+    def failing(self) -> list:
+        return [x for x in self.changed if not x.accepted]
+
+    @property
+    def accepted(self) -> list:
+        return [x for x in self.changed if x.accepted]
+
+    def modules(self, accepted: bool | None = None) -> dict:
+        """cause -> cells it is named in (all, or only the accepted / failing ones)."""
+        out: dict = defaultdict(int)
+        for x in self.changed:
+            if accepted is None or x.accepted == accepted:
+                for m in x.causes:
+                    out[m] += 1
+        return dict(sorted(out.items()))
+
+
+@dataclass
 class Gate:
     comparisons: list[Comparison]
     protocol: list[ProtocolChange]
     missing: list  # baseline cells (task, dataset, backbone, stage, seed, axes) without a current counterpart
     new: list
-    exact: dict | None  # backbone -> (changed, compared) where both sides share machine kind and libraries
+    exact: Exact  # the cells of equal arithmetic, judged to the bit
     selection: list  # (task, dataset, backbone, axes, seed, before, after): a final stage selected differently
     alpha: float
     floor: float = FLOOR
@@ -138,15 +194,6 @@ class Gate:
     @property
     def unaccepted(self) -> list[ProtocolChange]:
         return [p for p in self.protocol if not p.accepted]
-
-    def reproduction(self) -> str:
-        """'' or a sentence naming the backbones whose values changed at all where the two sides ran on one kind of
-        machine with the same libraries (exact reproduction expected)."""
-        moved = {k: v for k, v in (self.exact or {}).items() if v[0]}
-        if not moved:
-            return ""
-        parts = ", ".join(f"{k} {c} of {n}" for k, (c, n) in moved.items())
-        return f"Same machine kind and libraries, yet values changed: {parts} cells."
 
     def direction(self) -> str:
         """'' or a sentence when the cell changes point one way more than chance allows (a sign test at alpha
@@ -235,8 +282,15 @@ def _direction(r: dict, metric: str) -> float:
     return 1.0 if r.get("mode", "max") == "max" else -1.0
 
 
-def _environment(records: list[dict]) -> set:
-    return {canon({k: (r.get("environment") or {}).get(k) for k in ARITHMETIC}) for r in records}
+def accepts_code(accept_code, cause: str) -> bool:
+    """Whether `accept_code` (module names, with or without the leading `transferbench.`, a package naming every
+    module under it; `checkpoint` or `data` for changed weights or data) names this cause of a changed cell."""
+    name = cause.split(" ")[0]
+    for a in accept_code or ():
+        for full in {a, f"transferbench.{a}"}:
+            if name == full or name.startswith(full + "."):
+                return True
+    return False
 
 
 def accepts(accept, task: str, setting: str) -> bool:
@@ -251,15 +305,19 @@ def gate(
     floor: float = FLOOR,
     alpha: float = ALPHA,
     accept=(),
+    accept_code=(),
+    exact: bool = True,
     shared=None,
 ) -> Gate:
-    """Match, test and judge (module docstring). `shared(task)`: whether one run per seed serves every dataset of
-    a task (spec.seeds_shared), which decides the pooled test's units."""
+    """Match, judge the cells of equal arithmetic exactly (`exact`; False: every cell goes to the statistical tier,
+    as against a fixed anchor), test and judge the rest (module docstring). `shared(task)`: whether one run per
+    seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units."""
     if shared is None:
         from ..spec import seeds_shared as shared
     axes = _axes(baseline, current)
     b, c = _index(baseline, axes), _index(current, axes)
-    changes, selection, pairs, axes_of = _match(b, c, axes)
+    tier = Exact(enabled=exact)
+    changes, selection, pairs, axes_of = _match(b, c, axes, tier, accept_code)
     for pc in changes.values():
         pc.accepted = accepts(accept, pc.task, pc.setting)
     comparisons, paired = _cell_comparisons(pairs, axes_of, floor)
@@ -271,7 +329,7 @@ def gate(
         sorted(changes.values(), key=lambda p: (p.task, p.setting)),
         sorted(k for k in b if k not in c),
         sorted(k for k in c if k not in b),
-        _exact(baseline, current, b, c),
+        tier,
         selection,
         alpha,
         floor,
@@ -279,9 +337,10 @@ def gate(
     )
 
 
-def _match(b: dict, c: dict, axes) -> tuple[dict, list, dict, dict]:
+def _match(b: dict, c: dict, axes, tier: Exact, accept_code=()) -> tuple[dict, list, dict, dict]:
     """The records both sides hold, matched: protocol changes (a setting that differs), changed selections of a
-    final stage, and the pairs of every (task, dataset, backbone, stage, axes, split, metric) per seed."""
+    final stage, the cells of equal arithmetic judged exactly (into `tier`), and for the statistical tier the pairs
+    of every other (task, dataset, backbone, stage, axes, split, metric) per seed."""
     changes: dict[tuple, ProtocolChange] = {}
     selection = []
     pairs = defaultdict(dict)  # (task, dataset, backbone, stage, axes, split, metric) -> seed -> (base, cur) records
@@ -308,6 +367,8 @@ def _match(b: dict, c: dict, axes) -> tuple[dict, list, dict, dict]:
             now = {k: rc["hparams"].get(k) for k in rb.get("select", [])}
             if chosen != now:
                 selection.append((task, dataset, backbone, words(ax), seed, words(chosen), words(now)))
+        if _judged_exactly(rb, rc, key, ax, tier, accept_code):
+            continue
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
             for metric in _metrics(rb, rc, split):
                 group = (task, dataset, backbone, stage, axkey, split, metric)
@@ -455,19 +516,59 @@ def _judge(comparisons: list, alpha: float) -> None:
             x.verdict = "see pooled"
 
 
-def _exact(baseline: list, current: list, b: dict, c: dict):
-    """On one machine and environment: per backbone, (cells whose metrics differ at all, cells compared); else None."""
-    env_b, env_c = _environment(baseline), _environment(current)
-    if len(env_b) != 1 or env_b != env_c:
-        return None
-    exact = defaultdict(lambda: [0, 0])
-    for key in set(b) & set(c):
-        (rb, _), (rc, _) = b[key], c[key]
-        if rb["status"] != "ok" or rc["status"] != "ok":
-            continue
-        exact[key[2]][1] += 1
-        exact[key[2]][0] += canon(rb.get("metrics")) != canon(rc.get("metrics"))
-    return {k: tuple(v) for k, v in sorted(exact.items())}
+def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accept_code) -> bool:
+    """Judge one matched cell in the exact tier where both records are finished and carry one arithmetic digest;
+    False (the statistical tier's) otherwise, counting why."""
+    if rb["status"] != "ok" or rc["status"] != "ok":
+        return False
+    ab, ac = rb.get("arithmetic") or {}, rc.get("arithmetic") or {}
+    if not tier.enabled or not ab.get("digest") or ab.get("digest") != ac.get("digest"):
+        if tier.enabled:
+            why = arithmetic_differences(ab, ac)
+            reason = why[0] + (f" (and {len(why) - 1} more)" if len(why) > 1 else "") if why else "arithmetic differs"
+            tier.why[reason] = tier.why.get(reason, 0) + 1
+        tier.statistical += 1
+        return False
+    if _outputs(rb) == _outputs(rc):
+        tier.identical += 1
+        return True
+    task, dataset, backbone, stage, seed, _ = key
+    causes = (
+        [
+            d.removesuffix(" changed").removesuffix(" added").removesuffix(" gone") + _how(d)
+            for d in code_differences(rb.get("fingerprint"), rc.get("fingerprint") or {})
+            if not _library(d)
+        ]
+        if rb.get("fingerprint")
+        else ["code unrecorded"]
+    )
+    if rb.get("checkpoint_sha256") != rc.get("checkpoint_sha256"):
+        causes.append(f"checkpoint {str(rb.get('checkpoint_sha256'))[:12]} -> {str(rc.get('checkpoint_sha256'))[:12]}")
+    if rb.get("data_version") != rc.get("data_version"):
+        causes.append(f"data {rb.get('data_version')} -> {rc.get('data_version')}")
+    split = _main_split(rb)
+    vb, vc = _value_of(rb, split), _value_of(rc, split)
+    change = None if vb is None or vc is None else _direction(rb, rb["metric"]) * (vc - vb)
+    cell = ExactCell(task, dataset, backbone, stage, seed, ax, tuple(causes), change)
+    if causes:
+        cell.accepted = all(accepts_code(accept_code, m) for m in causes)
+        tier.changed.append(cell)
+    else:
+        tier.irreproducible.append(cell)
+    return True
+
+
+def _how(difference: str) -> str:
+    return " (added)" if difference.endswith(" added") else " (gone)" if difference.endswith(" gone") else ""
+
+
+def _library(difference: str) -> bool:
+    return not difference.endswith((" changed", " added", " gone"))
+
+
+def _outputs(r: dict) -> str:
+    """What the exact tier compares: the outputs digest and the metrics."""
+    return canon({"outputs": r.get("outputs"), "metrics": r.get("metrics")})
 
 
 def moved_test(diffs: list) -> tuple[float, float, int, int]:
@@ -512,16 +613,23 @@ def verdict(
     *,
     alpha: float = ALPHA,
     accept=(),
+    accept_code=(),
+    exact: bool = True,
     fail_on_missing: bool = False,
     fail_on_failed: bool = False,
     title: str = "Regression report",
 ) -> tuple[str, int]:
-    """(markdown report, exit code): 1 when a test fires for the worse, the seed spread changed, a protocol change
-    is not accepted, a cell of `current` failed (with `fail_on_failed`) or baseline cells are missing from
-    `current` (with `fail_on_missing`); else 0."""
-    g = gate(baseline, current, floor=floor, alpha=alpha, accept=accept)
+    """(markdown report, exit code): 1 when a cell of equal arithmetic changed by code not accepted
+    (`accept_code`) or irreproducibly, a test fires for the worse, the seed spread changed, a protocol change is
+    not accepted, a cell of `current` failed (with `fail_on_failed`) or baseline cells are missing from `current`
+    (with `fail_on_missing`); else 0. `exact` False: the statistical tier judges every cell (a fixed anchor)."""
+    g = gate(baseline, current, floor=floor, alpha=alpha, accept=accept, accept_code=accept_code, exact=exact)
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
     reasons = []
+    if g.exact.failing:
+        reasons.append(f"{len(g.exact.failing)} changed by code")
+    if g.exact.irreproducible:
+        reasons.append(f"{len(g.exact.irreproducible)} irreproducible")
     if g.regressed:
         reasons.append(f"{len(g.regressed)} regressed")
     if g.unaccepted:
@@ -546,7 +654,7 @@ def _p(p: float | None) -> str:
 
 
 def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) -> str:
-    sections = (_protocol_section, _pooled_section, _moved_section, _spread_section, _cell_sections, _exact_section)
+    sections = (_exact_section, _protocol_section, _pooled_section, _moved_section, _spread_section, _cell_sections)
     lines = _summary(g, failed, title, reasons)
     for section in sections:
         lines += section(g)
@@ -566,7 +674,10 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
     lines += [
         f"# {title}",
         "",
-        f"{head}: {counts['regressed']} regressed, {counts['improved']} improved, {counts['unchanged']} unchanged, "
+        f"{head}: {_tiers(g)}",
+        "",
+        f"Statistical tier: {counts['regressed']} regressed, {counts['improved']} improved, "
+        f"{counts['unchanged']} unchanged, "
         f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
         f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}, "
         f"{len(g.of('moved', 'moved'))} moved either way; {len(spread)} seed spreads changed; "
@@ -575,8 +686,7 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         + f"; {len(g.missing)} cells missing from current, {len(g.new)} new"
         + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
-        + (f" {g.direction()}" if g.direction() else "")
-        + (f" {g.reproduction()}" if g.reproduction() else ""),
+        + (f" {g.direction()}" if g.direction() else ""),
         "",
         f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled and "
         f"spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) and its "
@@ -745,23 +855,72 @@ def _cell_sections(g: Gate) -> list[str]:
     return lines
 
 
+def _tiers(g: Gate) -> str:
+    """The report's first line: how many cells each tier judged, and what the exact tier found."""
+    t = g.exact
+    if not t.enabled:
+        return f"exact tier off (a fixed anchor); {t.statistical} cells judged by the statistical tier."
+    found = [f"{t.identical} bit-identical"]
+    found += [f"{len(t.failing)} changed by code"] if t.failing or not t.accepted else []
+    found += [f"{len(t.accepted)} changed by accepted code"] if t.accepted else []
+    found += [f"{len(t.irreproducible)} irreproducible"]
+    everything = "all " if t.judged and not t.statistical else ""
+    return (
+        f"{everything}{t.judged} cells judged exactly ({', '.join(found)}), {t.statistical} by the statistical tier "
+        "(their arithmetic differs or is unrecorded)."
+    )
+
+
 def _exact_section(g: Gate) -> list[str]:
-    """Same machine and libraries: the cells whose numbers changed at all."""
-    lines: list[str] = []
-    if g.exact is not None:
+    """The exact tier: the modules that changed numbers, the cells they changed, irreproducible cells, and why
+    other cells went to the statistical tier."""
+    t, lines = g.exact, []
+    if t.changed:
+        rows = []
+        for cause, n in t.modules().items():
+            cells = [x for x in t.changed if cause in x.causes]
+            moved = [abs(x.change) for x in cells if x.change is not None]
+            verdict = "accepted" if all(x.accepted for x in cells) else "FAILS"
+            rows.append(
+                [cause, n, ", ".join(sorted({x.task for x in cells})), _num(max(moved, default=0), ".3g"), verdict]
+            )
         lines += [
-            "## Exact reproduction",
+            "## Changed by code",
             "",
-            "Both sides ran on one kind of machine with the same libraries, where unchanged code reproduces every "
-            "number exactly. Cells whose value changed at all (this alone does not fail the gate):",
+            "Cells computed in the same arithmetic on both sides whose outputs differ, and the modules (or weights or "
+            "data) that changed between their fingerprints. Accept an intended change for one night with "
+            "`--accept-code MODULE`.",
             "",
-            _md(
-                [[k, changed, n] for k, (changed, n) in g.exact.items()],
-                ["backbone", "changed", "compared"],
-            ),
+            _md(rows, ["changed", "cells", "tasks", "max |Δ| of the metric", "verdict"]),
+            "",
+        ]
+        lines += _cell_list(t.changed, lambda x: f" (Δ {_num(x.change, '+.4g')})" + (" accepted" if x.accepted else ""))
+    if t.irreproducible:
+        lines += [
+            "## Irreproducible",
+            "",
+            "Same code, weights, data and arithmetic on both sides, yet other outputs: a source of nondeterminism "
+            "in these cells (docs/regression.md#irreproducible).",
+            "",
+        ]
+        lines += _cell_list(t.irreproducible, lambda x: f" (Δ {_num(x.change, '+.4g')})")
+    if t.enabled and t.why:
+        lines += [
+            "## Judged statistically",
+            "",
+            "Cells whose arithmetic differs between the two sides (the first difference each shows):",
+            "",
+            _md(sorted(([k, v] for k, v in t.why.items()), key=lambda r: -r[1]), ["arithmetic", "cells"]),
             "",
         ]
     return lines
+
+
+def _cell_list(cells, tail) -> list[str]:
+    lines = [f"- {x.cell}{tail(x)}" for x in cells[:50]]
+    if len(cells) > 50:
+        lines.append(f"- ... and {len(cells) - 50} more")
+    return lines + [""]
 
 
 def _failed_section(failed) -> list[str]:

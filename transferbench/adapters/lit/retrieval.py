@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ...arithmetic import output
 from .towers import tokenizer
 
 
@@ -17,6 +18,7 @@ def retrieval_recall(image: torch.Tensor, text: torch.Tensor, captions: Sequence
     _, group = np.unique(np.asarray(captions), return_inverse=True)
     group = torch.as_tensor(group)
     sim = image @ text.T
+    output("retrieval.similarity", sim)
     out = {}
     for k in ks:
         k_ = min(k, len(group))

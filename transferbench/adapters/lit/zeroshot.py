@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...arithmetic import output
+
 PROMPTS = ("big_vision", "open_clip")
 
 
@@ -123,6 +125,7 @@ def evaluate_zero_shot(model, frozen, data, ds: dict, identity: dict, s, device:
         model, tokenizer(s.context_length), names, templates, device=device, progress=progress
     )
     logits = model.encode_image(torch.from_numpy(x).to(device), normalize=True).float().cpu() @ weights
+    output("zeroshot.logits", logits)
     acc = topk_accuracy(logits, y)
     test = {"accuracy": 100 * acc[1], **({"top5": 100 * acc[5]} if 5 in acc else {})}
     hits = (logits.argmax(1) == torch.as_tensor(np.asarray(y))).numpy()

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...arithmetic import output
 from ...backbones.api import patch_grid
 from ...data.pixels import DEFAULT_PIXELS
 from ...data.segmentation import eval_image
@@ -187,6 +188,7 @@ def predict(
             bf16=bf16,
         ).argmax(-1)
     pred = pred.to(torch.uint8 if num_classes <= 255 else torch.int64)
+    output("segmentation.prediction", pred)
     return pred[0] if single else pred
 
 

@@ -1,0 +1,142 @@
+"""The arithmetic digest (transferbench/arithmetic.py): what it holds and what changes it, the cache entries that say
+which arithmetic computed them, the records that say when they read one computed elsewhere, the outputs digest that
+sees a change the quantised accuracy hides, and the bf16 probe's margin and pins."""
+
+import json
+
+import pytest
+import torch
+from kit import cli, embedded_home
+
+from transferbench import arithmetic
+from transferbench.engine import precision
+from transferbench.records.store import load_records
+
+FEWSHOT = "run fewshot --suite nightly --datasets mini_digits --backbone mu4 --seeds 0 --set bf16=off --no-progress"
+
+
+def test_the_machine_digest_holds_kernels_threads_and_steering_variables(monkeypatch):
+    a = arithmetic.machine()
+    assert a == arithmetic.machine()  # stable within a process
+    assert a["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert a["threads"]["intra_op"] == torch.get_num_threads()
+    assert a["libraries"]["torch"] == torch.__version__.split("+")[0] or a["libraries"]["torch"] in torch.__version__
+    assert {"numpy", "scipy", "timm", "open_clip_torch", "python"} <= set(a["libraries"])
+    # another thread count is another arithmetic (another reduction order), and says so
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        b = arithmetic.machine()
+    finally:
+        torch.set_num_threads(threads)
+    assert b["digest"] != a["digest"]
+    rec = lambda m: {"machine": m, "cell": {}, "caches": {}}  # noqa: E731
+    assert f"threads.intra_op {threads} -> {threads + 1}" in arithmetic.differences(rec(a), rec(b))
+    # so is a variable that steers kernels
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    c = arithmetic.machine()
+    assert c["digest"] != a["digest"] and arithmetic.differences(rec(a), rec(c)) == [
+        "variables.MKL_CBWR (none) -> COMPATIBLE"
+    ]
+
+
+def test_records_carry_arithmetic_and_outputs_and_name_a_cache_entry_of_other_arithmetic(
+    suite_home, tmp_path, monkeypatch
+):
+    home = embedded_home(suite_home, tmp_path / "home")
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(home))
+    assert cli(f"{FEWSHOT} --out", tmp_path / "a") == 0
+    first = {r["key"]: r for r in load_records([tmp_path / "a"])}
+    assert len(first) == 4
+    for r in first.values():
+        assert r["arithmetic"]["cell"] == {
+            "device": "cpu",
+            "precision": ["fp32"],
+            "micro_batch": 0,
+            "compile": False,
+            "workers": 0,
+        }
+        assert r["arithmetic"]["machine"]["digest"] == arithmetic.machine_digest()
+        assert r["arithmetic"]["caches"] == {} and len(r["outputs"]) == 24
+    # every cache entry records the arithmetic that computed it
+    sides = sorted((home / "features").glob("*.digest"))
+    assert sides and all(json.loads(p.read_text())["arithmetic"] == arithmetic.machine_digest() for p in sides)
+    # a rerun in the same arithmetic reads the features and reproduces every output
+    assert cli(f"{FEWSHOT} --force --out", tmp_path / "b") == 0
+    for r in load_records([tmp_path / "b"]):
+        assert r["info"]["cache_hit"] == {"train": True, "test": True}
+        assert (r["arithmetic"]["digest"], r["outputs"]) == (
+            first[r["key"]]["arithmetic"]["digest"],
+            first[r["key"]]["outputs"],
+        )
+    # entries said to be computed elsewhere: the record names them, and its arithmetic is another
+    for p in sides:
+        p.write_text(json.dumps({**json.loads(p.read_text()), "arithmetic": "elsewhere"}))
+    assert cli(f"{FEWSHOT} --force --out", tmp_path / "c") == 0
+    for r in load_records([tmp_path / "c"]):
+        assert r["arithmetic"]["caches"] == {"features": ["elsewhere"]}
+        assert r["arithmetic"]["digest"] != first[r["key"]]["arithmetic"]["digest"]
+        assert r["outputs"] == first[r["key"]]["outputs"]  # the same features, read
+
+
+def test_the_outputs_digest_sees_a_solver_change_that_the_accuracy_hides(suite_home, tmp_path, monkeypatch):
+    """benchmarks/gate_power.py's `fewshot_bias`: the ridge probe's bias feature 1 instead of 100 changes the
+    probe's weights and scores in every cell, but an accuracy (a count of right answers) in few of them."""
+    from transferbench.adapters import fewshot
+
+    home = embedded_home(suite_home, tmp_path / "home")
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(home))
+    assert cli(f"{FEWSHOT} --out", tmp_path / "a") == 0
+    monkeypatch.setattr(fewshot, "BIAS", 1.0)
+    assert cli(f"{FEWSHOT} --force --out", tmp_path / "b") == 0
+    a = {r["key"]: r for r in load_records([tmp_path / "a"])}
+    b = {r["key"]: r for r in load_records([tmp_path / "b"])}
+    assert all(b[k]["outputs"] != a[k]["outputs"] for k in a)
+    assert all(b[k]["arithmetic"]["digest"] == a[k]["arithmetic"]["digest"] for k in a)
+
+
+def test_the_probe_takes_bf16_only_past_its_margin():
+    assert precision.faster({"fp32_ms": 100.0, "bf16_ms": 99.4}) is False  # a 0.6% tie stays fp32
+    assert precision.faster({"fp32_ms": 100.0, "bf16_ms": 89.0}) is True
+    assert precision.faster({"fp32_ms": 100.0, "bf16_ms": 91.0}) is False
+    assert precision.PROBE_MARGIN == 0.10
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_pin_decides_auto_while_the_probe_still_runs(tmp_path, monkeypatch, pin):
+    import time
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
+    ran = []
+
+    def make_step():
+        def step(bf16):
+            ran.append(bf16)
+            time.sleep(0.004 if bf16 else 0.0005)  # fp32 is 8x faster: the probe picks fp32
+
+        return step
+
+    arithmetic.begin([pin])
+    choice = precision.resolve("auto", "cpu", {"mode": "eval", "pin": pin}, make_step)
+    assert ran and choice.bf16 is pin and choice.info["probe_bf16"] is False
+    assert choice.info["decided_by"] == "baseline"
+    # without a pin the probe decides (read from its cache now)
+    arithmetic.begin()
+    again = precision.resolve("auto", "cpu", {"mode": "eval", "pin": pin}, make_step)
+    assert again.bf16 is False and again.info["decided_by"] == "probe" and again.info["probe_cached"]
+    # the i-th pin is the i-th resolve's, whatever the setting: `off` consumes one and keeps fp32
+    arithmetic.begin([True, pin])
+    assert precision.resolve("off", "cpu", {}, make_step).bf16 is False
+    assert precision.resolve("auto", "cpu", {"mode": "eval", "pin": pin}, make_step).bf16 is pin
+    record, _ = arithmetic.finish({}, device="cpu", workers=0, compile=False, micro_batch=None)
+    assert record["cell"]["precision"] == ["fp32", "bf16" if pin else "fp32"]
+
+
+def test_pins_come_from_the_baseline_records_in_order():
+    recs = [
+        {"key": "k1", "status": "ok", "arithmetic": {"cell": {"precision": ["bf16", "fp32"]}}},
+        {"key": "k2", "status": "failed", "arithmetic": {"cell": {"precision": ["bf16"]}}},
+        {"key": "k3", "status": "ok"},  # a record of older code: no pin
+    ]
+    assert arithmetic.pins_of(recs) == {"k1": [True, False]}

@@ -1,0 +1,333 @@
+"""The arithmetic a number was computed in, and a digest of the raw outputs that computed it.
+
+The code fingerprint (fingerprint.py) says *what* computed a number. This module says *how the machine did the
+arithmetic*: everything that can change a number's bits while the code stays the same.
+
+- **machine** (one per process, `machine()`): ATen's CPU capability, the CPU's vendor, family, model and the ISA
+  flags that select kernels, the effective intra-op and inter-op threads, every BLAS/OpenMP pool with its settings
+  (threadpoolctl), a digest of `torch.__config__.show()`, the environment variables that steer kernels
+  (`ATEN_CPU_CAPABILITY`, `*_NUM_THREADS`, `MKL_CBWR`, `ONEDNN_MAX_CPU_ISA`, `OPENBLAS_CORETYPE`, ...), the version
+  of every library a code fingerprint may name, torch's determinism and matmul-precision flags and, on CUDA, the
+  device, driver, cuDNN, TF32 flags and `CUBLAS_WORKSPACE_CONFIG`.
+- **cell** (one per cell): the precision each step actually ran in (bf16 or fp32, in the order the cell resolved
+  them), the micro-batch training really used, torch.compile, the data workers and the device.
+- **caches**: the machine digests of cache entries the cell read that were computed under another machine's
+  arithmetic (every cache entry's digest file records the arithmetic that wrote it, `paths.sealed`).
+
+A record's `arithmetic.digest` is the digest of those three: two records with equal digests were computed in the
+same arithmetic, so unchanged code with unchanged inputs gives them the same bits (the gate's exact tier,
+reporting.regress). A record's `outputs` is the sha256 of its raw outputs (predictions and logits, the few-shot
+probe's scores, features, the training loss curve and the trained weights, the metrics before rounding): accuracy
+is quantised, so a change can move the outputs and leave the accuracy.
+
+A cell's trace (`begin`/`finish`) is per process: one cell at a time runs in a process (the inline executor, and
+each worker of the pool and Ray executors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+from .hashing import canon, digest
+
+# the environment variables that steer which kernels run and how they reduce (a name ending in _NUM_THREADS too)
+KERNEL_VARIABLES = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_DYNAMIC",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "OPENBLAS_VERBOSE",
+    "KMP_AFFINITY",
+    "GOMP_CPU_AFFINITY",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUDA_VISIBLE_DEVICES",
+)
+# the CPU flags that decide which vector kernels ATen, oneDNN and the BLAS pick (x86 and Arm)
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512cd",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512ifma",
+    "avx512vbmi",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "asimdhp",
+    "sve",
+    "sve2",
+    "bf16",
+    "i8mm",
+)
+
+
+# --- the machine --------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> dict:
+    """vendor, family, model, model name and the kernel-selecting flags of the first processor in /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"vendor": platform.machine(), "flags": []}
+    first = text.split("\n\n")[0]
+    fields = {}
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {
+        "vendor": fields.get("vendor_id") or fields.get("CPU implementer"),
+        "family": fields.get("cpu family") or fields.get("CPU architecture"),
+        "model": fields.get("model") or fields.get("CPU part"),
+        "model_name": fields.get("model name") or fields.get("Hardware"),
+        "flags": sorted(flags & set(ISA_FLAGS)),
+    }
+
+
+@lru_cache(maxsize=1)
+def _torch_config() -> str:
+    import torch
+
+    return hashlib.sha256(torch.__config__.show().encode()).hexdigest()[:16]
+
+
+def _pools() -> dict:
+    """The BLAS and OpenMP pools of numpy, scipy and torch, as threadpoolctl sees them, without their file paths,
+    each kind once. The three are loaded first, so that the list does not depend on what a cell happened to import
+    before."""
+    import numpy  # noqa: F401 - each loads its own BLAS or OpenMP runtime
+    import scipy.linalg  # noqa: F401
+    import torch  # noqa: F401
+    from threadpoolctl import threadpool_info
+
+    keep = ("internal_api", "num_threads", "threading_layer", "architecture")
+    pools = {}
+    for p in threadpool_info():
+        pools[f"{p.get('user_api')}:{p.get('prefix')}:{p.get('version')}"] = {
+            k: p.get(k) for k in keep if p.get(k) is not None
+        }
+    return dict(sorted(pools.items()))
+
+
+def _variables() -> dict:
+    names = set(KERNEL_VARIABLES) | {k for k in os.environ if k.endswith("_NUM_THREADS")}
+    return {k: os.environ[k] for k in sorted(names) if k in os.environ}
+
+
+def _cuda() -> dict | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    driver = None
+    try:
+        import ctypes
+
+        version = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        driver = version.value
+    except OSError:
+        pass
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "capability": list(torch.cuda.get_device_capability(0)),
+        "runtime": torch.version.cuda,
+        "driver": driver,
+        "cudnn": torch.backends.cudnn.version(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+
+
+def _libraries() -> dict:
+    from .fingerprint import CORE, CORRUPT, DATA, TEXT, library_versions
+
+    return dict(library_versions(tuple(sorted(set(CORE + DATA + TEXT + CORRUPT)))))
+
+
+def machine() -> dict:
+    """This process's arithmetic as a dict with its `digest` (module docstring). Threads and flags are read at
+    each call (a worker sets its threads after start); the rest once per process."""
+    import torch
+
+    parts = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": _cpuinfo(),
+        "threads": {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()},
+        "pools": _pools(),
+        "torch_config": _torch_config(),
+        "variables": _variables(),
+        "libraries": _libraries(),
+        "flags": {
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        },
+        "cuda": _cuda(),
+    }
+    return {"digest": digest(parts, 16), **parts}
+
+
+def machine_digest() -> str:
+    return machine()["digest"]
+
+
+def differences(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between two records' `arithmetic` sections, in words: 'threads.intra_op 1 -> 2',
+    'cell.precision [fp32] -> [bf16]', 'cpu_capability AVX512 -> DEFAULT'; ['no arithmetic recorded'] where one
+    side has none."""
+    if not a or not b:
+        return ["no arithmetic recorded"]
+    out: list[str] = []
+
+    def walk(x, y, path):
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(set(x) | set(y)):
+                if k != "digest":
+                    walk(x.get(k), y.get(k), f"{path}.{k}" if path else k)
+        elif canon(x) != canon(y):
+            out.append(f"{path} {_short(x)} -> {_short(y)}")
+
+    walk(
+        {**a.get("machine", {}), "cell": a.get("cell"), "caches": a.get("caches")},
+        {**b.get("machine", {}), "cell": b.get("cell"), "caches": b.get("caches")},
+        "",
+    )
+    return out
+
+
+def _short(v) -> str:
+    if v is None:
+        return "(none)"
+    text = v if isinstance(v, str) else canon(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- one cell's trace ---------------------------------------------------------------------------------------------
+
+
+class _Trace:
+    """What one cell did to the arithmetic and what it produced (one per process: the cell running in it)."""
+
+    def __init__(self, pins=None):
+        self.precision: list[str] = []  # 'bf16' | 'fp32' per resolved step, in order
+        self.micro_batch: list[int] = []  # the micro-batch each training loop ended with (0: the whole batch)
+        self.caches: dict[str, set] = {}  # cache folder -> machine digests of entries read that another computed
+        self.outputs = hashlib.sha256()
+        self.fed = 0
+        self.pins = list(pins) if pins else []  # the baseline's precision choices, in order (nightly)
+
+
+_TRACE = _Trace()
+
+
+def begin(pins=None) -> None:
+    """Start a cell's trace (`pins`: bools, the precision each auto-resolved step must take, in order)."""
+    global _TRACE
+    _TRACE = _Trace(pins)
+
+
+def note_precision(bf16: bool) -> None:
+    _TRACE.precision.append("bf16" if bf16 else "fp32")
+
+
+def pinned() -> bool | None:
+    """The next precision pin of this cell, or None where it has none (then the probe decides)."""
+    return _TRACE.pins.pop(0) if _TRACE.pins else None
+
+
+def note_micro_batch(micro: int) -> None:
+    _TRACE.micro_batch.append(int(micro or 0))
+
+
+def note_cache_read(kind: str, arithmetic: str | None) -> None:
+    """A cache entry of `kind` was read; `arithmetic` is the machine digest that computed it (None: unrecorded)."""
+    if arithmetic != machine_digest():
+        _TRACE.caches.setdefault(kind, set()).add(arithmetic or "unrecorded")
+
+
+def output(name: str, value) -> None:
+    """Feed one raw output of the cell (a tensor, an array, a number or a mapping of them) into its outputs
+    digest, with its name, dtype and shape."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        for k in sorted(value):
+            output(f"{name}.{k}", value[k])
+        return
+    if hasattr(value, "detach"):  # a torch tensor
+        import torch
+
+        value = value.detach()
+        if value.dtype.is_floating_point and value.dtype not in (torch.float16, torch.float32, torch.float64):
+            value = value.float()  # bf16 has no numpy type; widening keeps every bit
+        value = value.cpu().contiguous().numpy()
+    a = np.ascontiguousarray(np.asarray(value))
+    h = _TRACE.outputs
+    h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+    h.update(a.tobytes() if a.dtype != object else canon(a.tolist()).encode())
+    _TRACE.fed += 1
+
+
+def finish(metrics: dict, *, device: str, workers: int, compile: bool, micro_batch) -> tuple[dict, str]:
+    """(the record's `arithmetic`, its `outputs` digest) for the cell whose trace `begin` started; the metrics at
+    full precision end the outputs."""
+    output("metrics", {s: {k: float(v) for k, v in m.items()} for s, m in metrics.items()})
+    m = machine()
+    cell = {
+        "device": device.split(":")[0],
+        "precision": list(_TRACE.precision),
+        "micro_batch": list(_TRACE.micro_batch) or micro_batch or 0,
+        "compile": bool(compile),
+        "workers": int(workers),
+    }
+    caches = {k: sorted(v) for k, v in sorted(_TRACE.caches.items())}
+    record = {"digest": digest({"machine": m["digest"], "cell": cell, "caches": caches}, 16), "machine": m}
+    record.update(cell=cell, caches=caches)
+    return record, _TRACE.outputs.hexdigest()[:24]
+
+
+# --- records ------------------------------------------------------------------------------------------------------
+
+
+def pins_of(records: list[dict]) -> dict:
+    """{cell key: [bf16? of each precision the cell resolved, in order]} of the finished records that hold their
+    arithmetic: what `transferbench nightly` pins tonight's `bf16: auto` steps to."""
+    out = {}
+    for r in records:
+        cell = (r.get("arithmetic") or {}).get("cell") or {}
+        if r.get("status") == "ok" and cell.get("precision"):
+            out[r["key"]] = [p == "bf16" for p in cell["precision"]]
+    return out
+
+
+def arithmetic_key(records: list[dict]) -> str:
+    """The name of a night's arithmetic (its rolling baseline's folder): the digest of the machine digests its
+    records were computed under."""
+    machines = {((r.get("arithmetic") or {}).get("machine") or {}).get("digest") for r in records}
+    return digest(sorted(m or "unrecorded" for m in machines), 16)

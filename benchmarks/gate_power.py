@@ -116,8 +116,8 @@ CATALOGUE = [
         [
             (
                 "transferbench/data/pixels.py",
-                "return x.float().div_(255.0).sub_(mean).div_(std)",
-                "return x.float().div_(256.0).sub_(mean).div_(std)",
+                "return x.float().mul_(1.0 / 255.0).sub_(mean).div_(std)",
+                "return x.float().mul_(1.0 / 256.0).sub_(mean).div_(std)",
             )
         ],
     ),

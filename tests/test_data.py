@@ -178,6 +178,22 @@ def test_photo_patches_stay_in_their_strip():
     assert embedded.position_centre(0) == (0.125, 0.125) and embedded.position_centre(6) == (0.625, 0.375)
 
 
+@pytest.mark.parametrize("pixels", ["inception", "imagenet"])
+def test_batched_pixel_scaling_is_torchvisions_to_the_bit(pixels):
+    """data.pixels.normalise_uint8 (the batched and device-held paths) computes what torchvision's ToDtype(scale=True)
+    + Normalize compute per example, bit for bit: x * (1/255), not x / 255, which rounds 43% of the values of a
+    random image otherwise."""
+    from torchvision.transforms import v2
+
+    from transferbench.data.pixels import normalise_uint8, stats
+
+    x = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = stats(pixels)
+    reference = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])(x)
+    assert torch.equal(normalise_uint8(x, pixels), reference)
+    assert not torch.equal(x.float().div(255.0), x.float().mul(1.0 / 255.0))  # the two roundings do differ
+
+
 def test_transforms_map_pixels_to_signed_unit_range():
     white, black = Image.new("RGB", (40, 30), "white"), Image.new("RGB", (40, 30), "black")
     assert torch.equal(eval_transform(16)(white), torch.ones(3, 16, 16))

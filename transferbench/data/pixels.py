@@ -44,10 +44,11 @@ def stats(value: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def normalise_uint8(x: torch.Tensor, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
-    """uint8 images (..., 3, H, W) -> float32 (x / 255 - mean) / std, as torchvision's ToDtype + Normalize compute
-    it, on the images' device."""
+    """uint8 images (..., 3, H, W) -> float32 (x / 255 - mean) / std, bit for bit as torchvision's ToDtype(scale=True)
+    + Normalize compute it (a multiplication by 1/255, which rounds otherwise than a division by 255), on the
+    images' device."""
     mean, std = (torch.tensor(v, device=x.device).view(3, 1, 1) for v in stats(pixels))
-    return x.float().div_(255.0).sub_(mean).div_(std)
+    return x.float().mul_(1.0 / 255.0).sub_(mean).div_(std)
 
 
 def of(hparams: dict) -> str:

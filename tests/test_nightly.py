@@ -38,6 +38,40 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     assert "0 ok, 0 diverged, 0 failed, 8 skipped" in capsys.readouterr().err
 
 
+def test_rolling_baselines_one_per_arithmetic_and_the_anchor_gated_statistically(baseline, tmp_path, monkeypatch):
+    from transferbench.records.store import load_records
+
+    roll, out = tmp_path / "rolling", tmp_path / "nightly"
+    night = [*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--rolling", str(roll), "--date"]
+    # the first night of this arithmetic: none yet, so the anchor alone (exact tier on: the same machine); it passes
+    # and becomes the rolling baseline
+    assert main([*night, "n1"]) == 0
+    report = (out / "n1" / "REGRESSION.md").read_text()
+    assert "No rolling baseline of this arithmetic" in report and "all 8 cells judged exactly" in report
+    (kept,) = list(roll.iterdir())
+    assert len(load_records([kept])) == 8
+    # the next night: exact against the rolling baseline, statistical against the anchor
+    assert main([*night, "n2"]) == 0
+    report = (out / "n2" / "REGRESSION.md").read_text()
+    assert report.startswith(f"# Nightly n2: {out / 'n2'} vs the rolling baseline {kept}\n\n**OK**: all 8 cells judged")
+    anchor = report.split(f"## Against the anchor {baseline} (statistical tier)")[1]
+    assert "**OK**: exact tier off (a fixed anchor); 8 cells judged by the statistical tier." in anchor
+    # a failing night replaces nothing
+    monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
+    assert main([*night, "n3"]) == 1
+    assert "(8 irreproducible)" in (out / "n3" / "REGRESSION.md").read_text()
+    assert sorted(r["finished_at"] for r in load_records([kept])) == sorted(
+        r["finished_at"] for r in load_records([out / "n2"])
+    )
+    # another arithmetic (a variable that steers kernels): a rolling baseline of its own, none yet
+    monkeypatch.delenv("TOY_DEGRADE")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert main([*night, "n4"]) == 0
+    report = (out / "n4" / "REGRESSION.md").read_text()
+    assert "No rolling baseline of this arithmetic" in report and "0 cells judged exactly" in report
+    assert len(list(roll.iterdir())) == 2
+
+
 def test_outputs_that_move_with_code_and_arithmetic_unchanged_are_irreproducible(baseline, tmp_path, monkeypatch):
     # the toy adapter reads this variable: to the gate it is a cause outside code, weights, data and arithmetic
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
@@ -120,7 +154,16 @@ def test_the_workflow_runs_nightly_with_options_it_has_on_a_baseline_that_exists
     known = {o for a in nightly._actions for o in a.option_strings}
     used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", script.split("transferbench nightly", 1)[1]))
     assert used and used <= known, used - known
-    assert "--suite nightly" in script and "base=results/nightly" in script
+    assert "--suite nightly" in script and "base=results/nightly" in script and "--rolling rolling" in script
+    # every library pinned: a release is an announced change of the arithmetic
+    (install,) = [s["run"] for s in steps if s.get("name") == "Install"]
+    assert "-c .github/nightly-constraints.txt" in install
+    pins = dict(
+        line.split("==")
+        for line in (root / ".github/nightly-constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert {"torch", "torchvision", "numpy", "timm", "scipy", "pillow", "open_clip_torch"} <= set(pins)
     uploads = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))["with"]["path"]
     assert "REGRESSION.md" in uploads and "LEADERBOARD" in uploads
     # the first night's baseline: the committed nightly records, of every task that has a nightly suite

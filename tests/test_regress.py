@@ -200,7 +200,7 @@ def test_a_broad_small_shift_is_caught_by_the_pooled_test_alone():
     assert pooled["a"].p == pytest.approx(2 * stats.t.sf(abs(pooled["a"].change) / se, df))
     text, code = verdict(base, cur)
     assert code == 1 and "| fewshot | a          | accuracy | 7          |" in text
-    assert "Changes point one way: " in text.splitlines()[2]
+    assert "Changes point one way: " in text.splitlines()[4]
 
 
 def test_cells_that_move_both_ways_fail_though_the_mean_stays():
@@ -227,7 +227,7 @@ def test_cells_that_move_both_ways_fail_though_the_mean_stays():
     assert moved["a"].p == pytest.approx(stats.f.sf(f, 12, 24)) and moved["a"].n == 12
     assert moved["a"].current == pytest.approx(np.sqrt((d.mean(1) ** 2).mean()))
     text, code = verdict(base, cur)
-    assert code == 1 and "## Moved either way" in text and "1 moved either way" in text.splitlines()[2]
+    assert code == 1 and "## Moved either way" in text and "1 moved either way" in text.splitlines()[4]
 
 
 def test_improvements_are_reported_and_never_fail():
@@ -236,7 +236,7 @@ def test_improvements_are_reported_and_never_fail():
     g = gate(base, cur)
     assert {c.verdict for c in g.of("cell") if c.backbone == "b"} == {"improved"}
     text, code = verdict(base, cur)
-    assert code == 0 and "## Improvements" in text and "got better" in text.splitlines()[2]
+    assert code == 0 and "## Improvements" in text and "got better" in text.splitlines()[4]
 
 
 def test_a_collapsed_seed_spread_is_flagged():
@@ -538,4 +538,4 @@ def test_every_catalogued_fault_still_applies_to_the_code():
     for v in CATALOGUE:
         for path, old, _ in v.edits:
             assert (ROOT / path).read_text().count(old) == 1, (v.name, path, old)
-    assert len(CATALOGUE) == 20
+    assert len(CATALOGUE) == 21

@@ -200,9 +200,9 @@ def gate_options(p) -> None:
         default=[],
         metavar="MODULE",
         help="code changes meant to move numbers, for this run only: a module (backbones.vit or "
-        "transferbench.backbones.vit), a package (every module under it), `checkpoint` or `data`. A cell computed "
-        "in the same arithmetic on both sides whose outputs changed passes when every module that changed in its "
-        "fingerprint is accepted; the report lists it as accepted",
+        "transferbench.backbones.vit) or a package (every module under it). A cell computed in the same arithmetic "
+        "from the same weights and data on both sides whose outputs changed passes when every module that changed "
+        "in its fingerprint is accepted; the report lists it as accepted",
     )
 
 

@@ -121,7 +121,7 @@ class ExactCell:
     stage: str
     seed: int
     axes: dict
-    causes: tuple  # the modules whose code changed (and 'checkpoint ...' / 'data ...' where those changed); () if none
+    causes: tuple  # the modules whose code changed between the two fingerprints; () if none
     change: float | None  # current - baseline of the main metric (> 0 better), None where unavailable
     accepted: bool = False
 
@@ -284,7 +284,7 @@ def _direction(r: dict, metric: str) -> float:
 
 def accepts_code(accept_code, cause: str) -> bool:
     """Whether `accept_code` (module names, with or without the leading `transferbench.`, a package naming every
-    module under it; `checkpoint` or `data` for changed weights or data) names this cause of a changed cell."""
+    module under it) names this cause of a changed cell."""
     name = cause.split(" ")[0]
     for a in accept_code or ():
         for full in {a, f"transferbench.{a}"}:
@@ -517,15 +517,17 @@ def _judge(comparisons: list, alpha: float) -> None:
 
 
 def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accept_code) -> bool:
-    """Judge one matched cell in the exact tier where both records are finished and carry one arithmetic digest;
-    False (the statistical tier's) otherwise, counting why."""
+    """Judge one matched cell in the exact tier where both records are finished, read the same weights and data
+    and carry one arithmetic digest; False (the statistical tier's) otherwise, counting why. New weights are what a
+    comparison of two checkpoints is for: those cells are judged statistically."""
     if rb["status"] != "ok" or rc["status"] != "ok":
         return False
     ab, ac = rb.get("arithmetic") or {}, rc.get("arithmetic") or {}
-    if not tier.enabled or not ab.get("digest") or ab.get("digest") != ac.get("digest"):
+    inputs = [f"{what} differs" for what in ("checkpoint_sha256", "data_version") if rb.get(what) != rc.get(what)]
+    if not tier.enabled or inputs or not ab.get("digest") or ab.get("digest") != ac.get("digest"):
         if tier.enabled:
-            why = arithmetic_differences(ab, ac)
-            reason = why[0] + (f" (and {len(why) - 1} more)" if len(why) > 1 else "") if why else "arithmetic differs"
+            why = inputs or arithmetic_differences(ab, ac) or ["arithmetic differs"]
+            reason = why[0] + (f" (and {len(why) - 1} more)" if len(why) > 1 else "")
             tier.why[reason] = tier.why.get(reason, 0) + 1
         tier.statistical += 1
         return False
@@ -542,10 +544,6 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
         if rb.get("fingerprint")
         else ["code unrecorded"]
     )
-    if rb.get("checkpoint_sha256") != rc.get("checkpoint_sha256"):
-        causes.append(f"checkpoint {str(rb.get('checkpoint_sha256'))[:12]} -> {str(rc.get('checkpoint_sha256'))[:12]}")
-    if rb.get("data_version") != rc.get("data_version"):
-        causes.append(f"data {rb.get('data_version')} -> {rc.get('data_version')}")
     split = _main_split(rb)
     vb, vc = _value_of(rb, split), _value_of(rc, split)
     change = None if vb is None or vc is None else _direction(rb, rb["metric"]) * (vc - vb)
@@ -887,8 +885,8 @@ def _exact_section(g: Gate) -> list[str]:
         lines += [
             "## Changed by code",
             "",
-            "Cells computed in the same arithmetic on both sides whose outputs differ, and the modules (or weights or "
-            "data) that changed between their fingerprints. Accept an intended change for one night with "
+            "Cells computed in the same arithmetic from the same weights and data on both sides whose outputs differ, "
+            "and the modules that changed between their fingerprints. Accept an intended change for one night with "
             "`--accept-code MODULE`.",
             "",
             _md(rows, ["changed", "cells", "tasks", "max |Δ| of the metric", "verdict"]),
@@ -908,7 +906,7 @@ def _exact_section(g: Gate) -> list[str]:
         lines += [
             "## Judged statistically",
             "",
-            "Cells whose arithmetic differs between the two sides (the first difference each shows):",
+            "Cells whose arithmetic, weights or data differ between the two sides (the first difference each shows):",
             "",
             _md(sorted(([k, v] for k, v in t.why.items()), key=lambda r: -r[1]), ["arithmetic", "cells"]),
             "",

@@ -483,7 +483,7 @@ def test_nightly_workflow_installs_the_extras_of_the_baselines_tasks():
     assert needed == {"corruptions"}  # generating ImageNet-C's corruptions
     flow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
     (install,) = [s["run"] for s in flow["jobs"]["nightly"]["steps"] if s.get("name") == "Install"]
-    m = re.search(r"pip install -e \"?\.\[([\w,-]+)\]\"?", install)
+    m = re.search(r"pip install (?:-c \S+ )?-e \"?\.\[([\w,-]+)\]\"?", install)
     assert m, f"the install step installs no extras: {install!r}"
     extras = set(m.group(1).split(","))
     assert needed <= extras

@@ -20,6 +20,12 @@ def baseline(tmp_path):
     return base
 
 
+def night(baseline, out, date: str) -> tuple[int, str]:
+    """`transferbench nightly` of the quick suite against `baseline` into OUT/DATE: (exit code, its report)."""
+    code = main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", date])
+    return code, (out / date / "REGRESSION.md").read_text()
+
+
 def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, capsys):
     out = tmp_path / "nightly"
     assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-23"]) == 0
@@ -75,19 +81,18 @@ def test_rolling_baselines_one_per_arithmetic_and_the_anchor_gated_statistically
 def test_outputs_that_move_with_code_and_arithmetic_unchanged_are_irreproducible(baseline, tmp_path, monkeypatch):
     # the toy adapter reads this variable: to the gate it is a cause outside code, weights, data and arithmetic
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
-    out = tmp_path / "nightly"
-    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-24"]) == 1
-    report = (out / "2026-11-24" / "REGRESSION.md").read_text()
-    assert report.split("\n")[2].startswith("**REGRESSION** (8 irreproducible): all 8 cells judged exactly")
+    code, report = night(baseline, tmp_path / "nightly", "2026-11-24")
+    assert code == 1 and report.split("\n")[2].startswith(
+        "**REGRESSION** (8 irreproducible): all 8 cells judged exactly"
+    )
     assert "- toy / alpha / mu4_dpn final seed 1 (Δ -5)" in report.split("## Irreproducible")[1]
 
 
 def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # another arithmetic: the statistical tier judges every cell
-    out = tmp_path / "nightly"
-    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "2026-11-24"]) == 1
-    report = (out / "2026-11-24" / "REGRESSION.md").read_text()
+    code, report = night(baseline, tmp_path / "nightly", "2026-11-24")
+    assert code == 1
     # every seed 5 points down: paired differences that do not vary, p = 0; each backbone's pooled test fires too
     assert report.startswith("# Nightly 2026-11-24")
     assert "**REGRESSION** (6 regressed): 0 cells judged exactly" in report
@@ -110,9 +115,8 @@ def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monk
 
 def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
     monkeypatch.setenv("TOY_FAIL", "alpha")
-    out = tmp_path / "nightly"
-    assert main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", "d"]) == 1
-    report = (out / "d" / "REGRESSION.md").read_text()
+    code, report = night(baseline, tmp_path / "nightly", "d")
+    assert code == 1
     # the select cells failed, so the final cells never ran: both fail the night, and the missing ones are named
     assert report.split("\n")[2].startswith("**REGRESSION** (4 cells failed or diverged, 4 cells missing): 0 cells")
     assert "; 4 cells missing from current, 0 new; 4 cells of current failed or diverged." in report

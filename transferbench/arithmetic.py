@@ -124,9 +124,13 @@ def _pools() -> dict:
     import torch  # noqa: F401
     from threadpoolctl import threadpool_info
 
-    keep = ("internal_api", "num_threads", "threading_layer", "architecture")
     pools = {}
     for p in threadpool_info():
+        # OpenMP's thread count is torch's intra-op threads (held apart) as seen from whichever thread asks: it is
+        # not kept, so that it cannot tell two runs of one cell apart
+        keep = ("internal_api", "threading_layer", "architecture") + (
+            ("num_threads",) if p.get("user_api") == "blas" else ()
+        )
         pools[f"{p.get('user_api')}:{p.get('prefix')}:{p.get('version')}"] = {
             k: p.get(k) for k in keep if p.get(k) is not None
         }
@@ -265,9 +269,13 @@ def note_micro_batch(micro: int) -> None:
     _TRACE.micro_batch.append(int(micro or 0))
 
 
+# caches of timings, not of numbers: the precision a probe picked is held per cell, whoever timed it
+TIMINGS = ("bf16-probe", "cost-probe")
+
+
 def note_cache_read(kind: str, arithmetic: str | None) -> None:
     """A cache entry of `kind` was read; `arithmetic` is the machine digest that computed it (None: unrecorded)."""
-    if arithmetic != machine_digest():
+    if kind not in TIMINGS and arithmetic != machine_digest():
         _TRACE.caches.setdefault(kind, set()).add(arithmetic or "unrecorded")
 
 

@@ -91,6 +91,7 @@ def test_nightly_workflow_command_parses_with_the_cli():
         "$night": "2026-01-01",
         '${TASKS:+--tasks "$TASKS"}': "--tasks vtab,fewshot",
         '${ACCEPT:+--accept "$ACCEPT"}': "--accept fewshot:pool",
+        '${ACCEPT_CODE:+--accept-code "$ACCEPT_CODE"}': "--accept-code backbones.dtn",
     }
     for var, value in values.items():
         command = command.replace(var, value)

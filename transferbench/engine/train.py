@@ -269,8 +269,6 @@ def fit(
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     micro = micro_batch
     step_model = torch.compile(model) if compile else model  # the same parameters, compiled kernels
-    # the loss stays on the device: the host reads it (one synchronisation) every LOSS_EVERY steps and at the end,
-    # where a non-finite loss raises Diverged naming the first step that had one
     at = torch.zeros((), dtype=torch.long, device=device)  # the step, counted on the device
     bad_step = torch.full((), -1, dtype=torch.long, device=device)
     bad_loss = torch.zeros((), device=device)
@@ -297,8 +295,7 @@ def fit(
         if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
             _raise_if_diverged(bad_step, bad_loss)
     note_micro_batch(micro or 0)
-    output(f"{desc}.loss_curve", torch.stack(curve) if curve else torch.zeros(0))
-    output(f"{desc}.weights", {n: p for n, p in model.state_dict().items()})
+    output(desc, {"loss_curve": torch.stack(curve) if curve else torch.zeros(0), "weights": model.state_dict()})
     return {
         "final_loss": float(total),
         **({"loss_at": {k: float(v) for k, v in sorted(kept.items())}} if loss_at else {}),

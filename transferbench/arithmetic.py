@@ -243,7 +243,6 @@ class _Trace:
         self.micro_batch: list[int] = []  # the micro-batch each training loop ended with (0: the whole batch)
         self.caches: dict[str, set] = {}  # cache folder -> machine digests of entries read that another computed
         self.outputs = hashlib.sha256()
-        self.fed = 0
         self.pins = list(pins) if pins else []  # the baseline's precision choices, in order (nightly)
 
 
@@ -299,7 +298,6 @@ def output(name: str, value) -> None:
     h = _TRACE.outputs
     h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
     h.update(a.tobytes() if a.dtype != object else canon(a.tolist()).encode())
-    _TRACE.fed += 1
 
 
 def finish(metrics: dict, *, device: str, workers: int, compile: bool, micro_batch) -> tuple[dict, str]:

@@ -103,21 +103,21 @@ class Fingerprint:
         return {"digest": self.digest, "modules": dict(self.modules), "libraries": dict(self.libraries)}
 
 
+def changed_modules(old: dict, new: dict) -> list[tuple[str, str]]:
+    """(module, 'changed' | 'added' | 'gone') for each module whose tree differs between two fingerprints in their
+    record form."""
+    a, b = old.get("modules", {}), new.get("modules", {})
+    how = lambda m: "added" if m not in a else "gone" if m not in b else "changed"  # noqa: E731
+    return [(m, how(m)) for m in sorted(set(a) | set(b)) if a.get(m) != b.get(m)]
+
+
 def differences(old: dict | None, new: dict) -> list[str]:
     """What differs between two fingerprints in their record form: 'transferbench.backbones.vit changed',
     'mymodels added', 'torch 2.14.0 -> 2.14.1'; ['no fingerprint (computed before records held one)'] for `old`
     None."""
     if not old or "modules" not in old:
         return ["no fingerprint (computed before records held one)"]
-    out = []
-    a, b = old.get("modules", {}), new.get("modules", {})
-    for m in sorted(set(a) | set(b)):
-        if m not in a:
-            out.append(f"{m} added")
-        elif m not in b:
-            out.append(f"{m} gone")
-        elif a[m] != b[m]:
-            out.append(f"{m} changed")
+    out = [f"{m} {how}" for m, how in changed_modules(old, new)]
     la, lb = old.get("libraries", {}), new.get("libraries", {})
     for lib in sorted(set(la) | set(lb)):
         if la.get(lib) != lb.get(lib):

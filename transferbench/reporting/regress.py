@@ -41,7 +41,7 @@ from scipy import stats as _scipy
 from tabulate import tabulate
 
 from ..arithmetic import differences as arithmetic_differences
-from ..fingerprint import differences as code_differences
+from ..fingerprint import changed_modules
 from ..hashing import canon
 from ..records.stats import holm, mcnemar, paired_difference, pooled_variance, suite_mean, variance_ratio
 
@@ -154,13 +154,12 @@ class Exact:
     def accepted(self) -> list:
         return [x for x in self.changed if x.accepted]
 
-    def modules(self, accepted: bool | None = None) -> dict:
-        """cause -> cells it is named in (all, or only the accepted / failing ones)."""
+    def modules(self) -> dict:
+        """cause (a module) -> the changed cells it is named in."""
         out: dict = defaultdict(int)
         for x in self.changed:
-            if accepted is None or x.accepted == accepted:
-                for m in x.causes:
-                    out[m] += 1
+            for m in x.causes:
+                out[m] += 1
         return dict(sorted(out.items()))
 
 
@@ -535,15 +534,9 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
         tier.identical += 1
         return True
     task, dataset, backbone, stage, seed, _ = key
-    causes = (
-        [
-            d.removesuffix(" changed").removesuffix(" added").removesuffix(" gone") + _how(d)
-            for d in code_differences(rb.get("fingerprint"), rc.get("fingerprint") or {})
-            if not _library(d)
-        ]
-        if rb.get("fingerprint")
-        else ["code unrecorded"]
-    )
+    fb = rb.get("fingerprint")
+    changed = changed_modules(fb, rc.get("fingerprint") or {}) if fb else [("code unrecorded", "changed")]
+    causes = [m if how == "changed" else f"{m} ({how})" for m, how in changed]
     split = _main_split(rb)
     vb, vc = _value_of(rb, split), _value_of(rc, split)
     change = None if vb is None or vc is None else _direction(rb, rb["metric"]) * (vc - vb)
@@ -554,14 +547,6 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
     else:
         tier.irreproducible.append(cell)
     return True
-
-
-def _how(difference: str) -> str:
-    return " (added)" if difference.endswith(" added") else " (gone)" if difference.endswith(" gone") else ""
-
-
-def _library(difference: str) -> bool:
-    return not difference.endswith((" changed", " added", " gone"))
 
 
 def _outputs(r: dict) -> str:

@@ -280,13 +280,22 @@ def run(device: str | None = None, seconds: float = 2.0, small: bool = False) ->
         out["data"] = data_share(device, seconds, size="mu4", batch=16, n=40, res=32, workers=2)
         out["cell"] = paper_cell(device, size="mu4", steps=4, batch=8, n=40, workers=0, res=32)
         out["dtn"] = [dtn_overhead("mu4", 8, device, seconds, res=32)]
-    else:
-        out["step"] = [step_vs_timm(size, 256, device, seconds) for size in ("b32", "b16")]
-        out["data"] = data_share(device, seconds)
-        out["cell"] = paper_cell(device)
-        out["dtn"] = [dtn_overhead(size, 128, device, seconds) for size in ("s16", "b16")]
+    else:  # the cell last: the longest row, and the others are printed as they finish
+        out["step"] = [_shown("step", step_vs_timm(size, 256, device, seconds)) for size in ("b32", "b16")]
+        out["dtn"] = [_shown("dtn", dtn_overhead(size, 128, device, seconds)) for size in ("s16", "b16")]
+        out["data"] = _shown("data", data_share(device, seconds))
+        out["cell"] = _shown("cell", paper_cell(device))
     out["peak"] = peak(device)
     return out
+
+
+def _shown(row: str, value: dict) -> dict:
+    """Each row's raw figures on stderr as it finishes: a run cut short still leaves the rows it measured."""
+    import json
+    import sys
+
+    print(f"{row}: {json.dumps(value, default=str)}", file=sys.stderr, flush=True)
+    return value
 
 
 def markdown(r: dict) -> str:

@@ -4,6 +4,7 @@ sees a change the quantised accuracy hides, and the bf16 probe's margin and pins
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from kit import cli, embedded_home
@@ -38,6 +39,42 @@ def test_the_machine_digest_holds_kernels_threads_and_steering_variables(monkeyp
     assert c["digest"] != a["digest"] and arithmetic.differences(rec(a), rec(c)) == [
         "variables.MKL_CBWR (none) -> COMPATIBLE"
     ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_digest_holds_the_device_libraries_and_tf32_flags():
+    a = arithmetic.machine()["cuda"]
+    assert a["device"] == torch.cuda.get_device_name(0) and a["runtime"] == torch.version.cuda
+    assert a["cudnn"] == torch.backends.cudnn.version() and tuple(a["capability"]) == torch.cuda.get_device_capability()
+    major, minor = (int(x) for x in torch.version.cuda.split(".")[:2])
+    assert a["driver"] >= 1000 * major + 10 * minor  # the driver API version runs this runtime
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = not flag
+        b = arithmetic.machine()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+    assert b["cuda"]["tf32_matmul"] is (not flag) and b["digest"] != arithmetic.machine()["digest"]
+
+
+def test_outputs_outside_a_cell_are_not_hashed_and_a_cell_digests_its_own_alone():
+    def cell(extra_before=None):
+        if extra_before is not None:
+            arithmetic.output("stray", extra_before)  # no trace open: ignored
+        arithmetic.begin()
+        arithmetic.output("logits", torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16))
+        return arithmetic.finish({"test": {"acc": 0.5}}, device="cpu", workers=0, compile=False, micro_batch=0)[1]
+
+    import hashlib
+
+    first = cell()
+    assert cell(extra_before=torch.ones(3)) == first
+    # by hand: each output is its name, dtype and shape, then its bytes (bf16 widened to float32 exactly; a number
+    # is a one-element array)
+    h = hashlib.sha256()
+    for name, a in (("logits", np.array([[1.0, 2.0]], np.float32)), ("metrics.test.acc", np.array([0.5]))):
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode() + a.tobytes())
+    assert first == h.hexdigest()[:24]
 
 
 def test_records_carry_arithmetic_and_outputs_and_name_a_cache_entry_of_other_arithmetic(

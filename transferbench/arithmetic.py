@@ -238,7 +238,8 @@ def _short(v) -> str:
 class _Trace:
     """What one cell did to the arithmetic and what it produced (one per process: the cell running in it)."""
 
-    def __init__(self, pins=None):
+    def __init__(self, pins=None, active=True):
+        self.active = active  # outside a cell (benchmarks, library use) outputs are not hashed: no cost
         self.precision: list[str] = []  # 'bf16' | 'fp32' per resolved step, in order
         self.micro_batch: list[int] = []  # the micro-batch each training loop ended with (0: the whole batch)
         self.caches: dict[str, set] = {}  # cache folder -> machine digests of entries read that another computed
@@ -246,7 +247,7 @@ class _Trace:
         self.pins = list(pins) if pins else []  # the baseline's precision choices, in order (nightly)
 
 
-_TRACE = _Trace()
+_TRACE = _Trace(active=False)
 
 
 def begin(pins=None) -> None:
@@ -280,9 +281,11 @@ def note_cache_read(kind: str, arithmetic: str | None) -> None:
 
 def output(name: str, value) -> None:
     """Feed one raw output of the cell (a tensor, an array, a number or a mapping of them) into its outputs
-    digest, with its name, dtype and shape."""
+    digest, with its name, dtype and shape. Outside a cell's trace it does nothing."""
     import numpy as np
 
+    if not _TRACE.active:
+        return
     if isinstance(value, dict):
         for k in sorted(value):
             output(f"{name}.{k}", value[k])
@@ -315,7 +318,15 @@ def finish(metrics: dict, *, device: str, workers: int, compile: bool, micro_bat
     caches = {k: sorted(v) for k, v in sorted(_TRACE.caches.items())}
     record = {"digest": digest({"machine": m["digest"], "cell": cell, "caches": caches}, 16), "machine": m}
     record.update(cell=cell, caches=caches)
-    return record, _TRACE.outputs.hexdigest()[:24]
+    outputs = _TRACE.outputs.hexdigest()[:24]
+    end()
+    return record, outputs
+
+
+def end() -> None:
+    """Close the cell's trace (also where the cell failed): later outputs of the process are not the cell's."""
+    global _TRACE
+    _TRACE = _Trace(active=False)
 
 
 # --- records ------------------------------------------------------------------------------------------------------

@@ -191,10 +191,12 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     except Diverged as e:
         status, reason = "diverged", str(e)
     except UserError as e:
+        arithmetic.end()
         return {"stop": str(e)}
     except Exception as e:  # noqa: BLE001 - one broken cell must not stop the plan
         fault = environment_fault(e, ctx)
         if fault:  # the machine's, not the cell's: every later cell would meet it too
+            arithmetic.end()
             return {"stop": fault}
         status, reason, tb = "failed", f"{type(e).__name__}: {e}", traceback.format_exc()
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):

@@ -3,6 +3,8 @@
     python -m benchmarks.gate_power                      # every variant (about 70 minutes on 2 cores)
     python -m benchmarks.gate_power --only clean,head_bias,aten_default
     python -m benchmarks.gate_power --list               # the catalogue
+    python -m benchmarks.gate_power --tonight two_threads  # every variant under another arithmetic than the clean run
+    python -m benchmarks.gate_power --work W --reuse --noise-model  # the noise model from W's benign runs
 
 Each variant is a deliberate fault (a one-line edit of the code or of a task default, as a slip would make it) or a
 benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
@@ -16,6 +18,12 @@ time. The figures are in benchmarks/RESULTS.md and docs/regression.md.
 The subset (about 3.5 minutes a variant): few-shot (all 7 sets x 4 shot counts), VTAB (mini_digits, both learning
 rates) and the pretraining probe, each as its `nightly` suite has it: 3 shipped checkpoints and 3 seeds (the probe:
 mu4, 5 seeds).
+
+Across arithmetic (`--tonight NAME`): every variant runs under the environment and options of the benign arithmetic
+variant NAME (two_threads, aten_default, aten_avx2) and is gated against the clean run, so that the exact tier cannot
+judge and the statistical tier decides alone, as between two machines. `--noise-model` measures the arithmetic noise
+model (transferbench/reporting/noise_model.json) from the benign arithmetic variants run in --work: per task, metric
+and kind of unit, the largest mean square of a run's mean change over the variants.
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ class Variant:
     args: tuple = ()
     relabel: dict = field(default_factory=dict)  # hparam -> value written back into the records before gating
     accept_code: tuple = ()  # an intended change: gated once as it is (it must fail) and once accepting these
+    home_from: str = ""  # a variant whose home (every cache it computed, in its arithmetic) this one starts from
+    splice: str = ""  # a variant of which one record, of a cell whose precision differs, replaces the clean one's
+    arithmetic: bool = False  # benign and another arithmetic: a source of the noise model (--noise-model)
 
 
 CATALOGUE = [
@@ -244,6 +255,15 @@ CATALOGUE = [
         "benign",
         "scalar ATen CPU kernels (ATEN_CPU_CAPABILITY=default): other vector widths, other rounding",
         env={"ATEN_CPU_CAPABILITY": "default"},
+        arithmetic=True,
+    ),
+    Variant(
+        "aten_avx2",
+        "arithmetic",
+        "benign",
+        "AVX2 ATen CPU kernels (ATEN_CPU_CAPABILITY=avx2) on an AVX-512 machine: where they change bits",
+        env={"ATEN_CPU_CAPABILITY": "avx2"},
+        arithmetic=True,
     ),
     Variant(
         "two_threads",
@@ -251,6 +271,7 @@ CATALOGUE = [
         "benign",
         "2 torch threads per cell instead of 1 (another reduction order)",
         args=("--cpus-per-cell", "2"),
+        arithmetic=True,
     ),
     Variant(
         "fp32_where_bf16",
@@ -260,6 +281,24 @@ CATALOGUE = [
         "the records' setting written back to auto before gating)",
         args=("--set", "bf16=off"),
         relabel={"bf16": "auto"},
+        arithmetic=True,
+    ),
+    Variant(
+        "bf16_flip_one",
+        "arithmetic",
+        "benign",
+        "one cell where the probe picked bf16 computed in fp32 instead (its record from fp32_where_bf16), every "
+        "other cell as the clean run's",
+        splice="fp32_where_bf16",
+        relabel={"bf16": "auto"},
+    ),
+    Variant(
+        "restored_home",
+        "arithmetic",
+        "benign",
+        "a home restored from another machine: every cache (features, probe choices) as aten_default's run "
+        "computed it, then the committed code",
+        home_from="aten_default",
     ),
     Variant(
         "fewshot_scores_f64",
@@ -289,6 +328,21 @@ CATALOGUE = [
             )
         ],
     ),
+    Variant(
+        "refactor_inexact",
+        "refactor",
+        "benign",
+        "attention's scale moved onto the queries before the product (the same function, other rounding): a "
+        "refactor that is not bit-exact",
+        [
+            (
+                "transferbench/backbones/vit.py",
+                "x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)",
+                "x = F.scaled_dot_product_attention(\n                q * self.scale, k, v, "
+                "dropout_p=self.attn_drop if self.training else 0.0, scale=1.0\n            )",
+            )
+        ],
+    ),
 ]
 
 
@@ -307,9 +361,17 @@ def _copy(tmp: Path, variant: Variant) -> Path:
 
 
 def run_variant(
-    variant: Variant, work: Path, embedded: Path | None, jobs: int, reuse: bool = False
+    variant: Variant,
+    work: Path,
+    embedded: Path | None,
+    jobs: int,
+    reuse: bool = False,
+    tonight: Variant | None = None,
+    runs=RUNS,
 ) -> tuple[Path, float, str]:
-    tmp = work / variant.name
+    """Run `variant` (under `tonight`'s arithmetic, where given) into work/NAME (work/TONIGHT+NAME); returns its
+    records folder, seconds and the last line of each run's log."""
+    tmp = work / (f"{tonight.name}+{variant.name}" if tonight and tonight is not variant else variant.name)
     done_file = tmp / "done"
     if reuse and done_file.is_file():  # a finished run of this variant: gate its records again
         seconds, _, log = done_file.read_text().partition("\n")
@@ -317,13 +379,17 @@ def run_variant(
     shutil.rmtree(tmp, ignore_errors=True)
     pkg = _copy(tmp, variant)
     home, out = tmp / "home", tmp / "runs"
-    if embedded is not None:
+    if variant.home_from:
+        shutil.copytree(work / variant.home_from / "home", home, ignore=shutil.ignore_patterns(".locks"))
+    elif embedded is not None:
         shutil.copytree(embedded, home / "embedded")
-    env = {**os.environ, **variant.env, "TRANSFERBENCH_HOME": str(home), "PYTHONPATH": str(pkg)}
+    arith = tonight if tonight is not None and tonight is not variant else Variant("", "", "", "")
+    env = {**os.environ, **arith.env, **variant.env, "TRANSFERBENCH_HOME": str(home), "PYTHONPATH": str(pkg)}
     started, log = time.time(), []
-    for task, extra in RUNS:
+    for task, extra in runs:
         cmd = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())", "run", task]
-        cmd += ["--suite", "nightly", "--out", str(out), "--jobs", str(jobs), "--no-progress", *extra, *variant.args]
+        cmd += ["--suite", "nightly", "--out", str(out), "--jobs", str(jobs), "--no-progress", *extra]
+        cmd += [*arith.args, *variant.args]
         done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
         log.append(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
         if done.returncode not in (0, 1):
@@ -343,7 +409,7 @@ def fired(g, failed=()) -> str:
     parts += [f"{len(g.missing)} missing"] if g.missing else []
     by = {}
     for c in g.regressed + g.improved:
-        way = "" if c.kind in ("spread", "moved") else " worse" if c.verdict == "regressed" else " better"
+        way = "" if c.kind in ("spread", "moved", "noise") else " worse" if c.verdict == "regressed" else " better"
         by.setdefault((f"{c.kind}{way}", c.task), set()).add(c.backbone.replace("@embedded", "@e"))
     parts += [f"{kind} {task} ({', '.join(sorted(b))})" for (kind, task), b in sorted(by.items())]
     return "; ".join(parts) or "-"
@@ -356,7 +422,7 @@ def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bo
     g = gate(baseline, current, accept_code=accept_code)
     failed = [r for r in current if r["status"] == "failed"]
     t = g.exact
-    fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored)
+    fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored or g.vanished)
     fails = fails or bool(t.failing or t.irreproducible)
     caught = fails or bool(g.improved) or bool(t.changed)
     cells = [abs(c.change) for c in g.of("cell") if c.metric == "accuracy"]
@@ -383,6 +449,44 @@ def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bo
     ]
 
 
+def splice(v: Variant, baseline: list, donor: list) -> tuple[list, str]:
+    """The clean records with one replaced by `donor`'s record of the same cell where its precision differs (the
+    first such cell in key order): a night where one cell's bf16 choice flipped."""
+    import copy
+
+    prec = lambda r: ((r.get("arithmetic") or {}).get("cell") or {}).get("precision")  # noqa: E731
+    theirs = {r["key"]: r for r in donor}
+    flipped = sorted(r["key"] for r in baseline if r["key"] in theirs and prec(r) != prec(theirs[r["key"]]))
+    if not flipped:
+        raise SystemExit(f"{v.name}: no cell of {v.splice} differs in precision from the clean run's")
+    out = [copy.deepcopy(theirs[r["key"]]) if r["key"] == flipped[0] else r for r in baseline]
+    return out, flipped[0]
+
+
+def noise_model(work: Path, baseline: list, variants: list) -> dict:
+    """The noise model from the benign arithmetic variants run in `work`: per task, metric and kind of unit, the
+    largest mean square of a run's mean change (with the number of units it came from) over the variants."""
+    from transferbench.records.store import load_records
+    from transferbench.reporting.regress import noise_units
+
+    tasks: dict = {}
+    used = []
+    for v in variants:
+        runs = work / v.name / "runs"
+        if not (work / v.name / "done").is_file():
+            continue
+        current = load_records([runs])
+        for r in current:
+            r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
+        used.append(v.name)
+        for (task, metric, kind), units in noise_units(baseline, current).items():
+            ms = float(sum(u * u for u in units) / len(units))
+            entry = tasks.setdefault(task, {}).setdefault(metric, {})
+            if kind not in entry or ms > entry[kind]["ms"]:
+                entry[kind] = {"ms": ms, "units": len(units), "variant": v.name}
+    return {"variants": used, "tasks": tasks}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated variant names (the clean run always runs first)")
@@ -392,31 +496,82 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--reuse", action="store_true", help="with --work: gate the variants already run there again, without rerunning"
     )
+    ap.add_argument(
+        "--tonight",
+        help="run every variant under this benign arithmetic variant's environment and options (two_threads, "
+        "aten_default, aten_avx2): the statistical tier judges alone, as between two machines",
+    )
+    ap.add_argument("--tasks", help="comma-separated tasks of the subset to run (default: fewshot,vtab,pretrain)")
+    ap.add_argument(
+        "--noise-model",
+        type=Path,
+        nargs="?",
+        const=ROOT / "transferbench" / "reporting" / "noise_model.json",
+        help="write the noise model measured on the benign arithmetic variants run in --work (default path: the "
+        "package's) and exit",
+    )
     args = ap.parse_args(argv)
     if args.list:
         print(tabulate([[v.name, v.kind, v.area, v.what] for v in CATALOGUE], ["variant", "kind", "area", "what"]))
         return 0
-    names = {v.name for v in CATALOGUE}
-    chosen = [n for n in (args.only.split(",") if args.only else names) if n]
-    unknown = sorted(set(chosen) - names)
+    by_name = {v.name: v for v in CATALOGUE}
+    chosen = [n for n in (args.only.split(",") if args.only else by_name) if n]
+    unknown = sorted(set(chosen) - set(by_name))
     if unknown:
         print(f"gate_power: unknown variants {unknown}; --list shows the catalogue", file=sys.stderr)
         return 2
+    tonight = by_name.get(args.tonight) if args.tonight else None
+    if args.tonight and (tonight is None or not (tonight.env or tonight.args) or tonight.kind != "benign"):
+        print(
+            f"gate_power: --tonight {args.tonight}: name a benign arithmetic variant (two_threads, aten_default, "
+            "aten_avx2)",
+            file=sys.stderr,
+        )
+        return 2
+    runs = [r for r in RUNS if not args.tasks or r[0] in args.tasks.split(",")]
     sys.path.insert(0, str(ROOT))
+    import json
+    from datetime import datetime, timezone
+
+    from transferbench.arithmetic import machine
     from transferbench.records.store import load_records
 
     work = args.work or Path(tempfile.mkdtemp(prefix="gate-power-"))
     clean = CATALOGUE[0]
-    base_out, clean_seconds, _ = run_variant(clean, work, None, args.jobs, args.reuse)
+    base_out, clean_seconds, _ = run_variant(clean, work, None, args.jobs, args.reuse, runs=runs)
     print(f"clean baseline: {clean_seconds:.0f} s", file=sys.stderr, flush=True)
     baseline = load_records([base_out])
+    if args.noise_model:
+        model = noise_model(work, baseline, [v for v in CATALOGUE if v.arithmetic])
+        m = machine()
+        model = {
+            "made_by": "python -m benchmarks.gate_power --noise-model",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "machine": f"{m['cpu'].get('model_name', '?')}, {m['cpu_capability']}, torch {m['libraries']['torch']}",
+            **model,
+        }
+        args.noise_model.write_text(json.dumps(model, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {args.noise_model} from {', '.join(model['variants'])}", file=sys.stderr)
+        return 0
     embedded = work / "clean" / "home" / "embedded"
     rows = []
     for v in CATALOGUE[1:]:
         if v.name not in chosen:
             continue
-        out, seconds, log = run_variant(v, work, embedded, args.jobs, args.reuse)
-        current = load_records([out])
+        if v.home_from and not (work / v.home_from / "done").is_file():
+            run_variant(by_name[v.home_from], work, embedded, args.jobs, args.reuse, runs=runs)
+        if v.splice:
+            donor_out, seconds, log = run_variant(by_name[v.splice], work, embedded, args.jobs, args.reuse, runs=runs)
+            if tonight is not None:  # tonight's records, one of them from the donor's arithmetic
+                night_out, _, _ = run_variant(tonight, work, embedded, args.jobs, args.reuse, runs=runs)
+                current, cell = splice(v, load_records([night_out]), load_records([donor_out]))
+            else:
+                current, cell = splice(v, baseline, load_records([donor_out]))
+            print(f"{v.name}: {cell} from {v.splice}", file=sys.stderr)
+            seconds, log = 0.0, ""
+        else:
+            out, seconds, log = run_variant(v, work, embedded, args.jobs, args.reuse, tonight, runs)
+            current = load_records([out])
         for r in current:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
         rows.append(judge(v, baseline, current, seconds, "exit 2" in log))
@@ -425,6 +580,8 @@ def main(argv=None) -> int:
         print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)
     head = ["variant", "kind", "area", "gate", "night", "exact tier", "statistical tier", "what fired"]
     head += ["max |cell Δ|", "max |pooled Δ|", "s"]
+    if tonight is not None:
+        print(f"Tonight's arithmetic: {tonight.name} ({tonight.what}); the clean run's is the committed one.\n")
     print(tabulate(rows, head, tablefmt="github", disable_numparse=True))
     faults = [r for r in rows if r[1] == "fault"]
     benign = [r for r in rows if r[1] == "benign"]

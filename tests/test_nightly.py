@@ -118,7 +118,9 @@ def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
     code, report = night(baseline, tmp_path / "nightly", "d")
     assert code == 1
     # the select cells failed, so the final cells never ran: both fail the night, and the missing ones are named
-    assert report.split("\n")[2].startswith("**REGRESSION** (4 cells failed or diverged, 4 cells missing): 0 cells")
+    assert report.split("\n")[2].startswith(
+        "**REGRESSION** (4 cells failed or diverged, 4 cells or metrics missing): 0 cells"
+    )
     assert "; 4 cells missing from current, 0 new; 4 cells of current failed or diverged." in report
     assert "- toy / alpha / mu4_dpn final seed 1" in report.split("## Missing from current")[1]
     failed = report.split("## Failed in current")[1]
@@ -174,3 +176,42 @@ def test_the_workflow_runs_nightly_with_options_it_has_on_a_baseline_that_exists
     records = load_records([root / "results/nightly"])
     assert {r["suite"] for r in records} == {"nightly"}
     assert {r["task"] for r in records} == set(BUILTIN)
+
+
+def test_a_backbone_of_the_baseline_that_did_not_run_fails_unless_named(tmp_path):
+    """The suite's backbones changed (or one was dropped): tonight lacks a backbone the baseline holds. That fails,
+    unless --backbone named tonight's backbones or --allow-missing names the absent one."""
+    from pathlib import Path
+
+    import kit
+
+    from transferbench.workflows import Night
+
+    recs = lambda bbs: [  # noqa: E731
+        kit.record("toy", "alpha", bb, s, {"test": {"accuracy": 50.0 + s}}, suite="quick") for bb in bbs for s in (0, 1)
+    ]
+    base, tonight = recs(["mu4", "mu4_dpn"]), recs(["mu4"])
+    opts = {"floor": 0.5, "alpha": 0.01, "accept": []}
+    night = Night(Path("base"), tmp_path / "n", "d", "quick", {("toy", "mu4")})
+    text, code = night.gate(base, tonight, opts, (), None)
+    assert code == 1 and "tasks or backbones absent" in text.split("\n")[2] and "- toy / mu4_dpn" in text
+    assert night.gate(base, tonight, opts, ["toy:mu4_dpn"], None)[1] == 0
+    named = Night(Path("base"), tmp_path / "n", "d", "quick", {("toy", "mu4")}, named=True)
+    assert named.gate(base, tonight, opts, (), None)[1] == 0
+
+
+def test_a_night_never_replaces_a_larger_rolling_baseline(tmp_path, capsys):
+    import kit
+    from conftest import write_records
+
+    from transferbench.records.store import load_records
+    from transferbench.workflows import keep_rolling
+
+    roll, night = tmp_path / "rolling" / "k", tmp_path / "night"
+    write_records([kit.record("toy", "alpha", "mu4", s, {"test": {"accuracy": 1.0}}) for s in range(3)], roll)
+    write_records([kit.record("toy", "alpha", "mu4", 0, {"test": {"accuracy": 2.0}})], night)
+    keep_rolling(night, roll, 1)
+    assert len(load_records([roll])) == 3 and "it holds more records than tonight's" in capsys.readouterr().err
+    write_records([kit.record("toy", "alpha", "mu4", s, {"test": {"accuracy": 2.0}}) for s in range(4)], night)
+    keep_rolling(night, roll, 4)
+    assert sorted(r["metrics"]["test"]["accuracy"] for r in load_records([roll])) == [2.0] * 4

@@ -1,6 +1,7 @@
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,10 +40,13 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
         and ref.sha256 == recs[0]["info"]["checkpoint_sha256"]
     )
     assert 0 <= recs[0]["metrics"]["test"]["accuracy"] <= 100
-    # the training curve's fixed points that the regression gate compares: 3 steps keep steps 1, 2 and 3, and the
-    # last is the loss the training loop ends on
-    train = recs[0]["metrics"]["train"]
-    assert sorted(train) == ["loss@1", "loss@2", "loss@3"] and train["loss@3"] == recs[0]["info"]["final_loss"]
+    # the training signals the regression gate compares; the curve's fixed points stay in the info: 3 steps keep
+    # steps 1, 2 and 3, and the last is the loss the training loop ends on
+    train, info = recs[0]["metrics"]["train"], recs[0]["info"]
+    assert sorted(train) == ["decayed_norm", "loss_heldout", "target_entropy"]
+    assert sorted(info["loss_at"]) == ["1", "2", "3"] and info["loss_at"]["3"] == info["final_loss"]
+    # the embedded profile has no mixup: its targets are one-hot, of entropy 0
+    assert train["target_entropy"] == 0.0 and train["decayed_norm"] > 0 and train["loss_heldout"] > 0
     assert pretrain.loss_points(100) == (25, 50, 75, 100) and pretrain.loss_points(3) == (1, 2, 3)
     assert recs[0]["data_version"] == "upstream-v5"  # the generator's version joins the cell key
     again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
@@ -134,3 +138,38 @@ def test_pretrain_command_trains_and_names_its_checkpoint(suite_home, capsys):
     assert rec["status"] == "ok" and Path(expand(rec["info"]["checkpoint"])).is_file()
     out = capsys.readouterr()
     assert "pretrain: 1 ok, 0 diverged, 0 failed" in out.out + out.err
+
+
+def test_the_probe_signals_by_hand():
+    """The pretraining probe's signals: the targets' entropy (mixup's soft targets against one-hot ones), the norm
+    of the weights weight decay acts on (kernels, not biases or LayerNorm), and the loss on a held-out set."""
+    from transferbench.engine import augreg
+    from transferbench.engine.train import Evaluation, heldout_loss
+
+    soft = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.3, 0.7]])
+    watch = augreg.TargetEntropy()
+    batches = [(torch.zeros(2, 1), soft), (torch.zeros(2, 1), torch.tensor([0, 2]))]
+    assert [y for _, y in watch.watch(iter(batches))][0] is soft  # passed on as they are
+    h = -(0.7 * math.log(0.7) + 0.3 * math.log(0.3))
+    assert watch.value() == pytest.approx(2 * h / 4)  # two soft examples of entropy h, two one-hot of 0
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2), torch.nn.Linear(2, 3))
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)  # 4 entries of 1
+        model[2].weight.fill_(2.0)  # 6 entries of 2
+        model[0].bias.fill_(5.0)  # biases and the LayerNorm are not decayed
+    assert augreg.decayed_norm(model) == pytest.approx(math.sqrt(4 * 1 + 6 * 4))
+
+    class Points(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return torch.full((2,), float(i)), i % 3
+
+    lin = torch.nn.Linear(2, 3)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.copy_(torch.tensor([0.0, 1.0, 2.0]))  # the same logits for every example
+    expected = float(np.mean([-float(torch.log_softmax(lin.bias.detach(), 0)[c]) for c in range(3)]))
+    how = Evaluation("cpu", False, batch=2)
+    assert heldout_loss(lin, Points(), lambda x: x, how, cross_entropy) == pytest.approx(expected)

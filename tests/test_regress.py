@@ -70,10 +70,24 @@ def test_a_changed_setting_fails_with_its_name_and_passes_only_when_accepted(tmp
     out = capsys.readouterr().out
     assert out.splitlines()[2].startswith("**REGRESSION** (1 protocol changes)")
     assert "| fewshot | pool: gap → tok | 48      | a, b" in out and "FAILS" in out
+    # accepted, the change passes where the numbers hold ...
+    same = copy.deepcopy(base)
+    for r in same:
+        r["hparams"]["pool"] = "tok"
+    s = write(same, tmp_path / "s")
     for accept in ("fewshot", "fewshot:pool", ":pool"):
-        assert main(["regress", "--baseline", str(b), "--current", str(c), "--accept", accept]) == 0
+        assert main(["regress", "--baseline", str(b), "--current", str(s), "--accept", accept]) == 0
         assert "accepted" in capsys.readouterr().out
-    assert main(["regress", "--baseline", str(b), "--current", str(c), "--accept", "vtab:pool"]) == 1
+    assert main(["regress", "--baseline", str(b), "--current", str(s), "--accept", "vtab:pool"]) == 1
+    capsys.readouterr()
+    # ... and accepting a setting accepts no regression: its cells are still compared, and the -10 fails
+    assert main(["regress", "--baseline", str(b), "--current", str(c), "--accept", "fewshot:pool"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].startswith("**REGRESSION** (") and "regressed" in out.splitlines()[2]
+    assert "| fewshot | pool: gap → tok | 48      | a, b" in out and "accepted" in out
+    g = gate(base, cur, accept=["fewshot:pool"])
+    assert len(g.of("cell", "regressed")) == 16  # 2 backbones x 4 sets x 2 shot counts
+    assert g.exact.why == {"an accepted protocol change": 48}
 
 
 def test_the_escape_on_the_committed_nightly_records_fails_naming_the_setting(tmp_path, capsys):
@@ -216,16 +230,20 @@ def test_cells_that_move_both_ways_fail_though_the_mean_stays():
     pooled = {c.backbone: c for c in g.of("pooled")}
     moved = {c.backbone: c for c in g.of("moved")}
     assert pooled["a"].verdict == "unchanged" and moved["a"].verdict == "moved" and moved["b"].verdict == "unchanged"
-    # the F by hand: 12 comparisons (6 sets x 2 settings) of 3 paired seeds
+    # the F by hand, on runs: each (set, seed)'s mean change over its 2 shot counts (nested subsets of one run are
+    # not independent), grouped by set: 6 sets of 3 seeds
     diffs = {}
     for rb, rc in zip(base, cur):
         if rb["backbone"] == "a":
-            key = (rb["dataset"], rb["hparams"]["shots"])
+            key = (rb["dataset"], rb["seed"])
             diffs.setdefault(key, []).append(rc["metrics"]["test"]["accuracy"] - rb["metrics"]["test"]["accuracy"])
-    d = np.array(list(diffs.values()))
-    f = (3 * (d.mean(1) ** 2).sum() / 12) / (((d - d.mean(1, keepdims=True)) ** 2).sum() / 24)
-    assert moved["a"].p == pytest.approx(stats.f.sf(f, 12, 24)) and moved["a"].n == 12
-    assert moved["a"].current == pytest.approx(np.sqrt((d.mean(1) ** 2).mean()))
+    units = {k: np.mean(v) for k, v in diffs.items()}
+    d = np.array([[units[(f"d{i}", s)] for s in range(3)] for i in range(6)])
+    # the one-way ANOVA: do the sets' means differ from each other more than their seeds vary?
+    m = d.mean(1)
+    f = (3 * ((m - d.mean()) ** 2).sum() / 5) / (((d - m[:, None]) ** 2).sum() / 12)
+    assert moved["a"].p == pytest.approx(stats.f.sf(f, 5, 12)) and moved["a"].n == 5
+    assert moved["a"].current == pytest.approx(np.sqrt(((m - d.mean()) ** 2).mean()))
     text, code = verdict(base, cur)
     assert code == 1 and "## Moved either way" in text and "1 moved either way" in text.splitlines()[4]
 
@@ -347,7 +365,7 @@ def test_the_gate_raises_false_alarms_at_most_alpha_under_pure_noise():
     for _ in range(nights):
         scale = rng.choice([0.05, 0.3, 1.0])
         cur = shifted(base, lambda r, s=scale: s * rng.normal())
-        alarms += bool(gate(base, cur, floor=0.0).regressed)
+        alarms += bool(gate(base, cur, floor=0.0, noise={}).regressed)
     assert alarms <= stats.binom.ppf(0.999, nights, ALPHA), alarms
 
 
@@ -523,16 +541,15 @@ def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home)
         assert done.returncode == 0, done.stderr[-3000:]
         outs[v.name] = load_records([tmp_path / v.name / "runs"])
     assert len(outs["clean"]) == 3 and sorted(outs["clean"][0]["metrics"]["train"]) == [
-        "loss@12",
-        "loss@18",
-        "loss@24",
-        "loss@6",
+        "decayed_norm",
+        "loss_heldout",
+        "target_entropy",
     ]
     text, code = verdict(outs["clean"], outs["head_bias"])
     assert code == 1 and "(3 changed by code)" in text.split("\n")[2], text
     assert "| transferbench.backbones.vit | 3 " in text
     g = gate(outs["clean"], outs["head_bias"], exact=False)
-    assert any(c.metric.startswith("loss@") for c in g.regressed), text
+    assert any(c.metric == "loss_heldout" for c in g.regressed), text
 
 
 def test_every_catalogued_fault_still_applies_to_the_code():
@@ -543,4 +560,158 @@ def test_every_catalogued_fault_still_applies_to_the_code():
     for v in CATALOGUE:
         for path, old, _ in v.edits:
             assert (ROOT / path).read_text().count(old) == 1, (v.name, path, old)
-    assert len(CATALOGUE) == 21
+    kinds = {k: sorted(v.name for v in CATALOGUE if v.kind == k) for k in ("fault", "benign", "intended")}
+    assert len(kinds["fault"]) == 15 and kinds["intended"] == ["fewshot_scores_f64"]
+    assert kinds["benign"] == sorted(
+        ["aten_default", "aten_avx2", "two_threads", "fp32_where_bf16", "bf16_flip_one", "restored_home"]
+        + ["refactor_mlp", "refactor_inexact"]
+    )
+    assert {v.name for v in CATALOGUE if v.arithmetic} == {
+        "aten_default",
+        "aten_avx2",
+        "two_threads",
+        "fp32_where_bf16",
+    }
+
+
+# --- no escapes ---------------------------------------------------------------------------------------------------
+
+
+def test_regress_fails_on_failed_cells_and_stops_on_an_empty_side(tmp_path, capsys):
+    base = suite(noise())
+    cur = copy.deepcopy(base)
+    cur[0].update(status="failed", reason="RuntimeError: boom", metrics={})
+    b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
+    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert "(1 cells failed or diverged)" in capsys.readouterr().out.splitlines()[2]
+    (tmp_path / "empty").mkdir()
+    for args in (
+        ["--baseline", str(tmp_path / "empty"), "--current", str(c)],
+        ["--baseline", str(b), "--current", str(tmp_path / "empty")],
+        ["--baseline", str(tmp_path / "nowhere"), "--current", str(c)],
+    ):
+        assert main(["regress", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("holds no records" in err[0] or "does not exist" in err[0]), err
+
+
+def test_a_task_or_backbone_absent_tonight_fails_unless_named(tmp_path, capsys):
+    base = suite(noise())
+    cur = [r for r in copy.deepcopy(base) if r["backbone"] == "a"]
+    text, code = verdict(base, cur)
+    assert code == 1 and "(1 tasks or backbones absent)" in text.splitlines()[2]
+    assert "## Absent from current" in text and "- fewshot / b" in text
+    for named in (["fewshot:b"], ["fewshot"], ["*"], True):
+        assert verdict(base, cur, allow_missing=named)[1] == 0, named
+    assert verdict(base, cur, allow_missing=["fewshot:a"])[1] == 1
+    b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
+    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert main(["regress", "--baseline", str(b), "--current", str(c), "--allow-missing", "fewshot:b"]) == 0
+
+
+def test_a_vanished_metric_or_split_counts_as_missing():
+    base = suite(noise())
+    for r in base:
+        r["metrics"]["val"] = {"accuracy": 40.0}
+    cur = copy.deepcopy(base)
+    for r in cur:
+        if r["dataset"] == "d1":
+            del r["metrics"]["val"]
+    g = gate(base, cur)
+    assert len(g.vanished) == 12 and {(split, m) for _, split, m in g.vanished} == {("val", "accuracy")}
+    text, code = verdict(base, cur, fail_on_missing=True)
+    assert code == 1 and "(12 cells or metrics missing)" in text.splitlines()[2] and "## Vanished metrics" in text
+    assert "- fewshot / d1 / a final seed 0: val accuracy" in text
+    assert verdict(base, cur)[1] == 0  # regress without --fail-on-missing lists them only
+
+
+def test_a_move_fails_though_the_pooled_mean_got_better():
+    """A fault that lifts three sets by 4 points and sinks three by 2: the pooled mean improves (+1), yet the sets
+    that sank are a regression that must not pass."""
+    base = suite(noise(), datasets=tuple(f"d{i}" for i in range(6)))
+    jitter = np.random.default_rng(5)
+    cur = shifted(
+        base,
+        lambda r: (
+            ((4.0 if r["dataset"] in {"d0", "d1", "d2"} else -2.0) + 0.3 * jitter.normal()) * (r["backbone"] == "a")
+        ),
+    )
+    g = gate(base, cur, noise={})
+    pooled = {c.backbone: c for c in g.of("pooled")}
+    moved = {c.backbone: c for c in g.of("moved")}
+    assert pooled["a"].verdict == "improved" and moved["a"].verdict == "moved"
+    assert verdict(base, cur, noise={})[1] == 1
+
+
+def test_records_kept_from_other_code_are_named_and_not_judged():
+    base = exact_suite(noise())
+    cur = copy.deepcopy(base)
+    for r in cur:  # tonight's code computed every cell but d4's, kept from the baseline's code (--stale keep)
+        if r["dataset"] != "d4":
+            r["fingerprint"] = {"digest": "tonight", "modules": {"m.a": "1", "m.b": "2"}, "libraries": {}}
+            r["finished_at"] = "2026-11-25T00:00:00"
+    g = gate(base, cur)
+    assert len(g.stale) == 12 and {k[1] for k in g.stale} == {"d4"}
+    assert g.exact.identical == 36 and len(g.of("cell")) == 0  # the kept cells are judged by neither tier
+    text, code = verdict(base, cur, fail_on_missing=True)
+    assert code == 1 and "## Kept from other code" in text and "- fewshot / d4 / a final seed 0" in text
+    assert "12 kept from other code" in text.splitlines()[4]
+
+
+def test_a_zero_spread_is_floored_at_one_example():
+    """Three seeds that each lose the same one of 200 examples: no spread, but no evidence beyond one example;
+    the comparison's sd is floored at 0.5 points (100 / 200), so its t is 0.5 / (0.5 / sqrt 3)."""
+    base = [record("vtab", "d1", "a", s, 60.0 + s, info={"test_examples": 200}) for s in range(3)]
+    cur = shifted(base, lambda r: -0.5)
+    (c,) = gate(base, cur, noise={}).of("cell")
+    assert c.p == pytest.approx(2 * stats.t.sf(np.sqrt(3), 2)) and c.verdict == "unchanged"
+    assert verdict(base, cur, noise={})[1] == 0
+    # without the record's example count there is no quantum: p = 0, as before
+    (c,) = gate([record("vtab", "d1", "a", s, 60.0 + s) for s in range(3)], cur, noise={}).of("cell")
+    assert c.p == 0.0
+
+
+# --- the noise model ----------------------------------------------------------------------------------------------
+
+MODEL = {"fewshot": {"accuracy": {"kernels": {"ms": 0.25**2, "units": 400}}}}
+
+
+def test_cells_that_scatter_beyond_arithmetic_fail_though_seeds_disagree_and_the_mean_stays():
+    """Every run of backbone a moves by +-3 points at random (the seeds of a set disagree about the sign; the mean
+    stays near 0): neither the pooled mean nor the moved F sees it, the noise model does. Units are per (set, seed)
+    means over the two shot counts; Q = sum (u - mean u)^2 / ms on (23, 400) degrees of freedom."""
+    base = suite(noise(), datasets=tuple(f"d{i}" for i in range(8)))
+    sign = np.random.default_rng(11)
+    runs = {}
+    cur = shifted(
+        base, lambda r: runs.setdefault((r["dataset"], r["seed"]), 3.0 * sign.choice([-1, 1])) * (r["backbone"] == "a")
+    )
+    g = gate(base, cur, noise=MODEL)
+    by = {(c.kind, c.backbone): c for c in g.comparisons if c.kind in ("pooled", "moved", "noise")}
+    assert by[("pooled", "a")].verdict == "unchanged" and by[("moved", "a")].verdict == "unchanged"
+    assert by[("noise", "a")].verdict == "noise" and by[("noise", "b")].verdict == "unchanged"
+    u = np.array([runs[k] for k in sorted(runs)])
+    q = ((u - u.mean()) ** 2 / 0.25**2).sum()  # around the runs' mean: a shift of all alike is the pooled test's
+    assert by[("noise", "a")].p == pytest.approx(stats.f.sf(q / 23, 23, 400))
+    assert by[("noise", "a")].n == 24 and by[("noise", "a")].current == pytest.approx(
+        np.sqrt(((u - u.mean()) ** 2).mean())
+    )
+    text, code = verdict(base, cur, noise=MODEL)
+    assert code == 1 and "| fewshot | a          | accuracy | noise model |" in text
+    # a task without a model is not tested against one, and the report says so
+    text = verdict(base, cur, noise={})[0]
+    assert "Not tested against the noise model (no model, or other weights or data): fewshot accuracy (48)" in text
+
+
+def test_the_noise_test_raises_false_alarms_at_most_alpha_under_its_model():
+    """Nights whose runs move by exactly the model's noise (each record N(0, s^2), so a unit of two shot counts has
+    mean square s^2 / 2): the share of nights that fail stays within a binomial bound of alpha."""
+    rng = np.random.default_rng(13)
+    base = suite(noise())
+    nights, alarms = 300, 0
+    for _ in range(nights):
+        scale = rng.choice([0.05, 0.3, 1.0])
+        model = {"fewshot": {"accuracy": {"kernels": {"ms": scale**2 / 2, "units": 10**6}}}}
+        cur = shifted(base, lambda r, s=scale: s * rng.normal())
+        alarms += bool(gate(base, cur, floor=0.0, noise=model).regressed)
+    assert alarms <= stats.binom.ppf(0.999, nights, ALPHA), alarms

@@ -235,7 +235,7 @@ def nightly(
     backbones: list[str] | None = None,
     seeds=None,
     gate: dict,
-    allow_missing: bool = False,
+    allow_missing=(),
     options: RunOptions,
     executor,
     rolling: Path | None = None,
@@ -273,7 +273,7 @@ def nightly(
         refs, made = resolved[task.name]
         run_cells(task, refs, current, options, executor, made)
     ran = {(t.spec.task, b) for t in prepared for b in chosen[t.name]}
-    night = Night(baseline, current, date, suite, ran)
+    night = Night(baseline, current, date, suite, ran, named=backbones is not None)
     text, code = night.gate(base, load_records([current]), gate, allow_missing, rolling)
     (current / "REGRESSION.md").write_text(text)
     _write_board(current)
@@ -289,8 +289,15 @@ class Night:
     date: str
     suite: str
     ran: set  # (task, backbone)
+    named: bool = False  # the backbones were named (--backbone): the baseline's others are not expected tonight
 
-    def gate(self, base: list, tonight: list, gate: dict, allow_missing: bool, rolling: Path | None):
+    def expected(self, r: dict) -> bool:
+        """Whether tonight should hold this baseline record: every backbone of the tasks run, unless named."""
+        if self.named:
+            return (r["task"], r["backbone"]) in self.ran
+        return r["task"] in {task for task, _ in self.ran}
+
+    def gate(self, base: list, tonight: list, gate: dict, allow_missing, rolling: Path | None):
         """(report, exit code): against this arithmetic's rolling baseline (both tiers) and the anchor `base`
         (statistical tier only) with `rolling`; against the anchor alone (both tiers) without it, or where this
         arithmetic has no rolling baseline yet. A passing night replaces its rolling baseline."""
@@ -303,10 +310,11 @@ class Night:
             alpha=gate["alpha"],
             accept=gate["accept"],
             accept_code=gate.get("accept_code", ()),
-            fail_on_missing=not allow_missing,
+            fail_on_missing=True,
             fail_on_failed=True,
+            allow_missing=allow_missing,
         )
-        anchor = [r for r in base if (r["task"], r["backbone"]) in self.ran]
+        anchor = [r for r in base if self.expected(r)]
         key = arithmetic_key(tonight)
         roll = rolling / key if rolling is not None else None
         title = f"Nightly {self.date}: {self.current} vs"
@@ -315,7 +323,7 @@ class Night:
             if rolling is not None:
                 text += f"\n\nNo rolling baseline of this arithmetic ({key}) in {rolling}: gated against the anchor.\n"
         else:
-            last = [r for r in load_records([roll]) if self.mine(r)]
+            last = [r for r in load_records([roll]) if self.mine(r) and self.expected(r)]
             text, code = verdict(last, tonight, **options, title=f"{title} the rolling baseline {roll}")
             title = f"Against the anchor {self.baseline} (statistical tier)"
             more, code2 = verdict(anchor, tonight, **options, exact=False, title=title)
@@ -325,7 +333,7 @@ class Night:
         return text, code
 
     def mine(self, r: dict) -> bool:
-        return (r.get("suite") or "") == self.suite and (r["task"], r["backbone"]) in self.ran
+        return (r.get("suite") or "") == self.suite
 
 
 def keep_rolling(night: Path, roll: Path, records: int) -> None:

@@ -36,7 +36,9 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
         "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
         "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
         "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, a changed "
-        "seed spread or an unaccepted protocol change, 0 otherwise (docs/regression.md).",
+        "seed spread, an unaccepted protocol change, a failed or diverged cell or a task or backbone of the "
+        "baseline absent from current (--allow-missing names those that may be), 0 otherwise; 2 on an empty or "
+        "unreadable folder (docs/regression.md).",
         epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
         "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose\n"
         "  transferbench regress --baseline old --current new --accept-code backbones.dtn   # a meant numeric change",
@@ -44,7 +46,13 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
     gate_options(rg)
-    rg.add_argument("--fail-on-missing", action="store_true", help="also exit 1 when current lacks baseline cells")
+    rg.add_argument(
+        "--fail-on-missing",
+        action="store_true",
+        help="also exit 1 when current lacks baseline cells, or a split or metric of them, or kept them from other "
+        "code (--stale keep)",
+    )
+    allow_missing_option(rg)
     output_option(rg, "also write the report to this file")
     strict_option(rg)
 
@@ -87,9 +95,7 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     deprecated(nt, "-o", type=Path)
     nt.add_argument("--date", help="the dated folder's name (default: today, UTC, YYYY-MM-DD)")
     gate_options(nt)
-    nt.add_argument(
-        "--allow-missing", action="store_true", help="pass a night that lacks baseline cells (default: it fails)"
-    )
+    allow_missing_option(nt)
     nt.add_argument(
         "--rolling",
         type=Path,
@@ -100,6 +106,20 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     )
     execution_options(nt)
     return nt
+
+
+def allow_missing_option(p) -> None:
+    p.add_argument(
+        "--allow-missing",
+        nargs="?",
+        const=["*"],
+        default=[],
+        type=csv_list,
+        metavar="TASK[:BACKBONE],...",
+        help="pass although current lacks these tasks or backbones of the baseline (alone: anything missing). By "
+        "default a task or backbone of the baseline of which current holds no cell fails, and `nightly` also fails "
+        "on any missing cell, vanished metric or cell kept from other code",
+    )
 
 
 def regress(args) -> int:
@@ -115,6 +135,7 @@ def regress(args) -> int:
         accept=args.accept,
         accept_code=args.accept_code,
         fail_on_missing=args.fail_on_missing,
+        allow_missing=args.allow_missing,
     )
     print(text)
     if args.output:

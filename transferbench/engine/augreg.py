@@ -85,6 +85,34 @@ def mixup_batches(batches, p: float, num_classes: int, seed: int):
         yield mixup(x, target, p, rng)
 
 
+class TargetEntropy:
+    """The mean entropy, -sum_c t_c log t_c, of the training targets a loss sees (one-hot: 0; mixup's soft targets:
+    more), over every example of every batch that `watch` passes on. A pretraining probe's signal: a mixup whose
+    targets stay one-hot moves it from its value to 0. Summed on the batches' device, read once at the end."""
+
+    def __init__(self):
+        self.total, self.examples = None, 0
+
+    def watch(self, batches):
+        for x, y in batches:
+            if y.is_floating_point():
+                t = y.detach().double()
+                h = -(t * torch.where(t > 0, t.log(), torch.zeros_like(t))).sum()
+                self.total = h if self.total is None else self.total + h
+            self.examples += len(y)
+            yield x, y
+
+    def value(self) -> float:
+        return 0.0 if self.total is None or not self.examples else float(self.total) / self.examples
+
+
+def decayed_norm(model: nn.Module) -> float:
+    """The L2 norm of the parameters weight decay acts on (`kernels`), in float64: a pretraining probe's signal of
+    the decay actually applied."""
+    with torch.no_grad():
+        return float(torch.sqrt(sum(k.detach().double().square().sum() for k in kernels(model))))
+
+
 def kernel_names(model: nn.Module) -> list[str]:
     """big_vision's `.*/kernel$` on torch modules: the weight of every dense (nn.Linear) and conv layer, and
     nn.MultiheadAttention's q/k/v projection (`in_proj_weight`, or the separate `q/k/v_proj_weight`), which

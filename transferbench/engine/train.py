@@ -415,6 +415,21 @@ def accuracy(model, dataset, transform, how: Evaluation) -> float:
     return 100.0 * float(hits(model, dataset, transform, how).mean())
 
 
+def heldout_loss(model, dataset, transform, how: Evaluation, loss_fn) -> float:
+    """The training loss (`loss_fn`, on one-hot targets) of `model` over every example of `dataset`, in eval mode:
+    a fixed held-out point of the training curve, less noisy than one training batch's loss."""
+    model.eval()
+    total, n = torch.zeros((), dtype=torch.float64, device=how.device), 0
+    with torch.no_grad():
+        for x, y in eval_batches(dataset, transform, batch=how.batch, workers=how.workers):
+            with autocast(how.device, how.bf16):
+                logits = model(x.to(how.device))
+            y = torch.as_tensor(y, device=how.device)
+            total += loss_fn(logits.float(), y).double() * len(y)
+            n += len(y)
+    return float(total / max(n, 1))
+
+
 def hits(model, dataset, transform, how: Evaluation) -> np.ndarray:
     """Per example of `dataset`, in its order: whether the top-1 prediction is right (what `accuracy` averages,
     and what --log-samples keeps for per-example paired tests)."""

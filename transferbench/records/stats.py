@@ -164,9 +164,11 @@ def paired_bootstrap(
 
 
 def paired_difference(
-    current: Mapping[int, float], reference: Mapping[int, float], level: float = LEVEL
+    current: Mapping[int, float], reference: Mapping[int, float], level: float = LEVEL, min_sd: float = 0.0
 ) -> Estimate | None:
-    """current - reference over the seeds both have; None when they share no seed."""
+    """current - reference over the seeds both have; None when they share no seed. `min_sd` floors the seed
+    spread of the differences (the metric's quantum, one example: three seeds that each lose the same one example
+    have no spread, yet no evidence beyond that one example)."""
     seeds = sorted(set(current) & set(reference))
     if not seeds:
         return None
@@ -174,7 +176,7 @@ def paired_difference(
     mean = float(diffs.mean())
     if diffs.size < 2:
         return Estimate(mean, None, 1)
-    sd = float(diffs.std(ddof=1))
+    sd = max(float(diffs.std(ddof=1)), float(min_sd))
     return t_estimate(mean, sd / math.sqrt(diffs.size), diffs.size - 1, int(diffs.size), level, sd=sd)
 
 
@@ -188,26 +190,31 @@ def t_estimate(mean: float, se: float, df: float, n: int, level: float = LEVEL, 
     return Estimate(mean, half, n, mean - half, mean + half, p=p, df=df, se=se, **kw)
 
 
-def suite_mean(per_dataset: Mapping[str, Mapping[int, float]], *, shared: bool, level: float = LEVEL) -> Estimate:
+def suite_mean(
+    per_dataset: Mapping[str, Mapping[int, float]], *, shared: bool, level: float = LEVEL, min_sd: float = 0.0
+) -> Estimate:
     """The mean over datasets of each dataset's mean over seeds ({dataset: {seed: value}}), with its 95% interval:
     over the per-seed suite means where one run per seed serves every dataset (`shared`), else over independent
     dataset means (`welch_mean`). The p-value (of 'the suite mean is 0') and MDE come from the same t: for a
-    suite of paired differences, that is the comparison's test."""
+    suite of paired differences, that is the comparison's test. `min_sd` floors each seed spread (the metric's
+    quantum, as in `paired_difference`)."""
     if not per_dataset or any(not v for v in per_dataset.values()):
         raise ValueError("suite_mean needs at least one dataset, each with at least one seed")
-    return seed_suite_mean(per_dataset, level) if shared else welch_mean(per_dataset, level)
+    if shared:
+        return seed_suite_mean(per_dataset, level, min_sd=min_sd)
+    return welch_mean(per_dataset, level, min_sd=min_sd)
 
 
-def welch_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LEVEL) -> Estimate:
+def welch_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LEVEL, min_sd: float = 0.0) -> Estimate:
     """Mean of independent dataset means: standard error sqrt(sum_d s_d^2 / n_d) / D, degrees of freedom by
     Welch-Satterthwaite, (sum_d v_d)^2 / sum_d v_d^2 / (n_d - 1) with v_d = s_d^2 / n_d (one dataset: its own
-    t-interval). No interval where a dataset has a single seed."""
+    t-interval). No interval where a dataset has a single seed. Each s_d is at least `min_sd`."""
     arrays = [np.asarray(list(v.values()), dtype=np.float64) for v in per_dataset.values()]
     point = float(np.mean([a.mean() for a in arrays]))
     n = min(a.size for a in arrays)
     if n < 2:
         return Estimate(point, None, n, method="welch")
-    v = np.array([a.var(ddof=1) / a.size for a in arrays])
+    v = np.array([max(a.var(ddof=1), min_sd**2) / a.size for a in arrays])
     dfs = np.array([a.size - 1 for a in arrays], dtype=np.float64)
     se = float(math.sqrt(v.sum()) / len(arrays))
     df = float(v.sum() ** 2 / (v**2 / dfs).sum()) if v.sum() > 0 else float(dfs.sum())
@@ -216,15 +223,18 @@ def welch_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LE
     return t_estimate(point, se, df, n, level, method="welch", power_df=float(n - 1))
 
 
-def seed_suite_mean(per_dataset: Mapping[str, Mapping[int, float]], level: float = LEVEL) -> Estimate:
+def seed_suite_mean(
+    per_dataset: Mapping[str, Mapping[int, float]], level: float = LEVEL, min_sd: float = 0.0
+) -> Estimate:
     """Mean over datasets where one run per seed serves every dataset: the per-seed suite means over the seeds
-    every dataset has, and their t-interval on n - 1 degrees of freedom (holds whatever the datasets share)."""
+    every dataset has, and their t-interval on n - 1 degrees of freedom (holds whatever the datasets share). Their
+    spread is at least `min_sd` / sqrt(datasets) (one example of each set)."""
     common = sorted(set.intersection(*(set(v) for v in per_dataset.values())))
     point = float(np.mean([np.mean(list(v.values())) for v in per_dataset.values()]))
     if len(common) < 2:
         return Estimate(point, None, len(common), method="seeds")
     per_seed = np.array([np.mean([v[s] for v in per_dataset.values()]) for s in common])
-    sd = float(per_seed.std(ddof=1))
+    sd = max(float(per_seed.std(ddof=1)), min_sd / math.sqrt(len(per_dataset)))
     mean = float(per_seed.mean())  # the suite mean over the common seeds: what the interval is about
     return t_estimate(mean, sd / math.sqrt(len(common)), len(common) - 1, len(common), level, sd=sd, method="seeds")
 
@@ -320,3 +330,43 @@ def pool(parts: list[dict]) -> dict:
     ss = sum((n - 1) * s**2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
     sd = np.sqrt(ss / max(total - 1, 1))
     return {"mean": grand, "sd": sd, "n": int(total)}
+
+
+def moved_test(groups: Sequence[Sequence[float]], min_sd: float = 0.0) -> tuple[float, float, int, int]:
+    """(rms, p, df1, df2) of "every group moved alike", for groups of paired differences d_gs (a group: one data
+    set's per-seed changes): the one-way ANOVA's F = (sum_g n_g (mean_g - mean)^2 / (G - 1)) / (sum_g sum_s (d_gs -
+    mean_g)^2 / sum_g (n_g - 1)) on (G - 1, sum_g (n_g - 1)) degrees of freedom, mean = the seed-weighted grand
+    mean: do the sets move differently from each other, more than their seeds vary? A shift of every set alike is
+    the pooled test's; this one sees sets that move both ways, whatever the mean does. The within-group variance is
+    at least `min_sd`^2 (the metric's quantum); rms = sqrt(mean_g (mean_g - mean)^2), the size of the unevenness.
+    Fewer than two groups: no test (p 1)."""
+    arrays = [np.asarray(d, dtype=np.float64) for d in groups if len(d) > 1]
+    df1, df2 = len(arrays) - 1, sum(a.size - 1 for a in arrays)
+    if df1 < 1:
+        return 0.0, 1.0, max(df1, 0), df2
+    grand = sum(a.sum() for a in arrays) / sum(a.size for a in arrays)
+    between = sum(a.size * (a.mean() - grand) ** 2 for a in arrays) / df1
+    within = max(sum(((a - a.mean()) ** 2).sum() for a in arrays) / df2, min_sd**2)
+    rms = float(math.sqrt(np.mean([(a.mean() - grand) ** 2 for a in arrays])))
+    if within == 0:
+        return rms, (0.0 if between > 0 else 1.0), df1, df2
+    return rms, float(_scipy.f.sf(between / within, df1, df2)), df1, df2
+
+
+def noise_test(units: Sequence[float], variances: Sequence[float], df_model: float) -> tuple[float, float]:
+    """(rms, p) of "these paired changes scatter as arithmetic makes them scatter": each unit u_i (one run's mean
+    change) against the noise model's mean square v_i for its kind of unit, estimated on `df_model` units of benign
+    runs. Q = sum_i (u_i - m)^2 / v_i around the precision-weighted mean m = sum(u_i / v_i) / sum(1 / v_i) (a shift
+    of every run alike is the pooled test's); under the model Q / (N - 1) is F(N - 1, df_model) distributed (N - 1
+    squared standard normals over the model's own chi-square estimate). It sees what no mean and no seed spread
+    shows: runs that move several points both ways, seeds that disagree about the sign. rms = sqrt(mean (u_i -
+    m)^2). Fewer than two units: no test (p 1)."""
+    u = np.asarray(units, dtype=np.float64)
+    v = np.asarray(variances, dtype=np.float64)
+    if u.size < 2:
+        return 0.0, 1.0
+    if np.any(v <= 0):
+        raise ValueError("noise_test needs positive model variances")
+    m = float((u / v).sum() / (1 / v).sum())
+    q = float(((u - m) ** 2 / v).sum())
+    return float(math.sqrt(np.mean((u - m) ** 2))), float(_scipy.f.sf(q / (u.size - 1), u.size - 1, df_model))

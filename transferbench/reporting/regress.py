@@ -41,15 +41,43 @@ from scipy import stats as _scipy
 from tabulate import tabulate
 
 from ..arithmetic import differences as arithmetic_differences
+from ..errors import UserError
 from ..fingerprint import changed_modules
 from ..hashing import canon
-from ..records.stats import holm, mcnemar, paired_difference, pooled_variance, suite_mean, variance_ratio
+from ..records.stats import (
+    holm,
+    mcnemar,
+    moved_test,
+    noise_test,
+    paired_difference,
+    pooled_variance,
+    suite_mean,
+    variance_ratio,
+)
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
 LOSS_FLOOR = 0.005  # ... of a training loss (`loss@STEP`), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
+# a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
+SIGNALS = ("loss", "decayed_norm", "target_entropy")
+NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
+PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
+
+
+def is_signal(metric: str) -> bool:
+    return metric.startswith(SIGNALS)
+
+
+def noise_model() -> dict:
+    """{task: {metric: {kind: {"ms": mean square of a unit's change, "units": how many units estimated it}}}}: the
+    arithmetic noise model that `python -m benchmarks.gate_power --noise-model` measures on benign runs (kind:
+    `kernels` where both sides ran a unit in the same precision, `precision` where a step's precision differs)."""
+    import json
+    from importlib.resources import files
+
+    return json.loads((files("transferbench.reporting") / NOISE_MODEL).read_text())["tasks"]
 
 
 def words(axes: dict) -> str:
@@ -67,7 +95,7 @@ def _value(v) -> str:
 
 @dataclass
 class Comparison:
-    kind: str  # cell | pooled | spread
+    kind: str  # cell | pooled | moved | noise | spread
     task: str
     backbone: str
     dataset: str  # '' for pooled and spread tests
@@ -92,7 +120,7 @@ class Comparison:
 
     @property
     def big(self) -> bool:
-        if self.kind == "moved":
+        if self.kind in ("moved", "noise"):
             return self.change >= self.floor
         if self.kind == "spread":
             return self.change >= self.floor or self.change <= 1 / self.floor
@@ -174,6 +202,10 @@ class Gate:
     alpha: float
     floor: float = FLOOR
     diverged: list = field(default_factory=list)  # current records that diverged where the baseline's cell was ok
+    vanished: list = field(default_factory=list)  # (cell key, split, metric) the baseline judges and current lacks
+    stale: list = field(default_factory=list)  # cell keys of current whose record another code computed (kept)
+    absent: list = field(default_factory=list)  # (task, backbone) of the baseline of which current holds nothing
+    untested_noise: dict = field(default_factory=dict)  # (task, metric) -> units no noise model covers
 
     @property
     def tests(self) -> int:
@@ -184,7 +216,7 @@ class Gate:
 
     @property
     def regressed(self) -> list[Comparison]:
-        return [c for c in self.comparisons if c.verdict in ("regressed", "spread", "moved")]
+        return [c for c in self.comparisons if c.verdict in ("regressed", "spread", "moved", "noise")]
 
     @property
     def improved(self) -> list[Comparison]:
@@ -265,19 +297,29 @@ def _metrics(rb: dict, rc: dict, split: str) -> list[str]:
     """What a split is judged on: the record's metric, and the training curve's fixed points (`loss@STEP`, lower is
     better) where the records keep them."""
     have = set((rb.get("metrics") or {}).get(split, {})) | set((rc.get("metrics") or {}).get(split, {}))
-    return sorted(m for m in have if m == rb["metric"] or m.startswith("loss@"))
+    return sorted(m for m in have if m == rb["metric"] or is_signal(m))
 
 
 def floor_of(metric: str, baseline: float, floor: float) -> float:
-    """The magnitude floor of one comparison: `floor` in the metric's units, or for a training loss LOSS_FLOOR of the
-    baseline's value (a loss has no common unit across tasks and steps)."""
-    return LOSS_FLOOR * abs(baseline) if metric.startswith("loss@") else floor
+    """The magnitude floor of one comparison: `floor` in the metric's units, or for a training signal (a loss, a
+    norm, an entropy) LOSS_FLOOR of the baseline's value (they have no common unit across tasks and steps)."""
+    return LOSS_FLOOR * abs(baseline) if is_signal(metric) else floor
+
+
+def quantum(r: dict, split: str, metric: str) -> float:
+    """One example of `split` in the metric's units (accuracy or error in points: 100 / examples), where the record
+    says how many examples it scored; else 0."""
+    if metric not in PERCENT:
+        return 0.0
+    info = r.get("info") or {}
+    n = info.get(f"{split}_examples") or (info.get("eval_examples") if split == "test" else None)
+    return 100.0 / n if isinstance(n, (int, float)) and n > 0 else 0.0
 
 
 def _direction(r: dict, metric: str) -> float:
     """+1 where higher is better, -1 where lower is."""
     if metric != r["metric"]:
-        return -1.0  # loss@STEP
+        return -1.0  # a training signal
     return 1.0 if r.get("mode", "max") == "max" else -1.0
 
 
@@ -307,22 +349,26 @@ def gate(
     accept_code=(),
     exact: bool = True,
     shared=None,
+    noise: dict | None = None,
 ) -> Gate:
     """Match, judge the cells of equal arithmetic exactly (`exact`; False: every cell goes to the statistical tier,
     as against a fixed anchor), test and judge the rest (module docstring). `shared(task)`: whether one run per
-    seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units."""
+    seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units. `noise`: the
+    arithmetic noise model (default: `noise_model()`; {} tests no change against one)."""
     if shared is None:
         from ..spec import seeds_shared as shared
     axes = _axes(baseline, current)
     b, c = _index(baseline, axes), _index(current, axes)
+    stale = _other_code(c)
     tier = Exact(enabled=exact)
-    changes, selection, pairs, axes_of = _match(b, c, axes, tier, accept_code)
-    for pc in changes.values():
-        pc.accepted = accepts(accept, pc.task, pc.setting)
+    vanished: list = []
+    changes, selection, pairs, axes_of = _match(b, c, axes, tier, accept_code, accept, stale, vanished)
     comparisons, paired = _cell_comparisons(pairs, axes_of, floor)
     comparisons += _suite_comparisons(pairs, paired, floor, shared)
-    comparisons += _moved_comparisons(paired, floor)
+    untested: dict = {}
+    comparisons += _moved_comparisons(pairs, paired, floor, shared, noise_model() if noise is None else noise, untested)
     _judge(comparisons, alpha)
+    groups = lambda side: {(k[0], k[2]) for k in side}  # noqa: E731
     return Gate(
         comparisons,
         sorted(changes.values(), key=lambda p: (p.task, p.setting)),
@@ -333,40 +379,74 @@ def gate(
         alpha,
         floor,
         [c[k][0] for k in sorted(set(b) & set(c)) if b[k][0]["status"] == "ok" and c[k][0]["status"] == "diverged"],
+        vanished,
+        sorted(k for k in stale if k in b),
+        sorted(groups(b) - groups(c)),
+        untested,
     )
 
 
-def _match(b: dict, c: dict, axes, tier: Exact, accept_code=()) -> tuple[dict, list, dict, dict]:
+def _other_code(c: dict) -> set:
+    """The cell keys of one side whose record was computed by other code than the latest record of its task and
+    backbone (`--stale keep` keeps such records): tonight's code did not compute them."""
+    latest: dict = {}
+    for key, (r, _) in c.items():
+        fp = (r.get("fingerprint") or {}).get("digest")
+        if fp and r.get("finished_at", "") >= latest.get((key[0], key[2]), ("", None))[0]:
+            latest[(key[0], key[2])] = (r.get("finished_at", ""), fp)
+    out = set()
+    for key, (r, _) in c.items():
+        fp = (r.get("fingerprint") or {}).get("digest")
+        if fp and fp != latest[(key[0], key[2])][1]:
+            out.add(key)
+    return out
+
+
+def _match(
+    b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=frozenset(), vanished=None
+) -> tuple[dict, list, dict, dict]:
     """The records both sides hold, matched: protocol changes (a setting that differs), changed selections of a
     final stage, the cells of equal arithmetic judged exactly (into `tier`), and for the statistical tier the pairs
-    of every other (task, dataset, backbone, stage, axes, split, metric) per seed."""
+    of every other (task, dataset, backbone, stage, axes, split, metric) per seed. The cells of an accepted protocol
+    change go to the statistical tier: accepting a setting accepts no regression. Current records of other code
+    (`stale`) are not matched; a judged split or metric that current lacks is appended to `vanished`."""
     changes: dict[tuple, ProtocolChange] = {}
     selection = []
     pairs = defaultdict(dict)  # (task, dataset, backbone, stage, axes, split, metric) -> seed -> (base, cur) records
     axes_of = {}
-    for key in sorted(set(b) & set(c)):
+    for key in sorted(set(b) & set(c) - set(stale)):
         (rb, ax), (rc, _) = b[key], c[key]
         sb, sc = _settings(rb, axes), _settings(rc, axes)
         differs = sorted(k for k in set(sb) | set(sc) if sb.get(k) != sc.get(k))
         task, dataset, backbone, stage, seed, axkey = key
-        if differs:
-            for k in differs:
-                pc = changes.setdefault(
-                    (task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
-                    ProtocolChange(task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
-                )
-                pc.cells += 1
-                pc.backbones.add(backbone)
-                vb, vc = _value_of(rb, _main_split(rb)), _value_of(rc, _main_split(rb))
-                if vb is not None and vc is not None:
-                    pc.change.append(_direction(rb, rb["metric"]) * (vc - vb))
+        for k in differs:
+            pc = changes.setdefault(
+                (task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
+                ProtocolChange(task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
+            )
+            pc.accepted = accepts(accept, task, k)
+            pc.cells += 1
+            pc.backbones.add(backbone)
+            vb, vc = _value_of(rb, _main_split(rb)), _value_of(rc, _main_split(rb))
+            if vb is not None and vc is not None:
+                pc.change.append(_direction(rb, rb["metric"]) * (vc - vb))
+        if differs and not all(accepts(accept, task, k) for k in differs):
             continue
+        if rb["status"] == "ok" and rc["status"] == "ok" and vanished is not None:
+            for split, values in (rb.get("metrics") or {}).items():
+                for metric in sorted(m for m in values if m == rb["metric"] or is_signal(m)):
+                    if metric not in (rc.get("metrics") or {}).get(split, {}):
+                        vanished.append((key, split, metric))
         if stage == "final":
             chosen = {k: rb["hparams"].get(k) for k in rb.get("select", [])}
             now = {k: rc["hparams"].get(k) for k in rb.get("select", [])}
             if chosen != now:
                 selection.append((task, dataset, backbone, words(ax), seed, words(chosen), words(now)))
-        if _judged_exactly(rb, rc, key, ax, tier, accept_code):
+        if differs:  # accepted: judged statistically whatever the arithmetic
+            tier.statistical += 1
+            if tier.enabled:
+                tier.why["an accepted protocol change"] = tier.why.get("an accepted protocol change", 0) + 1
+        elif _judged_exactly(rb, rc, key, ax, tier, accept_code):
             continue
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
             for metric in _metrics(rb, rc, split):
@@ -386,9 +466,14 @@ def _cell_comparisons(pairs: dict, axes_of: dict, floor: float) -> tuple[list, d
         vals = paired[group] = {s: v for s, v in vals.items() if None not in v}
         if not vals:
             continue
-        sign = _direction(next(iter(seeds.values()))[0], metric)
+        first = next(iter(seeds.values()))[0]
+        sign = _direction(first, metric)
         level = float(np.mean([v[0] for v in vals.values()]))
-        d = paired_difference({s: sign * v[1] for s, v in vals.items()}, {s: sign * v[0] for s, v in vals.items()})
+        d = paired_difference(
+            {s: sign * v[1] for s, v in vals.items()},
+            {s: sign * v[0] for s, v in vals.items()},
+            min_sd=quantum(first, split, metric),
+        )
         low, high, p = (d.low, d.high, d.p) if d.n > 1 else (None, None, _examples_p(*seeds[next(iter(vals))], split))
         comparisons.append(
             Comparison(
@@ -423,12 +508,14 @@ def _suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
     the seed spread. Units are per (dataset, seed) means over the dataset's comparisons (per seed suite means
     where one run per seed serves every dataset)."""
     units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    signs = {}
+    signs, quanta = {}, defaultdict(float)
     for group, vals in paired.items():
         task, dataset, backbone, stage, _, split, metric = group
         if split == "val" or not vals:  # the reported results only: a select stage's val sweep is left to the cells
             continue
-        sign = signs[(task, backbone, metric)] = _direction(next(iter(pairs[group].values()))[0], metric)
+        first = next(iter(pairs[group].values()))[0]
+        sign = signs[(task, backbone, metric)] = _direction(first, metric)
+        quanta[(task, backbone, metric)] = max(quanta[(task, backbone, metric)], quantum(first, split, metric))
         for s, (vb, vc) in vals.items():
             units[(task, backbone, metric)][dataset][s].append((sign * vb, sign * vc))
     out = []
@@ -440,7 +527,11 @@ def _suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
             }
             for i in (0, 1)
         )
-        est = suite_mean({ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base}, shared=shared(task))
+        est = suite_mean(
+            {ds: {s: cur[ds][s] - base[ds][s] for s in base[ds]} for ds in base},
+            shared=shared(task),
+            min_sd=quanta[(task, backbone, metric)],
+        )
         sign = signs[(task, backbone, metric)]
         level_b = sign * float(np.mean([np.mean(list(v.values())) for v in base.values()]))
         level_c = sign * float(np.mean([np.mean(list(v.values())) for v in cur.values()]))
@@ -476,19 +567,98 @@ def _suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
     return out
 
 
-def _moved_comparisons(paired: dict, floor: float) -> list:
-    """Per (task, backbone, metric): did its comparisons move more than their seeds vary, either way?"""
-    moved, levels = defaultdict(list), defaultdict(list)  # the paired differences; the baseline's values
+def _precision(r: dict):
+    return ((r.get("arithmetic") or {}).get("cell") or {}).get("precision")
+
+
+@dataclass
+class _Runs:
+    """The statistical tier's runs per (task, backbone, metric) `at`."""
+
+    units: dict  # at -> {unit: mean change}; a unit is (data set, seed), or (seed,) where one run serves every set
+    kind: dict  # (at, unit) -> "precision" where a step's precision differs between the sides
+    inputs: set  # (at, unit) computed from other weights or data
+    levels: dict  # at -> the baseline's values
+    quantum: dict  # at -> the largest quantum (one example) of its comparisons
+    sign: dict  # at -> +1 where higher is better, -1 where lower is
+
+
+def _units(pairs: dict, paired: dict, shared) -> _Runs:
+    diffs = defaultdict(lambda: defaultdict(list))  # (task, backbone, metric) -> unit -> paired differences
+    runs = _Runs({}, {}, set(), defaultdict(list), defaultdict(float), {})
     for group, vals in paired.items():
         task, dataset, backbone, stage, _, split, metric = group
-        if len(vals) > 1:
-            moved[(task, backbone, metric)].append([vc - vb for vb, vc in vals.values()])
-            levels[(task, backbone, metric)] += [vb for vb, _ in vals.values()]
+        for s, (vb, vc) in vals.items():
+            unit = (s,) if shared(task) else (dataset, s)
+            at = (task, backbone, metric)
+            diffs[at][unit].append(vc - vb)
+            runs.levels[at].append(vb)
+            rb, rc = pairs[group][s]
+            runs.quantum[at] = max(runs.quantum[at], quantum(rb, split, metric))
+            runs.sign[at] = _direction(rb, metric)
+            if _precision(rb) != _precision(rc):
+                runs.kind[(at, unit)] = "precision"
+            if any(rb.get(w) != rc.get(w) for w in ("checkpoint_sha256", "data_version")):
+                runs.inputs.add((at, unit))
+    runs.units = {at: {unit: float(np.mean(d)) for unit, d in per.items()} for at, per in diffs.items()}
+    return runs
+
+
+def noise_units(baseline: list[dict], current: list[dict], shared=None) -> dict:
+    """{(task, metric, kind): [each run's mean change]} between two sides that differ only in arithmetic (the
+    statistical tier's units, every cell judged statistically): what `benchmarks.gate_power --noise-model` builds
+    the noise model from."""
+    if shared is None:
+        from ..spec import seeds_shared as shared
+    axes = _axes(baseline, current)
+    b, c = _index(baseline, axes), _index(current, axes)
+    _, _, pairs, axes_of = _match(b, c, axes, Exact(enabled=False))
+    _, paired = _cell_comparisons(pairs, axes_of, 0.0)
+    runs = _units(pairs, paired, shared)
+    out = defaultdict(list)
+    for at, u in runs.units.items():
+        for unit, v in u.items():
+            out[(at[0], at[2], runs.kind.get((at, unit), "kernels"))].append(v)
+    return dict(out)
+
+
+def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: dict, untested: dict) -> list:
+    """Per (task, backbone, metric), on units that are runs (a data set's seed; a seed where one run serves every
+    data set): each unit's mean change over its comparisons (shot counts, splits, swept settings of that run), then
+    - `moved`: did the data sets move differently from each other, more than their seeds vary
+      (`records.stats.moved_test`)?
+    - `noise`: did the runs scatter more than arithmetic scatters them (`records.stats.noise_test` against the
+      noise model of the task and metric, per kind of unit: `precision` where a step's precision differs between
+      the sides, else `kernels`)? Units computed from other weights or data, or of a kind the model lacks, are left
+      out of it and counted in `untested` ((task, metric) -> units).
+    A shift of every run alike is the pooled test's. Each comparison's `low` is the worst data set's mean change
+    (signed, > 0 better): a move under a pooled mean that got better fails only where some set got worse."""
+    runs = _units(pairs, paired, shared)
     out = []
-    for (task, backbone, metric), diffs in sorted(moved.items()):
-        rms, p, df1, df2 = moved_test(diffs)
-        level = floor_of(metric, float(np.mean(levels[(task, backbone, metric)])), floor)
-        out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level))
+    for at, u in sorted(runs.units.items()):
+        task, backbone, metric = at
+        level = floor_of(metric, float(np.mean(runs.levels[at])), floor)
+        by_set = defaultdict(list)
+        for unit, v in sorted(u.items()):
+            by_set[unit[0] if len(unit) > 1 else ""].append(v)
+        worst = min(runs.sign[at] * float(np.mean(v)) for v in by_set.values())
+        rms, p, df1, _ = moved_test(list(by_set.values()), min_sd=runs.quantum[at])
+        if df1:
+            out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level, low=worst))
+        model = (noise.get(task) or {}).get(metric) or {}
+        tested, variances, dfs = [], [], []
+        for unit, v in sorted(u.items()):
+            m = model.get(runs.kind.get((at, unit), "kernels"))
+            if m is None or (at, unit) in runs.inputs:
+                untested[(task, metric)] = untested.get((task, metric), 0) + 1
+                continue
+            tested.append(v)
+            variances.append(m["ms"])
+            dfs.append(m["units"])
+        if len(tested) > 1:
+            rms, p = noise_test(tested, variances, min(dfs))
+            base = float(np.sqrt(np.mean(variances)))
+            out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, level, low=worst))
     return out
 
 
@@ -497,7 +667,7 @@ def _judge(comparisons: list, alpha: float) -> None:
     night's family-wise error stays at most alpha): the few broad tests (pooled, moved, spread) are not diluted by
     the hundreds of cell tests."""
     rejected = {}
-    for family in (("cell",), ("pooled", "moved", "spread")):
+    for family in (("cell",), ("pooled", "moved", "noise", "spread")):
         members = [x for x in comparisons if x.kind in family]
         rejected.update(zip(map(id, members), holm([x.p for x in members], alpha / 2)))
     for x in comparisons:
@@ -507,12 +677,17 @@ def _judge(comparisons: list, alpha: float) -> None:
             x.verdict = "untested"
         elif sig and x.big:
             # a training curve is not a score: lower is not better, a moved curve is changed pretraining code
-            worse = x.change < 0 or x.metric.startswith("loss@")
-            x.verdict = x.kind if x.kind in ("spread", "moved") else "regressed" if worse else "improved"
-    called = {(y.task, y.backbone, y.metric) for y in comparisons if y.kind == "pooled" and y.verdict != "unchanged"}
-    for x in comparisons:  # a move that the pooled mean already calls is told once, by the pooled mean
-        if x.verdict == "moved" and (x.task, x.backbone, x.metric) in called:
+            worse = x.change < 0 or is_signal(x.metric)
+            x.verdict = x.kind if x.kind in ("spread", "moved", "noise") else "regressed" if worse else "improved"
+    pooled = {(y.task, y.backbone, y.metric): y.verdict for y in comparisons if y.kind == "pooled"}
+    for x in comparisons:
+        if x.verdict not in ("moved", "noise"):
+            continue
+        way = pooled.get((x.task, x.backbone, x.metric))
+        if way == "regressed":  # told once, by the pooled mean
             x.verdict = "see pooled"
+        elif way == "improved" and x.low is not None and x.low > -x.floor:  # every set better or still: uneven gains
+            x.verdict = "uneven"
 
 
 def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accept_code) -> bool:
@@ -554,22 +729,6 @@ def _outputs(r: dict) -> str:
     return canon({"outputs": r.get("outputs"), "metrics": r.get("metrics")})
 
 
-def moved_test(diffs: list) -> tuple[float, float, int, int]:
-    """(rms, p, df1, df2) of "every comparison's true change is 0", two-sided: comparisons c with paired seed
-    differences d_cs, F = (sum_c n_c mean_c^2 / C) / (sum_c sum_s (d_cs - mean_c)^2 / sum_c (n_c - 1)) on (C,
-    sum_c (n_c - 1)) degrees of freedom (the one-way ANOVA's F of the cell means against 0, with the seed-to-seed
-    spread of the differences pooled over comparisons); rms = sqrt(mean_c mean_c^2), the size of the move. Where
-    the differences do not vary within any comparison, p is 0 if anything moved, else 1."""
-    arrays = [np.asarray(d, dtype=np.float64) for d in diffs if len(d) > 1]
-    num = sum(a.size * a.mean() ** 2 for a in arrays)
-    ss = sum(((a - a.mean()) ** 2).sum() for a in arrays)
-    df1, df2 = len(arrays), sum(a.size - 1 for a in arrays)
-    rms = float(math.sqrt(np.mean([a.mean() ** 2 for a in arrays]))) if arrays else 0.0
-    if not arrays or ss == 0:
-        return rms, (0.0 if num > 0 else 1.0), df1, df2
-    return rms, float(_scipy.f.sf((num / df1) / (ss / df2), df1, df2)), df1, df2
-
-
 def _pooled_sd(groups) -> float:
     return float(math.sqrt(pooled_variance(groups)[0]))
 
@@ -599,16 +758,36 @@ def verdict(
     accept_code=(),
     exact: bool = True,
     fail_on_missing: bool = False,
-    fail_on_failed: bool = False,
+    fail_on_failed: bool = True,
+    allow_missing=(),
     title: str = "Regression report",
+    noise: dict | None = None,
 ) -> tuple[str, int]:
     """(markdown report, exit code): 1 when a cell of equal arithmetic changed by code not accepted
     (`accept_code`) or irreproducibly, a test fires for the worse, the seed spread changed, a protocol change is
-    not accepted, a cell of `current` failed (with `fail_on_failed`) or baseline cells are missing from `current`
-    (with `fail_on_missing`); else 0. `exact` False: the statistical tier judges every cell (a fixed anchor)."""
-    g = gate(baseline, current, floor=floor, alpha=alpha, accept=accept, accept_code=accept_code, exact=exact)
+    not accepted, a cell of `current` failed or diverged (unless `fail_on_failed` is False), a task or backbone of
+    the baseline is absent from `current`, or (with `fail_on_missing`) baseline cells, or a split or metric of
+    them, are missing from `current` or were kept from other code; else 0. `allow_missing`: True, or names (TASK,
+    TASK:BACKBONE, `*`) whose absence passes. `exact` False: the statistical tier judges every cell (a fixed
+    anchor)."""
+    if not baseline:
+        raise UserError("the baseline holds no records: give the records folder of a `transferbench run`")
+    if not current:
+        raise UserError("the current side holds no records: give the records folder of a `transferbench run`")
+    g = gate(
+        baseline, current, floor=floor, alpha=alpha, accept=accept, accept_code=accept_code, exact=exact, noise=noise
+    )
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
+    allowed = lambda task, backbone: (
+        allow_missing is True
+        or bool(  # noqa: E731
+            {"*", task, f"{task}:{backbone}"} & set(allow_missing or ())
+        )
+    )
     reasons = []
+    absent = [(t, b) for t, b in g.absent if not allowed(t, b)]
+    if absent:
+        reasons.append(f"{len(absent)} tasks or backbones absent")
     if g.exact.failing:
         reasons.append(f"{len(g.exact.failing)} changed by code")
     if g.exact.irreproducible:
@@ -619,8 +798,11 @@ def verdict(
         reasons.append(f"{len(g.unaccepted)} protocol changes")
     if fail_on_failed and failed:
         reasons.append(f"{len(failed)} cells failed or diverged")
-    if fail_on_missing and g.missing:
-        reasons.append(f"{len(g.missing)} cells missing")
+    if fail_on_missing:
+        gone = [k for k in g.missing + g.stale if not allowed(k[0], k[2])]
+        gone += [v for v in g.vanished if not allowed(v[0][0], v[0][2])]
+        if gone:
+            reasons.append(f"{len(gone)} cells or metrics missing")
     return report(g, failed=failed, title=title, reasons=reasons), int(bool(reasons))
 
 
@@ -663,10 +845,14 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         f"{counts['unchanged']} unchanged, "
         f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
         f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}, "
-        f"{len(g.of('moved', 'moved'))} moved either way; {len(spread)} seed spreads changed; "
+        f"{len(g.of('moved', 'moved'))} moved either way, {len(g.of('noise', 'noise'))} beyond arithmetic noise; "
+        f"{len(spread)} seed spreads changed; "
         f"{len(g.unaccepted)} protocol changes"
         + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
         + f"; {len(g.missing)} cells missing from current, {len(g.new)} new"
+        + (f", {len(g.absent)} tasks or backbones absent" if g.absent else "")
+        + (f", {len(g.vanished)} metrics vanished" if g.vanished else "")
+        + (f", {len(g.stale)} kept from other code" if g.stale else "")
         + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
         + (f" {g.direction()}" if g.direction() else ""),
@@ -688,8 +874,8 @@ def _protocol_section(g: Gate) -> list[str]:
         lines += [
             "## Protocol changes",
             "",
-            "A setting of matched cells differs: their numbers are not compared. Accept a change on purpose with "
-            "`--accept TASK:SETTING`.",
+            "A setting of matched cells differs. Accept a change on purpose with `--accept TASK:SETTING`: the cells "
+            "of an accepted change are still compared by the statistical tier (a change for the worse fails).",
             "",
             _md(
                 [
@@ -744,21 +930,41 @@ def _pooled_section(g: Gate) -> list[str]:
 def _moved_section(g: Gate) -> list[str]:
     """The moved-either-way tests that fired or came close."""
     lines: list[str] = []
-    either = [x for x in g.of("moved") if x.verdict == "moved" or (x.p is not None and x.p < g.alpha)]
+    either = [
+        x
+        for x in g.of("moved") + g.of("noise")
+        if x.verdict in ("moved", "noise", "see pooled", "uneven") or (x.p is not None and x.p < g.alpha)
+    ]
     if either:
         lines += [
             "## Moved either way",
             "",
-            "Comparisons of one task and backbone that moved more than their seeds vary, whatever the direction "
-            "(an F-test of the per-comparison mean changes against 0, docs/regression.md); `moved` fails the "
-            "night where the pooled mean did not already call it.",
+            "Runs of one task and backbone (a data set's seed) whose changes, whatever their direction, exceed how "
+            "their seeds vary (`moved`: an F-test of the per-set mean changes against 0) or how arithmetic moves them "
+            "(`noise`: against the noise model measured on benign runs); docs/regression.md. Both fail the night.",
             "",
             _md(
-                [[x.task, x.backbone, x.metric, x.n, f"{x.current:.3g}", _p(x.p), x.verdict] for x in either],
-                ["task", "backbone", "metric", "comparisons", "rms change", "p", "verdict"],
+                [
+                    [
+                        x.task,
+                        x.backbone,
+                        x.metric,
+                        "seed spread" if x.kind == "moved" else "noise model",
+                        x.n,
+                        f"{x.current:.3g}",
+                        f"{x.baseline:.3g}" if x.kind == "noise" else "",
+                        _p(x.p),
+                        x.verdict,
+                    ]
+                    for x in either
+                ],
+                ["task", "backbone", "metric", "against", "units", "rms change", "noise rms", "p", "verdict"],
             ),
             "",
         ]
+    if g.untested_noise:
+        named = ", ".join(f"{t} {m} ({n})" for (t, m), n in sorted(g.untested_noise.items()))
+        lines += [f"Not tested against the noise model (no model, or other weights or data): {named} units.", ""]
     return lines
 
 
@@ -929,8 +1135,36 @@ def _failed_section(failed) -> list[str]:
 
 
 def _missing_sections(g: Gate) -> list[str]:
-    """Cells only one side holds (the first 50 of each)."""
+    """Cells only one side holds (the first 50 of each), tasks and backbones absent, metrics vanished, and records
+    kept from other code."""
     lines: list[str] = []
+    if g.absent:
+        lines += [
+            "## Absent from current",
+            "",
+            "Every cell of these tasks and backbones of the baseline is missing "
+            "(name one with `--allow-missing TASK[:BACKBONE]` to pass without it):",
+            "",
+        ]
+        lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
+    if g.vanished:
+        lines += ["## Vanished metrics", ""]
+        lines += [
+            f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}: {split} {metric}" for k, split, metric in g.vanished[:50]
+        ]
+        lines += [f"- ... and {len(g.vanished) - 50} more"] if len(g.vanished) > 50 else []
+        lines.append("")
+    if g.stale:
+        lines += [
+            "## Kept from other code",
+            "",
+            "Records of current computed by other code than the rest of their task "
+            "and backbone (`--stale keep`): not judged, counted as missing.",
+            "",
+        ]
+        lines += [f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" for k in g.stale[:50]]
+        lines += [f"- ... and {len(g.stale) - 50} more"] if len(g.stale) > 50 else []
+        lines.append("")
     for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
         if keys:
             lines += [f"## {heading}", ""] + [

@@ -415,11 +415,14 @@ def fired(g, failed=()) -> str:
     return "; ".join(parts) or "-"
 
 
-def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=()) -> list:
-    """One row of the table: the gate's verdict on a variant's records against the clean run's."""
+def judge(
+    v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=(), noise=None, note=""
+) -> list:
+    """One row of the table: the gate's verdict on a variant's records against the clean run's (`noise`: another
+    noise model than the package's)."""
     from transferbench.reporting.regress import gate
 
-    g = gate(baseline, current, accept_code=accept_code)
+    g = gate(baseline, current, accept_code=accept_code, noise=noise)
     failed = [r for r in current if r["status"] == "failed"]
     t = g.exact
     fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored or g.vanished)
@@ -433,6 +436,7 @@ def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bo
     exact += f", {len(t.irreproducible)} irreproducible" if t.irreproducible else ""
     exact += " (accepted)" if t.changed and not t.failing else ""
     kind = v.kind if not accept_code else f"{v.kind}, --accept-code {','.join(accept_code)}"
+    kind += note
     verdict = ("caught" if caught else "missed") if v.kind == "fault" else ("flagged" if fails else "quiet")
     return [
         v.name,
@@ -575,6 +579,11 @@ def main(argv=None) -> int:
         for r in current:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
         rows.append(judge(v, baseline, current, seconds, "exit 2" in log))
+        if v.arithmetic and tonight is None:  # in-sample above: the model holds this variant; now without it
+            others = [o for o in CATALOGUE if o.arithmetic and o is not v]
+            held_out = noise_model(work, baseline, others)["tasks"]
+            without = " (model without it)"
+            rows.append(judge(v, baseline, current, seconds, "exit 2" in log, noise=held_out, note=without))
         if v.accept_code:
             rows.append(judge(v, baseline, current, seconds, "exit 2" in log, v.accept_code))
         print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)

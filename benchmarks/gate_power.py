@@ -467,6 +467,9 @@ def splice(v: Variant, baseline: list, donor: list) -> tuple[list, str]:
     return out, flipped[0]
 
 
+MS_FLOOR = 1e-24  # the noise model's smallest mean square: a standard deviation of 1e-12
+
+
 def noise_model(work: Path, baseline: list, variants: list) -> dict:
     """The noise model from the benign arithmetic variants run in `work`: per task, metric and kind of unit, the
     largest mean square of a run's mean change (with the number of units it came from) over the variants."""
@@ -484,7 +487,9 @@ def noise_model(work: Path, baseline: list, variants: list) -> dict:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
         used.append(v.name)
         for (task, metric, kind), units in noise_units(baseline, current).items():
-            ms = float(sum(u * u for u in units) / len(units))
+            # the mean square around 0, not around the runs' mean: a benign variant's own shift counts as noise
+            # (conservative); a metric arithmetic never moves (the targets' entropy) gets a floor, not 0
+            ms = max(float(sum(u * u for u in units) / len(units)), MS_FLOOR)
             entry = tasks.setdefault(task, {}).setdefault(metric, {})
             if kind not in entry or ms > entry[kind]["ms"]:
                 entry[kind] = {"ms": ms, "units": len(units), "variant": v.name}

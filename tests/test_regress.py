@@ -715,3 +715,19 @@ def test_the_noise_test_raises_false_alarms_at_most_alpha_under_its_model():
         cur = shifted(base, lambda r, s=scale: s * rng.normal())
         alarms += bool(gate(base, cur, floor=0.0, noise=model).regressed)
     assert alarms <= stats.binom.ppf(0.999, nights, ALPHA), alarms
+
+
+def test_the_noise_model_is_the_largest_mean_square_of_the_benign_variants(tmp_path):
+    """benchmarks.gate_power's --noise-model: per task, metric and kind of run, the mean square of the runs' mean
+    changes of each benign arithmetic variant against the clean run, the largest kept with its number of runs."""
+    from benchmarks.gate_power import CATALOGUE, noise_model
+
+    base = suite(noise())
+    shifts = {"aten_default": 0.2, "two_threads": -0.5}  # every record of a variant moved alike: u = the shift
+    for name, d in shifts.items():
+        write(shifted(base, lambda r, d=d: d), tmp_path / name / "runs")
+        (tmp_path / name / "done").write_text("1.0\n")
+    model = noise_model(tmp_path, base, [v for v in CATALOGUE if v.arithmetic])
+    assert model["variants"] == ["aten_default", "two_threads"]  # the others were not run
+    entry = model["tasks"]["fewshot"]["accuracy"]
+    assert entry == {"kernels": {"ms": pytest.approx(0.25), "units": 24, "variant": "two_threads"}}

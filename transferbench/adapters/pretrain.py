@@ -155,7 +155,6 @@ class PretrainAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):
-
         hp = PretrainSettings.of(cell.hparams)
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
@@ -191,21 +190,7 @@ class PretrainAdapter(Adapter):
             on_step=log,
             loss_at=loss_points(hp.steps),
         )
-        resize = hp.eval_resize_small
-        evaluate = eval_transform(hp.resolution, resize_small=resize, pixels=px)
-        how = Evaluation.of(ctx, out["bf16"])
-        metrics = {"test": {"accuracy": accuracy(model, test, evaluate, how)}}
-        # the training signals the regression gate compares besides the upstream accuracy (docs/regression.md): the
-        # loss on the held-out split (one fixed point of the curve), the norm of the decayed weights (the weight
-        # decay applied), the entropy of the targets the loss saw (mixup)
-        metrics["train"] = {
-            "loss_heldout": heldout_loss(model, test, evaluate, how, LOSSES[hp.loss]),
-            "decayed_norm": augreg.decayed_norm(model),
-            "target_entropy": targets.value(),
-        }
-        if cell.dataset_config.get("minival"):
-            minival = load_split(cell, "minival", ctx.data_dir)
-            metrics["minival"] = {"accuracy": accuracy(model, minival, evaluate, how)}
+        metrics = evaluate(model, cell, hp, test, Evaluation.of(ctx, out["bf16"]), ctx, targets)
         acc = metrics["test"]["accuracy"]
         path = save_checkpoint(
             model.cpu(),
@@ -236,6 +221,24 @@ class PretrainAdapter(Adapter):
                 "images_per_second": round(hp.steps * hp.batch / max(train_seconds, 1e-9), 1),
             },
         }
+
+
+def evaluate(model, cell, hp, test, how, ctx, targets) -> dict:
+    """A pretrained model's metrics: the upstream accuracy (and minival's, where the set has one) and the training
+    signals the regression gate compares besides it (docs/regression.md): the loss on the held-out split (one fixed
+    point of the curve), the norm of the decayed weights (the weight decay applied), the entropy of the targets the
+    loss saw (`targets`, mixup)."""
+    transform = eval_transform(hp.resolution, resize_small=hp.eval_resize_small, pixels=hp.pixels)
+    metrics = {"test": {"accuracy": accuracy(model, test, transform, how)}}
+    metrics["train"] = {
+        "loss_heldout": heldout_loss(model, test, transform, how, LOSSES[hp.loss]),
+        "decayed_norm": augreg.decayed_norm(model),
+        "target_entropy": targets.value(),
+    }
+    if cell.dataset_config.get("minival"):
+        minival = load_split(cell, "minival", ctx.data_dir)
+        metrics["minival"] = {"accuracy": accuracy(model, minival, transform, how)}
+    return metrics
 
 
 def loss_points(steps: int) -> tuple[int, ...]:

@@ -22,6 +22,12 @@ from .options import (
 
 
 def add_parsers(sub, fmt) -> argparse.ArgumentParser:
+    """The regress and nightly parsers; returns nightly's."""
+    _regress_parser(sub, fmt)
+    return _nightly_parser(sub, fmt)
+
+
+def _regress_parser(sub, fmt) -> None:
     rg = sub.add_parser(
         "regress",
         help="compare two records folders; exit 1 on regression",
@@ -56,6 +62,8 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     output_option(rg, "also write the report to this file")
     strict_option(rg)
 
+
+def _nightly_parser(sub, fmt) -> argparse.ArgumentParser:
     nt = sub.add_parser(
         "nightly",
         help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",

@@ -458,12 +458,20 @@ def splice(v: Variant, baseline: list, donor: list) -> tuple[list, str]:
     first such cell in key order): a night where one cell's bf16 choice flipped."""
     import copy
 
+    from transferbench.hashing import canon
+
     prec = lambda r: ((r.get("arithmetic") or {}).get("cell") or {}).get("precision")  # noqa: E731
-    theirs = {r["key"]: r for r in donor}
-    flipped = sorted(r["key"] for r in baseline if r["key"] in theirs and prec(r) != prec(theirs[r["key"]]))
+    # the donor's cells carry its own setting (bf16=off) in their keys: match on what the cell is, setting aside
+    # the settings the variant relabels
+    ident = lambda r: canon(  # noqa: E731
+        [r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]]
+        + [{k: x for k, x in r["hparams"].items() if k not in v.relabel}]
+    )
+    theirs = {ident(r): r for r in donor}
+    flipped = sorted(ident(r) for r in baseline if ident(r) in theirs and prec(r) != prec(theirs[ident(r)]))
     if not flipped:
         raise SystemExit(f"{v.name}: no cell of {v.splice} differs in precision from the clean run's")
-    out = [copy.deepcopy(theirs[r["key"]]) if r["key"] == flipped[0] else r for r in baseline]
+    out = [copy.deepcopy(theirs[ident(r)]) if ident(r) == flipped[0] else r for r in baseline]
     return out, flipped[0]
 
 

@@ -97,7 +97,7 @@ class TargetEntropy:
         for x, y in batches:
             if y.is_floating_point():
                 t = y.detach().double()
-                h = -(t * torch.where(t > 0, t.log(), torch.zeros_like(t))).sum()
+                h = -torch.special.xlogy(t, t).sum()  # 0 log 0 = 0
                 self.total = h if self.total is None else self.total + h
             self.examples += len(y)
             yield x, y

@@ -58,7 +58,7 @@ from ..records.stats import (
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
-LOSS_FLOOR = 0.005  # ... of a training loss (`loss@STEP`), as a fraction of the baseline's
+LOSS_FLOOR = 0.005  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
@@ -294,8 +294,8 @@ def _value_of(r: dict, split: str, metric: str | None = None) -> float | None:
 
 
 def _metrics(rb: dict, rc: dict, split: str) -> list[str]:
-    """What a split is judged on: the record's metric, and the training curve's fixed points (`loss@STEP`, lower is
-    better) where the records keep them."""
+    """What a split is judged on: the record's metric, and the training signals (`SIGNALS`, compared as lower is
+    better, failing either way) where the records keep them."""
     have = set((rb.get("metrics") or {}).get(split, {})) | set((rc.get("metrics") or {}).get(split, {}))
     return sorted(m for m in have if m == rb["metric"] or is_signal(m))
 
@@ -419,22 +419,22 @@ def _match(
         sb, sc = _settings(rb, axes), _settings(rc, axes)
         differs = sorted(k for k in set(sb) | set(sc) if sb.get(k) != sc.get(k))
         task, dataset, backbone, stage, seed, axkey = key
+        accepted = True
         for k in differs:
-            pc = changes.setdefault(
-                (task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
-                ProtocolChange(task, k, sb.get(k, "(none)"), sc.get(k, "(none)")),
-            )
+            before, after = sb.get(k, "(none)"), sc.get(k, "(none)")
+            pc = changes.setdefault((task, k, before, after), ProtocolChange(task, k, before, after))
             pc.accepted = accepts(accept, task, k)
+            accepted = accepted and pc.accepted
             pc.cells += 1
             pc.backbones.add(backbone)
             vb, vc = _value_of(rb, _main_split(rb)), _value_of(rc, _main_split(rb))
             if vb is not None and vc is not None:
                 pc.change.append(_direction(rb, rb["metric"]) * (vc - vb))
-        if differs and not all(accepts(accept, task, k) for k in differs):
+        if not accepted:
             continue
         if rb["status"] == "ok" and rc["status"] == "ok" and vanished is not None:
-            for split, values in (rb.get("metrics") or {}).items():
-                for metric in sorted(m for m in values if m == rb["metric"] or is_signal(m)):
+            for split in rb.get("metrics") or {}:
+                for metric in _metrics(rb, rb, split):
                     if metric not in (rc.get("metrics") or {}).get(split, {}):
                         vanished.append((key, split, metric))
         if stage == "final":
@@ -1105,11 +1105,13 @@ def _exact_section(g: Gate) -> list[str]:
     return lines
 
 
+def _first_50(lines: list[str]) -> list[str]:
+    """A listing's first 50 lines, then how many more; a blank line ends it."""
+    return lines[:50] + ([f"- ... and {len(lines) - 50} more"] if len(lines) > 50 else []) + [""]
+
+
 def _cell_list(cells, tail) -> list[str]:
-    lines = [f"- {x.cell}{tail(x)}" for x in cells[:50]]
-    if len(cells) > 50:
-        lines.append(f"- ... and {len(cells) - 50} more")
-    return lines + [""]
+    return _first_50([f"- {x.cell}{tail(x)}" for x in cells])
 
 
 def _failed_section(failed) -> list[str]:
@@ -1149,11 +1151,7 @@ def _missing_sections(g: Gate) -> list[str]:
         lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
     if g.vanished:
         lines += ["## Vanished metrics", ""]
-        lines += [
-            f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}: {split} {metric}" for k, split, metric in g.vanished[:50]
-        ]
-        lines += [f"- ... and {len(g.vanished) - 50} more"] if len(g.vanished) > 50 else []
-        lines.append("")
+        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}: {s} {m}" for k, s, m in g.vanished])
     if g.stale:
         lines += [
             "## Kept from other code",
@@ -1162,18 +1160,12 @@ def _missing_sections(g: Gate) -> list[str]:
             "and backbone (`--stale keep`): not judged, counted as missing.",
             "",
         ]
-        lines += [f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" for k in g.stale[:50]]
-        lines += [f"- ... and {len(g.stale) - 50} more"] if len(g.stale) > 50 else []
-        lines.append("")
+        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" for k in g.stale])
     for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
         if keys:
-            lines += [f"## {heading}", ""] + [
-                f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" + (f" ({_axes_text(k[5])})" if k[5] != "{}" else "")
-                for k in keys[:50]
-            ]
-            if len(keys) > 50:
-                lines.append(f"- ... and {len(keys) - 50} more")
-            lines.append("")
+            axes = lambda k: f" ({_axes_text(k[5])})" if k[5] != "{}" else ""  # noqa: E731
+            lines += [f"## {heading}", ""]
+            lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}{axes(k)}" for k in keys])
     return lines
 
 

@@ -9,7 +9,7 @@
 Each variant is a deliberate fault (a one-line edit of the code or of a task default, as a slip would make it) or a
 benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
 (put first on PYTHONPATH) and runs the nightly suite's subset below from a fresh home holding only the embedded data.
-It then gates the records against a clean run of the same subset with `reporting.regress.gate`, exactly as
+It then gates the records against a clean run of the same subset with `records.gate.gate`, exactly as
 `transferbench nightly` would. It prints, per variant, caught (a test fired, for the worse or the better, or a
 protocol change, a missing or failed cell) or missed, whether the night fails, which tests fired,
 how many cells changed at all, the largest change of an accuracy comparison and of a pooled accuracy mean, and the
@@ -22,7 +22,7 @@ mu4, 5 seeds).
 Across arithmetic (`--tonight NAME`): every variant runs under the environment and options of the benign arithmetic
 variant NAME (two_threads, aten_default, aten_avx2) and is gated against the clean run, so that the exact tier cannot
 judge and the statistical tier decides alone, as between two machines. `--noise-model` measures the arithmetic noise
-model (transferbench/reporting/noise_model.json) from the benign arithmetic variants run in --work: per task, metric
+model (transferbench/records/noise_model.json) from the benign arithmetic variants run in --work: per task, metric
 and kind of unit, the largest mean square of a run's mean change over the variants.
 """
 
@@ -420,7 +420,7 @@ def judge(
 ) -> list:
     """One row of the table: the gate's verdict on a variant's records against the clean run's (`noise`: another
     noise model than the package's)."""
-    from transferbench.reporting.regress import gate
+    from transferbench.records.gate import gate
 
     g = gate(baseline, current, accept_code=accept_code, noise=noise)
     failed = [r for r in current if r["status"] == "failed"]
@@ -481,8 +481,8 @@ MS_FLOOR = 1e-24  # the noise model's smallest mean square: a standard deviation
 def noise_model(work: Path, baseline: list, variants: list) -> dict:
     """The noise model from the benign arithmetic variants run in `work`: per task, metric and kind of unit, the
     largest mean square of a run's mean change (with the number of units it came from) over the variants."""
+    from transferbench.records.gate import noise_units
     from transferbench.records.store import load_records
-    from transferbench.reporting.regress import noise_units
 
     tasks: dict = {}
     used = []
@@ -523,7 +523,7 @@ def main(argv=None) -> int:
         "--noise-model",
         type=Path,
         nargs="?",
-        const=ROOT / "transferbench" / "reporting" / "noise_model.json",
+        const=ROOT / "transferbench" / "records" / "noise_model.json",
         help="write the noise model measured on the benign arithmetic variants run in --work (default path: the "
         "package's) and exit",
     )

@@ -82,7 +82,8 @@ def _models(size: str, classes: int, res: int):
 
 def step_vs_timm(size: str, batch: int, device: str, seconds: float, res: int = 224, steps: int = 5) -> dict:
     """Seconds per optimizer step of our fit() and of a plain timm + torch SGD loop, bf16 on CUDA."""
-    from transferbench.engine.train import cross_entropy, fit, optimizer_options
+    from transferbench.engine.losses import cross_entropy
+    from transferbench.engine.train import fit, optimizer_options
 
     bf16 = device.startswith("cuda")
     torch.manual_seed(0)
@@ -161,7 +162,9 @@ def data_share(
     fed by each path. Each path is timed on its own, its stream made just before and closed after: the worker
     pipeline's processes would otherwise prefetch while the others are timed."""
     from transferbench.data.transforms import train_transform
-    from transferbench.engine.train import cross_entropy, optimizer_options, train_batches
+    from transferbench.engine.batches import train_batches
+    from transferbench.engine.losses import cross_entropy
+    from transferbench.engine.train import optimizer_options
 
     bf16 = device.startswith("cuda")
     tf = train_transform(res, "crop_flip")
@@ -216,7 +219,7 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     from transferbench.adapters.vtab import VtabSettings
     from transferbench.data.transforms import eval_transform
     from transferbench.engine.compute import CellContext
-    from transferbench.engine.train import Evaluation, accuracy
+    from transferbench.engine.evaluate import Evaluation, accuracy
 
     task = prepare_task("vtab")
     hp = {**task.grid()[0], "steps": steps, "batch": batch, "pixels": "inception"}  # random init: no weights to ask

@@ -48,7 +48,7 @@ def data_path(dataset: str, rounds: int = 3) -> dict:
     from transferbench.adapters import prepare_task
     from transferbench.adapters.vtab import config, open_split
     from transferbench.data.transforms import train_transform
-    from transferbench.engine.train import train_batches
+    from transferbench.engine.batches import train_batches
 
     task = prepare_task("vtab", suite="embedded", datasets=[dataset])
     ds, hp = task.datasets[0], task.hparams

@@ -212,7 +212,7 @@ def test_reference_normalised_ce_and_the_table_by_hand():
     # relative: the reference's gap (25 - 11) = 14; new seed 0: 100 * (15 - 10) / 14, seed 1: 100 * (25 - 12) / 14
     assert t.rows["new"]["rel. mCE"].estimate.mean == pytest.approx(100 * (5 / 14 + 13 / 14) / 2)
     assert "normalised by base" in t.setting and t.mode == "min"
-    from transferbench.reporting.tables import to_markdown
+    from transferbench.reporting.formats import to_markdown
 
     md = to_markdown(t)
     assert "lower is better" in md and "**80.0" in md  # the lower CE is the bold one
@@ -317,7 +317,7 @@ def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     from transferbench.data import corruptions
     from transferbench.engine.runner import run_task
     from transferbench.records.store import load_records
-    from transferbench.reporting.tables import report_tables
+    from transferbench.reporting.kinds import report_tables
 
     monkeypatch.setattr(corruptions, "pool", lambda n: pytest.fail("1 worker: no process pool"))
     task = _task(tmp_path, limit=40)

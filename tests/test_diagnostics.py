@@ -147,7 +147,8 @@ def test_pooled_summaries_equal_the_statistics_of_all_samples():
 
 
 def test_layer_gradient_norms_are_seen_before_clipping():
-    from transferbench.engine.train import cross_entropy, fit
+    from transferbench.engine.losses import cross_entropy
+    from transferbench.engine.train import fit
 
     m = create_backbone("mu4", img_size=16, num_classes=3)
     torch.nn.init.normal_(m.head.weight)
@@ -199,7 +200,8 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     from transferbench.engine.runner import run_task
     from transferbench.records.store import load_records
     from transferbench.reporting.diagnostics import figures
-    from transferbench.reporting.tables import render, report_tables
+    from transferbench.reporting.formats import render
+    from transferbench.reporting.kinds import report_tables
 
     task = _task()
     out = tmp_path / "runs"
@@ -276,7 +278,7 @@ def test_forward_intermediates_returns_what_timm_returns(class_token):
     from transferbench.backbones import VisionTransformer
 
     ours = VisionTransformer(**{**kw, "num_classes": 0}, class_token=class_token, pool="tok" if class_token else "gap")
-    from transferbench.backbones.checkpoint import convert_timm
+    from transferbench.backbones.convert import convert_timm
 
     ours.load_state_dict(convert_timm(ref.state_dict()).state_dict, strict=False)
     x = torch.randn(2, 3, 16, 16)

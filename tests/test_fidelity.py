@@ -24,7 +24,7 @@ from transferbench.cell import make_cell
 from transferbench.data.pixels import stats
 from transferbench.data.transforms import eval_transform
 from transferbench.engine import augreg
-from transferbench.engine.train import sigmoid_cross_entropy
+from transferbench.engine.losses import sigmoid_cross_entropy
 from transferbench.errors import UserError
 from transferbench.records.aggregate import aggregate
 

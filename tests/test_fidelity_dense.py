@@ -239,7 +239,7 @@ def test_flip_view_draws_each_view_per_example():
     picks = torch.cat([f for _, f in view_batches(tokens, [orig, flip], batch=32, steps=50, seed=3)])
     assert 0.4 < float(picks.mean()) < 0.6
     # a single view is tensor_batches itself
-    from transferbench.engine.train import tensor_batches
+    from transferbench.engine.batches import tensor_batches
 
     for (t1, f1), (t2, f2) in zip(
         view_batches(tokens, [orig], batch=8, steps=3, seed=1), tensor_batches(tokens, orig, batch=8, steps=3, seed=1)

@@ -197,7 +197,7 @@ def test_a_py_backbone_fingerprint_holds_its_module(lone_module):
 
 
 def test_code_summary_names_fingerprints_and_what_mixes():
-    from transferbench.reporting.tables import code_line, code_summary
+    from transferbench.reporting.provenance import code_line, code_summary
 
     a = {"digest": "a" * 16, "modules": {"m.vit": "1", "m.task": "9"}, "libraries": {"torch": "2.1"}}
     b = {"digest": "b" * 16, "modules": {"m.vit": "2", "m.task": "9"}, "libraries": {"torch": "2.2"}}

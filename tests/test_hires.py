@@ -60,7 +60,7 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     from transferbench.adapters import resolve_backbone
     from transferbench.engine.runner import run_task
     from transferbench.records.store import load_records
-    from transferbench.reporting.tables import report_tables
+    from transferbench.reporting.kinds import report_tables
 
     torch.manual_seed(0)
     paths = {

@@ -187,3 +187,20 @@ def test_report_loads_no_torch():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # without the tests' toy plugin, which loads torch
     out = subprocess.run([sys.executable, "-c", code, str(runs)], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]"
+
+
+def test_reporting_renders_and_computes_no_statistics_of_its_own():
+    """Every test, interval and p-value lives in records.stats: a reporting module that imports scipy (or a test
+    from it) has grown a statistic of its own."""
+    own = []
+    for name, path in modules().items():
+        if not name.startswith(("transferbench.reporting", "transferbench.cli")) and name != "transferbench.workflows":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                own += [f"{name}: {n}" for n in names if n.split(".")[0] in ("scipy", "statsmodels")]
+    assert own == []
+    # the check sees what it looks for: records.stats itself imports scipy
+    stats = ast.parse((ROOT / "records" / "stats.py").read_text())
+    assert any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scipy") for n in ast.walk(stats))

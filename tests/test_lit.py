@@ -413,7 +413,7 @@ def test_tfds_zero_shot_sets_take_their_label_names_cleaned():
 
 
 def test_tensor_batches_visit_rows_in_the_epoch_samplers_order():
-    from transferbench.engine.train import _EpochSampler, tensor_batches
+    from transferbench.engine.batches import _EpochSampler, tensor_batches
 
     n, batch, steps = 37, 8, 20  # 160 rows: four full epochs and part of a fifth, batches across epoch ends
     expected = [i for i, _ in _EpochSampler(n, 5, batch * steps)]

@@ -15,9 +15,10 @@ from transferbench.cli import main
 from transferbench.records.aggregate import aggregate
 from transferbench.records.stats import mde_se, paired_bootstrap
 from transferbench.records.store import RecordStore, load_records
+from transferbench.reporting.formats import render
 from transferbench.reporting.leaderboard import overview
 from transferbench.reporting.overview import tally, task_order
-from transferbench.reporting.tables import build_tables, render, sanity_table
+from transferbench.reporting.tables import build_tables, sanity_table
 
 # seed -> accuracy per (backbone, dataset); lr 0.01 wins validation everywhere (its val is higher)
 VALUES = {

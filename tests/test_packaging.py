@@ -157,7 +157,8 @@ def test_metrics_are_stored_without_float_noise():
 def test_committed_records_of_schema_1_stay_readable():
     from transferbench.records.aggregate import aggregate
     from transferbench.records.store import load_records, schema_version
-    from transferbench.reporting.tables import render, report_tables
+    from transferbench.reporting.formats import render
+    from transferbench.reporting.kinds import report_tables
 
     records = load_records([ROOT / "results" / "runs"], strict=True)
     assert len(records) > 1000 and {schema_version(r) for r in records} == {1}

@@ -9,7 +9,8 @@ import torch
 
 from transferbench.backbones import create_backbone
 from transferbench.engine import precision
-from transferbench.engine.train import cross_entropy, fit
+from transferbench.engine.losses import cross_entropy
+from transferbench.engine.train import fit
 
 
 @pytest.fixture

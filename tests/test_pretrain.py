@@ -8,7 +8,8 @@ import torch
 from transferbench import cell as cells
 from transferbench.adapters import prepare_task, pretrain, resolve_backbone
 from transferbench.backbones import create_backbone
-from transferbench.engine.train import cosine_lr, cross_entropy, sigmoid_cross_entropy
+from transferbench.engine.losses import cross_entropy, sigmoid_cross_entropy
+from transferbench.engine.train import cosine_lr
 from transferbench.hashing import file_sha256
 from transferbench.paths import expand, write_digest
 from transferbench.records.store import load_records
@@ -144,7 +145,7 @@ def test_the_probe_signals_by_hand():
     """The pretraining probe's signals: the targets' entropy (mixup's soft targets against one-hot ones), the norm
     of the weights weight decay acts on (kernels, not biases or LayerNorm), and the loss on a held-out set."""
     from transferbench.engine import augreg
-    from transferbench.engine.train import Evaluation, heldout_loss
+    from transferbench.engine.evaluate import Evaluation, heldout_loss
 
     soft = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.3, 0.7]])
     watch = augreg.TargetEntropy()

@@ -1,8 +1,8 @@
-"""The regression gate (reporting/regress.py) on records whose every value the test chooses: cells match on what
-they are, a changed setting is a named protocol change that fails unless accepted, each test is the hand computation
-it claims (scipy's paired t, the exact McNemar, Holm, the pooled Welch mean, the F-test of spreads), a broad small
-shift is caught by the pooled test alone, a collapsed spread is flagged, and the false-alarm rate of the whole gate
-under pure noise stays under alpha by simulation."""
+"""The regression gate (records/gate.py, rendered by reporting/regress.py) on records whose every value the test
+chooses: cells match on what they are, a changed setting is a named protocol change that fails unless accepted, each
+test is the hand computation it claims (scipy's paired t, the exact McNemar, Holm, the pooled Welch mean, the F-test
+of spreads), a broad small shift is caught by the pooled test alone, a collapsed spread is flagged, and the false-
+alarm rate of the whole gate under pure noise stays under alpha by simulation."""
 
 import copy
 import os
@@ -16,9 +16,10 @@ from scipy import stats
 
 from transferbench.cli import main
 from transferbench.hashing import canon
+from transferbench.records.gate import ALPHA, gate, words
 from transferbench.records.stats import holm, mcnemar, variance_ratio
 from transferbench.records.store import RecordStore, load_records
-from transferbench.reporting.regress import ALPHA, gate, verdict, words
+from transferbench.reporting.regress import verdict
 
 ENV = kit.ENV
 

@@ -16,16 +16,11 @@ from transferbench.backbones.weights import resolve_backbone
 from transferbench.cli import main
 from transferbench.engine.runner import run_task
 from transferbench.records.aggregate import aggregate
+from transferbench.records.gate import gate
 from transferbench.records.store import load_records
-from transferbench.reporting.regress import gate
-from transferbench.reporting.tables import (
-    build_tables,
-    render,
-    report_kinds,
-    report_tables,
-    sanity_references,
-    stem_references,
-)
+from transferbench.reporting.formats import render
+from transferbench.reporting.kinds import report_kinds, report_tables
+from transferbench.reporting.tables import build_tables, sanity_references, stem_references
 
 
 @pytest.fixture(scope="module")
@@ -370,8 +365,9 @@ def test_every_comparison_of_the_committed_leaderboard_has_one_verdict():
     from pathlib import Path
 
     from transferbench.records.store import load_records
+    from transferbench.reporting.kinds import report_tables
     from transferbench.reporting.overview import headline_cells
-    from transferbench.reporting.tables import report_tables, sanity_table, stem_references
+    from transferbench.reporting.tables import sanity_table, stem_references
 
     records = load_records([Path(__file__).resolve().parent.parent / "results" / "runs"])
     tables = report_tables(records)
@@ -401,7 +397,8 @@ def test_pretrain_levers_reads_the_sanity_question_as_the_leaderboard_does():
     from pathlib import Path
 
     from benchmarks.pretrain_levers import gains
-    from transferbench.reporting.tables import report_tables, sanity_table
+    from transferbench.reporting.kinds import report_tables
+    from transferbench.reporting.tables import sanity_table
 
     records = load_records([Path(__file__).resolve().parent.parent / "results" / "runs" / "fewshot"])
     for shots in (25, 10):

@@ -13,7 +13,8 @@ from transferbench.backbones.weights import resolve_backbone
 from transferbench.engine.runner import Diverged, check_finite, run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import load_records
-from transferbench.reporting.tables import build_tables, render
+from transferbench.reporting.formats import render
+from transferbench.reporting.tables import build_tables
 
 BACKBONES = ["mu4", "mu4_dpn"]
 OFFSET = {"alpha": 5.0, "beta": 0.0, "gamma": -10.0}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from transferbench.data.transforms import train_transform
-from transferbench.engine.train import _EpochSampler, fit, train_batches
+from transferbench.engine.batches import _EpochSampler, train_batches
+from transferbench.engine.train import fit
 
 
 class Scalar(torch.nn.Module):
@@ -299,7 +300,7 @@ def test_a_tfds_split_has_an_identity_only_with_a_named_label_rule():
 @pytest.mark.parametrize("kwargs", [{}, {"resize_small": 10}, {"resize_square": 12}])
 def test_batched_evaluation_equals_the_per_example_pipeline(kwargs):
     from transferbench.data.transforms import eval_transform
-    from transferbench.engine.train import eval_batches
+    from transferbench.engine.batches import eval_batches
 
     data, tf = InMemory(n=13), eval_transform(8, **kwargs)
     fast = list(eval_batches(data, tf, batch=4))

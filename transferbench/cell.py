@@ -95,7 +95,7 @@ def make_cell(
     report: str = "",
 ) -> Cell:
     """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
-    metric (and direction) and a task with a report of its own (reporting.tables.Report) say so here. A `pixels`
+    metric (and direction) and a task with a report of its own (reporting.kinds.Report) say so here. A `pixels`
     hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none); `posemb`
     becomes the backbone's own resampling where it states one (timm: and py: models resample their own)."""
     spec = task.spec

@@ -130,7 +130,8 @@ def run(task, names: list[str], out: Path, options: RunOptions, executor, refere
     """One task into `out`: the checks that cost nothing first, then the data, then pretraining (NAME@embedded)
     and the cells; then the table (printed) and `results.json` beside the records. Returns the exit code."""
     from .records.store import RESULTS_FILE, load_records
-    from .reporting.tables import render, report_tables
+    from .reporting.formats import render
+    from .reporting.kinds import report_tables
 
     if reference and reference not in names:
         raise UserError(f"--reference {reference!r} is not among --backbone {','.join(names)}")
@@ -150,7 +151,8 @@ def write_results(path: Path, task, config: dict, summary, records: list, tables
     beside the records; rewritten by each run of the task into this folder."""
     from .engine.runner import environment
     from .paths import atomic_path
-    from .reporting.tables import render, report_header
+    from .reporting.formats import render
+    from .reporting.provenance import report_header
 
     body = {
         "task": task.name,

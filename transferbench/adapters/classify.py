@@ -21,7 +21,8 @@ from ..data import vtab as vtab_data
 from ..data.folder import FolderDataset
 from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
-from ..engine.train import LOSSES, fit_protocol, optimizer_options
+from ..engine.losses import LOSSES
+from ..engine.train import fit_protocol, optimizer_options
 from ..spec import SpecError
 from .base import Adapter
 from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting

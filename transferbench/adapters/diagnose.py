@@ -37,8 +37,8 @@ from ..backbones.checkpoint import read_training_log
 from ..backbones.measures import ATTN_STD_TOKENS, Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
 from ..data.transforms import eval_transform
-from ..engine.precision import for_forward
-from ..engine.train import autocast, eval_batches
+from ..engine.batches import eval_batches
+from ..engine.precision import autocast, for_forward
 from ..errors import UserError
 from ..reporting.diagnostics import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split

@@ -27,7 +27,7 @@ from typing import Literal
 from ..backbones.checkpoint import POSEMB_METHODS, checkpoint_resolution
 from ..cell import make_cell
 from ..data.transforms import AUGMENTATIONS, eval_transform
-from ..engine.train import Evaluation, accuracy
+from ..engine.evaluate import Evaluation, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split

@@ -30,8 +30,10 @@ from ..cell import RANDOM_INIT, BackboneRef
 from ..data.sources import open_split
 from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
 from ..engine import augreg
+from ..engine.evaluate import Evaluation, accuracy, heldout_loss
+from ..engine.losses import LOSSES
 from ..engine.runner import Results, run_task
-from ..engine.train import LOSSES, Evaluation, accuracy, fit_protocol, heldout_loss
+from ..engine.train import fit_protocol
 from ..errors import UserError
 from ..fingerprint import for_cache
 from ..hashing import file_sha256

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..data.transforms import eval_transform
-from ..engine.train import Evaluation, hits
+from ..engine.evaluate import Evaluation, hits
 from .base import plan_select_then_final
 from .classify import APP_E, ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
 from .settings import setting

@@ -1,15 +1,7 @@
 """Backbone registry: baseline ViT, Dual PatchNorm stems and their ablations, Dynamic Token Normalization."""
 
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    check_checkpoint_file,
-    convert_big_vision,
-    convert_timm,
-    load_checkpoint,
-    read_checkpoint,
-    save_checkpoint,
-)
+from .checkpoint import check_checkpoint_file, load_checkpoint, read_checkpoint, save_checkpoint
+from .convert import Checkpoint, CheckpointError, convert_big_vision, convert_timm
 from .dtn import DynamicTokenNorm
 from .registry import (
     GRAMMAR,

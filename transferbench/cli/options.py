@@ -170,7 +170,7 @@ def check_execution_options(args):
 
 
 def gate_options(p) -> None:
-    from ..reporting.regress import ALPHA, FLOOR
+    from ..records.gate import ALPHA, FLOOR
 
     p.add_argument(
         "--floor",

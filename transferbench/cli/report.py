@@ -80,7 +80,10 @@ def add_parsers(sub, fmt) -> None:
 
 def report(args) -> int:
     from ..records.store import load_records
-    from ..reporting.tables import check_reference, render, report_header, report_tables
+    from ..reporting.formats import render
+    from ..reporting.kinds import report_tables
+    from ..reporting.provenance import report_header
+    from ..reporting.tables import check_reference
 
     records = load_records(args.dirs, strict=args.strict)
     if args.task:

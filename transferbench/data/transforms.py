@@ -39,7 +39,7 @@ class ImageTransform:
         # per example only); then the pixel scaling
         self.prefix, self.crop, self.flip, self.suffix = prefix, crop, flip, normalise(pixels)
         self.pixels, self.post = pixels, post
-        self.batchable = post is None  # engine.train.batched: RandAugment has no batched form here
+        self.batchable = post is None  # engine.batches.batched: RandAugment has no batched form here
         self.pipeline = v2.Compose(prefix + [op for op in (crop, flip, post) if op is not None] + self.suffix)
         self._shape_probe = None
 

@@ -21,7 +21,7 @@ from ..arithmetic import output
 from ..backbones.registry import backbone_code
 from ..fingerprint import Fingerprint, for_cache
 from ..paths import cache, sealed, verified
-from .train import Evaluation
+from .evaluate import Evaluation
 
 log = logging.getLogger("transferbench")
 
@@ -78,7 +78,7 @@ def cache_key(
 @torch.inference_mode()
 def extract(model, dataset, transform, how: Evaluation) -> tuple[np.ndarray, np.ndarray]:
     """Pre-logits features (B, D) and labels of every example, batched, in order."""
-    from .train import eval_batches
+    from .batches import eval_batches
 
     model.eval().to(how.device)
     batches = eval_batches(dataset, transform, batch=how.batch, workers=how.workers)
@@ -107,7 +107,7 @@ class _PairStream(torch.utils.data.IterableDataset):
 
 
 def _forward(model, batches, how: Evaluation, total) -> tuple[np.ndarray, list]:
-    from .train import autocast
+    from .precision import autocast
 
     feats, labels = [], []
     for x, y in how.progress(batches, total=total, desc=how.desc) if how.progress else batches:

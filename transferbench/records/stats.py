@@ -294,6 +294,11 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> Estimate:
     return Estimate(100.0 * (only_a - only_b) / a.size, None, int(a.size), p=p, method="examples")
 
 
+def sign_test(worse: int, n: int) -> float:
+    """Two-sided p of `worse` of `n` changes pointing one way when either way is equally likely (exact binomial)."""
+    return float(_scipy.binomtest(worse, n, 0.5).pvalue)
+
+
 def pooled_variance(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     """(variance, degrees of freedom) pooled over groups: the within-group sums of squares over their degrees of
     freedom (groups of one value add nothing); nan on 0 degrees of freedom."""
@@ -329,7 +334,22 @@ def pool(parts: list[dict]) -> dict:
     grand = sum(n * m for n, m in zip(ns, means)) / total
     ss = sum((n - 1) * s**2 + n * (m - grand) ** 2 for n, m, s in zip(ns, means, sds))
     sd = np.sqrt(ss / max(total - 1, 1))
-    return {"mean": grand, "sd": sd, "n": int(total)}
+    return {"mean": grand, "sd": sd, "n": int(total), "ci": half_width(sd, int(total))}
+
+
+def half_width(sd, n: int, level: float = LEVEL):
+    """The t-interval's half-width t(0.5 + level/2, n-1) * sd / sqrt(n) of a mean over `n` samples whose standard
+    deviation (ddof=1) is `sd` (a number or an array); NaN (of sd's shape) where n < 2."""
+    if n < 2:
+        return np.full_like(np.asarray(sd, dtype=np.float64), np.nan)
+    return _scipy.t.ppf(0.5 + level / 2, n - 1) * np.asarray(sd, dtype=np.float64) / math.sqrt(n)
+
+
+def estimate(mean: float, half: float, n: int) -> Estimate:
+    """An Estimate from a mean and its interval's half-width (NaN: no interval)."""
+    if not np.isfinite(half):
+        return Estimate(float(mean), None, n)
+    return Estimate(float(mean), float(half), n, float(mean - half), float(mean + half))
 
 
 def moved_test(groups: Sequence[Sequence[float]], min_sd: float = 0.0) -> tuple[float, float, int, int]:
@@ -370,3 +390,43 @@ def noise_test(units: Sequence[float], variances: Sequence[float], df_model: flo
     m = float((u / v).sum() / (1 / v).sum())
     q = float(((u - m) ** 2 / v).sum())
     return float(math.sqrt(np.mean((u - m) ** 2))), float(_scipy.f.sf(q / (u.size - 1), u.size - 1, df_model))
+
+
+# --- corruption errors (Hendrycks & Dietterich, ICLR 2019; hendrycks/robustness) ---------------------------
+
+
+def _mean_error(e) -> float:
+    """A corruption's errors: a sequence over severities (their mean) or that mean already."""
+    a = np.asarray(e, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no errors given for a corruption")
+    return float(a.mean())
+
+
+def _check(errors: Mapping, baseline_errors: Mapping) -> None:
+    missing = [c for c in errors if c not in baseline_errors]
+    if missing:
+        raise ValueError(f"no baseline errors for {', '.join(missing)}")
+
+
+def mce(errors: Mapping[str, Sequence[float] | float], baseline_errors: Mapping[str, Sequence[float] | float]) -> dict:
+    """Corruption errors and their mean. `errors` and `baseline_errors` map a corruption to its top-1 errors
+    at the severities (or their mean), in the same units (fractions or percent). Σ_s E / Σ_s E_base equals the
+    ratio of the means when both have all severities. Returns {"ce": {corruption: CE}, "mce": mean CE},
+    CEs in percent of the baseline (AlexNet's own errors give 100 everywhere)."""
+    _check(errors, baseline_errors)
+    ce = {c: 100.0 * _mean_error(e) / _mean_error(baseline_errors[c]) for c, e in errors.items()}
+    return {"ce": ce, "mce": float(np.mean(list(ce.values()))) if ce else float("nan")}
+
+
+def relative_mce(errors: Mapping, clean_error: float, baseline_errors: Mapping, baseline_clean_error: float) -> dict:
+    """Relative CEs: 100 · Σ_s (E(s, c) − E_clean) / Σ_s (E_base(s, c) − E_base,clean), and their mean. A
+    corruption whose baseline error does not exceed the baseline's clean error has no relative CE (NaN) and is
+    left out of the mean."""
+    _check(errors, baseline_errors)
+    rel = {}
+    for c, e in errors.items():
+        gap = _mean_error(baseline_errors[c]) - baseline_clean_error
+        rel[c] = 100.0 * (_mean_error(e) - clean_error) / gap if gap > 0 else float("nan")
+    defined = [v for v in rel.values() if np.isfinite(v)]
+    return {"relative_ce": rel, "relative_mce": float(np.mean(defined)) if defined else float("nan")}

@@ -10,16 +10,16 @@ records.stats.pool; a t-interval over images), gradient norms pool the last `gra
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as _scipy
 
-from ..records.stats import Estimate, pool
+from ..records.stats import Estimate, estimate, half_width, pool
 from .figures import colour, finish, pyplot
-from .tables import Cellv, Report, TaskTable, to_markdown
+from .formats import to_markdown
+from .kinds import Report
+from .tables import Cellv, TaskTable
 
 REPORT = "diagnostics"
 DEPTH_MEASURES = {  # key -> title
@@ -75,16 +75,7 @@ def pooled(parts: list[dict], key: str) -> dict | None:
     have = [p[key] for p in parts if key in p]
     if not have:
         return None
-    p = pool(have)
-    t = _scipy.t.ppf(0.975, p["n"] - 1) if p["n"] > 1 else float("nan")
-    p["ci"] = t * p["sd"] / math.sqrt(p["n"]) if p["n"] > 1 else np.full_like(p["mean"], np.nan)
-    return p
-
-
-def _estimate(mean: float, ci: float, n: int) -> Estimate:
-    if not np.isfinite(ci):
-        return Estimate(float(mean), None, n)
-    return Estimate(float(mean), float(ci), n, float(mean - ci), float(mean + ci))
+    return pool(have)
 
 
 def depth_curves(t: dict) -> dict:
@@ -128,7 +119,7 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
                 "seeds: how many were pooled.",
             )
             for b, (mean, ci, n) in curves.items():
-                table.rows[b] = {c: Cellv(_estimate(m, e, n)) for c, m, e in zip(cols, mean, ci)}
+                table.rows[b] = {c: Cellv(estimate(m, e, n)) for c, m, e in zip(cols, mean, ci)}
                 table.seeds[b] = str(len(t["gradients" if key == "grad_norm" else "forward"][b]))
             out.append(table)
         out += _upstream_tables(task, ds, versions, t)
@@ -343,7 +334,7 @@ def plot_embed_grad(t: dict, title: str, path: Path) -> Path | None:
         xs = np.arange(len(mean))
         ax.plot(xs, mean, color=colours[b], label=b)
         if len(s) > 1:
-            ci = _scipy.t.ppf(0.975, len(s) - 1) * s.std(axis=0, ddof=1) / math.sqrt(len(s))
+            ci = half_width(s.std(axis=0, ddof=1), len(s))
             ax.fill_between(xs, mean - ci, mean + ci, color=colours[b], alpha=0.2, lw=0)
     ax.set_xlabel("fine-tuning step")
     ax.set_ylabel("patch embedding gradient norm")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..records.stats import mean_ci, suite_mean
-from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references
+from .kinds import Report
+from .tables import Cellv, TaskTable, check_reference, pair, seed_counts, stem_references
 
 REPORT = "hires"
 PARTS = ("base", "high", "gain")

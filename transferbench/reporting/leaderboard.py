@@ -12,17 +12,11 @@ from pathlib import Path
 from ..records.aggregate import aggregate
 from ..records.store import load_records
 from .figures import plot_absolute, plot_deltas, use_colours
+from .formats import delta_markdown, to_markdown
+from .kinds import report_kinds
 from .overview import overview_markdown, task_order
-from .tables import (
-    build_tables,
-    code_line,
-    code_summary,
-    delta_markdown,
-    report_kinds,
-    sanity_table,
-    stem_references,
-    to_markdown,
-)
+from .provenance import code_line, code_summary
+from .tables import build_tables, sanity_table, stem_references
 
 TITLES = {
     "vtab": "VTAB-1k",

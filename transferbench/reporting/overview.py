@@ -17,7 +17,8 @@ from tabulate import tabulate
 
 from ..records.stats import holm, suite_mean
 from ..spec import seeds_shared
-from .tables import Cellv, TaskTable, _fmt, _judge, _paired, mark, mde_text
+from .formats import _fmt, mark, mde_text
+from .tables import Cellv, TaskTable, _judge, _paired
 
 PAPER_ORDER = ("vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires")  # then other tasks; diagnostics last
 LAST = ("diagnose",)

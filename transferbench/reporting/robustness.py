@@ -9,21 +9,22 @@ seeds, paired differences vs a reference) and the error-vs-severity figure.
 
 E_base is AlexNet's published error on ImageNet; on any other dataset, where AlexNet's does not exist,
 the row's reference backbone's mean error over its seeds (so the reference scores 100 and the others are
-measured in its units). Pure functions over numbers; no torch.
+measured in its units). The formulas are `records.stats.mce` and `relative_mce`; this module renders them.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, FAMILIES  # noqa: F401 (public names)
-from ..records.stats import mean_ci
+from ..records.stats import mce, mean_ci, relative_mce
 from .figures import plot_deltas
-from .tables import Cellv, Report, TaskTable, check_reference, pair, seed_counts, stem_references, to_markdown
+from .formats import to_markdown
+from .kinds import Report
+from .tables import Cellv, TaskTable, check_reference, pair, seed_counts, stem_references
 
 SHORT = dict(
     zip(
@@ -49,43 +50,6 @@ SHORT = dict(
 )
 REPORT = "corruption"  # the report kind the robustness cells name
 CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
-
-
-def _mean_error(e) -> float:
-    """A corruption's errors: a sequence over severities (their mean) or that mean already."""
-    a = np.asarray(e, dtype=np.float64)
-    if a.size == 0:
-        raise ValueError("no errors given for a corruption")
-    return float(a.mean())
-
-
-def _check(errors: Mapping, baseline_errors: Mapping) -> None:
-    missing = [c for c in errors if c not in baseline_errors]
-    if missing:
-        raise ValueError(f"no baseline errors for {', '.join(missing)}")
-
-
-def mce(errors: Mapping[str, Sequence[float] | float], baseline_errors: Mapping[str, Sequence[float] | float]) -> dict:
-    """Corruption errors and their mean. `errors` and `baseline_errors` map a corruption to its top-1 errors
-    at the severities (or their mean), in the same units (fractions or percent). Σ_s E / Σ_s E_base equals the
-    ratio of the means when both have all severities. Returns {"ce": {corruption: CE}, "mce": mean CE},
-    CEs in percent of the baseline (AlexNet's own errors give 100 everywhere)."""
-    _check(errors, baseline_errors)
-    ce = {c: 100.0 * _mean_error(e) / _mean_error(baseline_errors[c]) for c, e in errors.items()}
-    return {"ce": ce, "mce": float(np.mean(list(ce.values()))) if ce else float("nan")}
-
-
-def relative_mce(errors: Mapping, clean_error: float, baseline_errors: Mapping, baseline_clean_error: float) -> dict:
-    """Relative CEs: 100 · Σ_s (E(s, c) − E_clean) / Σ_s (E_base(s, c) − E_base,clean), and their mean. A
-    corruption whose baseline error does not exceed the baseline's clean error has no relative CE (NaN) and is
-    left out of the mean."""
-    _check(errors, baseline_errors)
-    rel = {}
-    for c, e in errors.items():
-        gap = _mean_error(baseline_errors[c]) - baseline_clean_error
-        rel[c] = 100.0 * (_mean_error(e) - clean_error) / gap if gap > 0 else float("nan")
-    defined = [v for v in rel.values() if np.isfinite(v)]
-    return {"relative_ce": rel, "relative_mce": float(np.mean(defined)) if defined else float("nan")}
 
 
 # --- records -> tables ------------------------------------------------------------------------------------

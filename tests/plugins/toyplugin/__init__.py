@@ -70,7 +70,9 @@ class ToyAdapter(Adapter):
 
 from transferbench.cell import make_cell  # noqa: E402
 from transferbench.records.stats import Estimate  # noqa: E402
-from transferbench.reporting.tables import Cellv, Report, TaskTable, to_markdown  # noqa: E402
+from transferbench.reporting.formats import to_markdown  # noqa: E402
+from transferbench.reporting.kinds import Report  # noqa: E402
+from transferbench.reporting.tables import Cellv, TaskTable  # noqa: E402
 
 
 class ToyBestAdapter(ToyAdapter):

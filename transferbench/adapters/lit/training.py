@@ -10,7 +10,8 @@ import time
 import numpy as np
 import torch
 
-from ...engine.train import fit_settings, optimizer_options, tensor_batches
+from ...engine.batches import tensor_batches
+from ...engine.train import fit_settings, optimizer_options
 from ...fingerprint import for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified

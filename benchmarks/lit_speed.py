@@ -33,6 +33,7 @@ def train_steps(
     device: str = "cpu",
 ) -> dict:
     from transferbench.adapters.lit import LitModel, LockedImageTower, contrastive_loss, parameter_groups, tokenizer
+    from transferbench.adapters.lit.settings import LitSettings, tower_options
     from transferbench.backbones import create_backbone
     from transferbench.engine.train import fit
 
@@ -44,7 +45,7 @@ def train_steps(
     tokens = tokenizer(text["context_length"])([f"a photo of object number {i} on a table" for i in range(batch)])
     runs = {}
     for name, source in (("cached", feats), ("recompute", images)):
-        model = LitModel(feats.shape[1], text).to(device)
+        model = LitModel(feats.shape[1], text, **tower_options(LitSettings())).to(device)
         opt = torch.optim.AdamW(parameter_groups(model, 0.01), lr=1e-4)
         loss = contrastive_loss(model)
         embed = (lambda x: x) if name == "cached" else tower
@@ -84,9 +85,10 @@ def classifier_speed(classes: int = 1000, seconds: float = 2.0, device: str = "c
     import open_clip
 
     from transferbench.adapters.lit import LitModel, clean_class_name, tokenizer, zero_shot_classifier
+    from transferbench.adapters.lit.settings import LitSettings, tower_options
 
     torch.manual_seed(0)
-    model = LitModel(128, EMBEDDED_TEXT).to(device).eval()
+    model = LitModel(128, EMBEDDED_TEXT, **tower_options(LitSettings())).to(device).eval()
     tok = tokenizer(EMBEDDED_TEXT["context_length"])
     names = [clean_class_name(n) for n in open_clip.IMAGENET_CLASSNAMES[:classes]]
     templates = list(open_clip.OPENAI_IMAGENET_TEMPLATES)

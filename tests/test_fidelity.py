@@ -276,7 +276,7 @@ def test_weight_decay_per_step_is_big_vision_s():
     model = randomize_(create_backbone("mu4", num_classes=3, img_size=8))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     lr, wd, sched = 1e-3, 1e-4, 0.5
-    opt = augreg.adamw(model, lr=lr, wd=wd)
+    opt = augreg.adamw(model, lr=lr, wd=wd, betas=(0.9, 0.999))
     for g in opt.param_groups:
         g["lr"] = lr * sched  # engine.train.fit sets lr x schedule each step
     for p in model.parameters():

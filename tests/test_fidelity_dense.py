@@ -56,7 +56,7 @@ def test_no_decay_on_exactly_the_scale_and_bias_parameters():
     assert not {"backbone.pos_embed", "backbone.cls_token", "head.weight"} & expected
 
     # one AdamW step with zero gradients moves nothing but the decay: p <- p (1 - lr * wd) on the decayed set
-    opt = scenic_adamw(model, lr=0.5, weight_decay=0.2)
+    opt = scenic_adamw(model, lr=0.5, weight_decay=0.2, betas=(0.9, 0.999))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -71,7 +71,7 @@ def test_imagenet_standardisation_of_a_known_image():
     from transferbench.data import pixels
 
     image = torch.tensor([255, 0, 128], dtype=torch.uint8).reshape(3, 1, 1).expand(3, 2, 2).contiguous()
-    out = pixels.normalise_uint8(image, pixels.of({"pixels": spec_hparams("ade20k")["pixels"]}))
+    out = pixels.normalise_uint8(image, spec_hparams("ade20k")["pixels"])
     want = [(1 - 0.485) / 0.229, (0 - 0.456) / 0.224, (128 / 255 - 0.406) / 0.225]
     torch.testing.assert_close(out[:, 0, 0].float(), torch.tensor(want), atol=1e-5, rtol=0)
 
@@ -156,12 +156,16 @@ def test_lit_spec_states_the_paper_and_lit_coco():
 def test_big_vision_weight_decay_per_step():
     """big_vision optax.make: update = -sched(t) * (lr * adam(g) + wd * p) on `.*/kernel$`. With zero gradients
     (adam's update is 0) one step at schedule value s leaves kernels at p (1 - s * wd) and the rest unchanged."""
-    from transferbench.adapters.lit import LitModel, parameter_groups
+    from transferbench.adapters.lit import LitModel, LitSettings, parameter_groups
+    from transferbench.adapters.lit.settings import tower_options
     from transferbench.adapters.lit.towers import kernel_names
 
     torch.manual_seed(0)
     model = LitModel(
-        32, {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1}, image_head="linear"
+        32,
+        {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
+        image_head="linear",
+        **tower_options(LitSettings()),
     )
     lr, wd, s = 1e-3, 0.01, 0.37
     opt = torch.optim.AdamW(parameter_groups(model, wd, lr=lr, decay="big_vision"), lr=lr)

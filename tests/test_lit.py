@@ -24,6 +24,7 @@ from transferbench.adapters.lit import (
     topk_accuracy,
     zero_shot_classifier,
 )
+from transferbench.adapters.lit.settings import LitSettings, tower_options
 from transferbench.data.folder import DataMissingError
 from transferbench.data.image_text import CsvPairs, MalformedPairsError, ShardPairs, open_pairs, write_shards
 
@@ -52,6 +53,9 @@ class StubText(torch.nn.Module):
         return F.normalize(x, dim=-1) if normalize else x
 
 
+PAPER_TOWER = tower_options(LitSettings())  # the temperature and SigLIP bias of the paper's defaults
+
+
 def test_prompt_average_and_normalisation_by_hand():
     # class A: templates give (3, 4) and (1, 0): normalised (0.6, 0.8) and (1, 0), mean (0.8, 0.4), normalised
     # (2, 1)/sqrt(5); class B: (0, 2) and (0, 5) -> (0, 1) both
@@ -70,7 +74,7 @@ def test_zero_shot_weights_equal_open_clips_on_a_real_text_tower():
     import open_clip
 
     torch.manual_seed(0)
-    model = LitModel(24, TINY).eval()
+    model = LitModel(24, TINY, **PAPER_TOWER).eval()
     names = [clean_class_name(n) for n in open_clip.IMAGENET_CLASSNAMES[:12]]
     templates = templates_for("imagenet")
     ours = zero_shot_classifier(model, tokenizer(16), names, templates, batch=100)
@@ -91,7 +95,7 @@ def test_tokenizer_gives_open_clips_tokens():
 
 def test_trimming_the_padding_changes_no_output():
     torch.manual_seed(0)
-    model = LitModel(24, TINY).eval()
+    model = LitModel(24, TINY, **PAPER_TOWER).eval()
     tokens = tokenizer(16)(["a cat", "a photo of a small brown dog on the grass"])
     with torch.no_grad():
         assert torch.allclose(model.encode_text(tokens, trim=True), model.encode_text(tokens), atol=1e-5)
@@ -112,7 +116,7 @@ def test_templates_and_class_names():
 
 def test_temperature_parameterisation_and_clip_loss_by_hand():
     torch.manual_seed(0)
-    model = LitModel(8, {**TINY, "width": 16}, temperature_init=10.0)
+    model = LitModel(8, {**TINY, "width": 16}, **PAPER_TOWER)
     assert model.logit_scale.item() == pytest.approx(math.log(10.0))
     assert model.scale().item() == pytest.approx(10.0)
     img, txt = F.normalize(torch.randn(5, 8), dim=-1), F.normalize(torch.randn(5, 8), dim=-1)
@@ -129,7 +133,7 @@ def test_temperature_parameterisation_and_clip_loss_by_hand():
 
 def test_siglip_loss_by_hand():
     torch.manual_seed(0)
-    model = LitModel(8, {**TINY, "width": 16}, loss="siglip", temperature_init=10.0)
+    model = LitModel(8, {**TINY, "width": 16}, loss="siglip", **PAPER_TOWER)
     assert model.logit_bias.item() == -10.0
     img, txt = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
     signs = 2 * torch.eye(4) - 1
@@ -138,7 +142,7 @@ def test_siglip_loss_by_hand():
 
 
 def test_weight_decay_groups_leave_out_gains_biases_and_temperature():
-    model = LitModel(8, {**TINY, "width": 16}, image_head="linear")
+    model = LitModel(8, {**TINY, "width": 16}, image_head="linear", **PAPER_TOWER)
     names = {id(p): n for n, p in model.named_parameters()}
     decay, no_decay = parameter_groups(model, 0.01, decay="open_clip")
     assert {names[id(p)] for p in no_decay["params"]} >= {"logit_scale", "image_head.bias"}
@@ -163,7 +167,7 @@ def test_locked_tower_gets_no_gradient_while_the_text_tower_trains():
     backbone = create_backbone("mu4", img_size=16)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     tower = LockedImageTower(backbone)
-    model = LitModel(backbone.num_features, {**TINY, "width": 16})
+    model = LitModel(backbone.num_features, {**TINY, "width": 16}, **PAPER_TOWER)
     text_before = model.text.token_embedding.weight.clone()
     images = torch.randn(8, 3, 16, 16)
     tokens = tokenizer(16)([f"picture number {i}" for i in range(8)])

@@ -18,6 +18,7 @@ from transferbench.adapters.seg import (
     subset,
     window_starts,
 )
+from transferbench.adapters.seg.adapter import SegSettings
 from transferbench.data.segmentation import eval_size, train_transform
 from transferbench.errors import UserError
 
@@ -25,6 +26,13 @@ from transferbench.errors import UserError
 
 LABEL = np.array([[0, 0, 1], [1, 2, 255]])
 PRED = np.array([[0, 1, 1], [1, 0, 2]])
+
+
+# mmseg's ADE20K crop, as SegSettings holds it: resize ratio 0.5 to 2.0, cat_max_ratio 0.75
+MMSEG_CROP = {
+    "ratio": (SegSettings.default_of("ratio_min"), SegSettings.default_of("ratio_max")),
+    "cat_max_ratio": SegSettings.default_of("cat_max_ratio"),
+}
 
 
 def test_miou_hand_computed():
@@ -162,7 +170,7 @@ def _block_scene(seed=0, h=40, w=56):
 
 def test_mask_stays_aligned_with_its_image_under_the_random_transforms():
     image, mask = _block_scene()
-    tf = train_transform(32, photometric=False)
+    tf = train_transform(32, photometric=False, **MMSEG_CROP)
     palette = torch.from_numpy(PALETTE.astype(np.float32) / 127.5 - 1)
     agree, padded = [], 0
     for seed in range(40):
@@ -182,7 +190,8 @@ def test_mask_stays_aligned_with_its_image_under_the_random_transforms():
 
 def test_photometric_distortion_changes_the_image_not_the_mask():
     image, mask = _block_scene(1)
-    plain, distorted = train_transform(32, photometric=False), train_transform(32, photometric=True)
+    plain = train_transform(32, photometric=False, **MMSEG_CROP)
+    distorted = train_transform(32, photometric=True, **MMSEG_CROP)
     changed = 0
     for seed in range(10):
         torch.manual_seed(seed)

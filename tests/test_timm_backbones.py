@@ -70,7 +70,6 @@ def test_the_tags_normalisation_reaches_the_cell_and_the_transform(tiny_file):
     white pixel becomes (1 - 0.485) / 0.229 = 2.2489 against (1 - 0.5) / 0.5 = 1."""
     from transferbench.adapters import prepare_task
     from transferbench.cell import make_cell
-    from transferbench.data import pixels
     from transferbench.data.transforms import eval_transform
 
     _, path = tiny_file
@@ -81,7 +80,7 @@ def test_the_tags_normalisation_reaches_the_cell_and_the_transform(tiny_file):
         ref = resolve_backbone(f"timm:{tag}@{path}")
         cell = make_cell(task, task.datasets[0], ref, {**task.grid()[0], "pixels": "auto"}, 0, "final")
         got[tag] = cell
-        x = eval_transform(16, pixels=pixels.of(cell.hparams))(white)
+        x = eval_transform(16, pixels=cell.hparams["pixels"])(white)
         assert float(x[0, 0, 0]) == pytest.approx(want, abs=1e-4)
         assert cell.hparams["backbone_preprocess"]["input_size"] == 224
     deit, augreg = got.values()

@@ -277,8 +277,11 @@ class Task:
     def grid(self) -> list[dict]:
         """Every hyper-parameter setting: fixed values merged with one combination of the sweep."""
         keys = sorted(self.sweep)
+        model = settings_model(self.spec.adapter)
+        derive = model.derive if model is not None else dict
         return [
-            {**self.hparams, **dict(zip(keys, combo))} for combo in itertools.product(*(self.sweep[k] for k in keys))
+            derive({**self.hparams, **dict(zip(keys, combo))})
+            for combo in itertools.product(*(self.sweep[k] for k in keys))
         ]
 
     def select_keys(self) -> tuple[str, ...]:
@@ -386,6 +389,9 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
                 f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
                 f"{close_matches(key, known)}; known: {', '.join(known)}"
             )
+    model = settings_model(spec.adapter)
+    if model is not None:  # a setting that follows a rule (LiT's warm-up follows steps) takes this run's values
+        hparams = model.derive(hparams, swept=sweep)
     seeds = seeds if seeds is not None else (s.seeds or spec.seeds)
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds):
         raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} (e.g. --seeds 0,1,2)")

@@ -25,7 +25,7 @@ from ..engine.losses import LOSSES
 from ..engine.train import fit_protocol, optimizer_options
 from ..spec import SpecError
 from .base import Adapter
-from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
+from .settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
 
 APP_E = "DPN App. E (its big_vision config)"
 
@@ -47,7 +47,7 @@ class FinetuneSettings(Settings):
     steps: int = setting(2500, APP_E, "training steps", ge=1)
     warmup_steps: int = setting(200, APP_E, "linear warm-up steps, then cosine to 0", ge=0)
     resolution: int = setting(224, APP_E, "training and evaluation resolution (position embeddings resampled)", ge=1)
-    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
+    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
 
 class VtabDataset(DatasetEntry):

@@ -43,7 +43,7 @@ from ..errors import UserError
 from ..reporting.diagnostics import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
 from .classify import classification_entry as entry
-from .settings import setting
+from .settings import EXECUTION, setting
 
 log = logging.getLogger(__name__)
 NEEDS = {
@@ -91,7 +91,7 @@ class DiagnoseSettings(FinetuneSettings):
     attn_std_tokens: Literal[ATTN_STD_TOKENS] = setting(  # type: ignore[valid-type]
         "patches", DIAG, "attention row std over the patch queries and keys | all (cls included)"
     )
-    eval_batch: int = setting(64, "no effect on results", "images per forward batch", ge=1)
+    eval_batch: int = setting(64, EXECUTION, "images per forward batch", ge=1)
     lr: float = setting(0.01, DIAG, "learning rate of the fine-tuning whose gradients are read", gt=0)
     steps: int = setting(100, DIAG, "fine-tuning steps", ge=1)
     warmup_steps: int = setting(10, DIAG, "linear warm-up steps, then cosine to 0", ge=0)

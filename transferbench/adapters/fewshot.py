@@ -31,7 +31,7 @@ from ..data.sources import missing as find_missing
 from ..data.transforms import eval_transform
 from ..engine.features import FrozenFeatures
 from .base import Adapter, plan_select_then_final
-from .settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
+from .settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
 
 BIAS = 100.0
 DEFAULT_L2 = 2.0**10
@@ -214,7 +214,7 @@ class FewshotSettings(Settings):
         "model", "big_vision: the model's pre_logits", "model: as the backbone pools | tok | gap: for every backbone"
     )
     shots: int = setting(25, f"{COMMON}: shots 1, 5, 10, 25 (swept)", "training examples per class", ge=1)
-    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
+    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
 
 class FewshotDataset(DatasetEntry):  # train: the pool the shots are drawn from

@@ -40,7 +40,7 @@ from ..hashing import file_sha256
 from ..paths import atomic_path, cache, damage, expand, portable, quarantine
 from ..records.store import RecordStore
 from .base import Adapter, plan_select_then_final, prepare_task
-from .settings import BF16, BF16_HELP, Settings, setting
+from .settings import BF16, BF16_HELP, BF16_SOURCE, Settings, setting
 
 APP_C = "DPN App. C (big_vision configs/vit_i1k.py, AugReg)"
 
@@ -59,6 +59,9 @@ class PretrainSettings(Settings):
         f"{APP_C}; big_vision optax.py",
         "weight decay in big_vision's semantics: sched(t) x wd x kernel, not x lr (AdamW gets wd / lr)",
         ge=0,
+    )
+    beta1: float = setting(
+        0.9, f"{APP_C}: scale_by_adam (optax's default b1)", "Adam's first-moment decay", keyed=False, gt=0, lt=1
     )
     beta2: float = setting(0.999, APP_C, "Adam's second-moment decay", gt=0, lt=1)
     warmup_steps: int = setting(10000, APP_C, "linear warm-up steps, then cosine to 0", ge=0)
@@ -83,7 +86,7 @@ class PretrainSettings(Settings):
     eval_resize_small: int | None = setting(
         256, f"{APP_C}: resize_small(256)|central_crop(224)", "resize-small before the centre crop (null: none)"
     )
-    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
+    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
 
 class PretrainDataset(BaseModel):
@@ -172,7 +175,7 @@ class PretrainAdapter(Adapter):
         )
         model.reset_classifier(train.num_classes, bias=hp.init_head_bias)
         model.to(ctx.device)
-        opt = augreg.adamw(model, lr=hp.lr, wd=hp.wd, betas=(0.9, hp.beta2), device=ctx.device)
+        opt = augreg.adamw(model, lr=hp.lr, wd=hp.wd, betas=(hp.beta1, hp.beta2), device=ctx.device)
         px = hp.pixels
         transform = train_transform(hp.resolution, hp.augment, pixels=px, randaug=augreg.randaugment(r["aug"]))
         mixup = (lambda b: augreg.mixup_batches(b, r["mixup"], train.num_classes, cell.seed)) if r["mixup"] else None

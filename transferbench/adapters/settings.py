@@ -6,6 +6,10 @@ adapter's defaults, so a spec that leaves a setting out runs the paper's value, 
 
 A field declared with `keyed=False` enters a cell's hyper-parameters (and so its key) only where a spec, a suite
 or `--set` gives it: a setting that did not exist when records were made keeps their keys.
+
+A setting whose paper value is a rule of other settings (LiT's warm-up: max(int(3% of steps), 100)) is stored as the
+rule (`Settings.rules`): its default is null, and a task's grid resolves it from the cell's own values, so
+`--set steps=1000` moves the warm-up with it and the cell key holds the number it ran.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import re
 import types
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..engine.precision import BF16_SETTINGS
 from ..errors import UserError, close_matches
@@ -26,6 +31,9 @@ PIXELS_HELP = (
     "mean=R,G,B/std=R,G,B"
 )
 BF16_HELP = "bf16 autocast: auto (where a probe of this step measures it faster; always on CUDA with bf16) | on | off"
+# the sources of settings that are no paper's fact
+BF16_SOURCE = "no paper fixes it: bf16 autocast where it measures faster on the device (engine.precision)"
+EXECUTION = "an execution setting outside the protocol: the numbers do not depend on it"
 
 
 def setting(default, source: str, help: str, *, keyed: bool = True, **constraints) -> Any:
@@ -37,6 +45,8 @@ class Settings(BaseModel):
     """The base of every adapter's settings: read as attributes (`s.lr`); a cell's `hparams` validate into it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # settings whose null value follows a rule: name -> (the settings it reads, the rule over a dict of values)
+    rules: ClassVar[dict[str, tuple[tuple[str, ...], Callable[[dict], Any]]]] = {}
 
     # what the backbone's weights state of their input (timm tags); recorded, never set by a spec
     backbone_preprocess: dict | None = Field(None, json_schema_extra={"source": "", "keyed": False, "hidden": True})
@@ -79,6 +89,21 @@ class Settings(BaseModel):
 
     def __getitem__(self, key: str):
         return getattr(self, key)
+
+    @classmethod
+    def derive(cls, hparams: dict, swept=()) -> dict:
+        """`hparams` with every rule-following setting that is null (or absent) resolved from the others; a rule
+        that reads a `swept` setting is left for each point of the grid."""
+        out = dict(hparams)
+        for name, (reads, rule) in cls.rules.items():
+            if out.get(name) is None and not set(reads) & set(swept):
+                out[name] = rule({k: out.get(k, cls.default_of(k)) for k in reads})
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _follow_rules(cls, data):
+        return cls.derive(data) if isinstance(data, dict) and cls.rules else data
 
 
 def _extra(f) -> dict:

@@ -25,7 +25,7 @@ from typing import Literal
 from ..data.transforms import eval_transform
 from ..engine.evaluate import Evaluation, hits
 from .base import plan_select_then_final
-from .classify import APP_E, ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
+from .classify import ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
 from .settings import setting
 
 
@@ -37,12 +37,6 @@ class VtabSettings(FinetuneSettings):
         'DPN §6.1 ("the corresponding mean test score")',
         "none: report the test accuracy of the val200-selected train800 runs | retrain: retrain on train800 + "
         "val200 at the selected lr (VPT, task_adaptation)",
-    )
-    lr: float = setting(
-        0.0003,
-        f"{APP_E} prints 0.0003; the spec sweeps it with the next two steps of the 1-3-10 grid",
-        "learning rate (swept: 0.0003, 0.001, 0.003)",
-        gt=0,
     )
 
 

@@ -51,16 +51,10 @@ def normalise_uint8(x: torch.Tensor, pixels: str = DEFAULT_PIXELS) -> torch.Tens
     return x.float().mul_(1.0 / 255.0).sub_(mean).div_(std)
 
 
-def of(hparams: dict) -> str:
-    """A cell's pixel normalisation (its `pixels` hyper-parameter, resolved by cell.make_cell; DEFAULT_PIXELS for
-    tasks without one)."""
-    return str(hparams.get("pixels", DEFAULT_PIXELS))
-
-
 def check(value: str) -> None:
     """That a task's `pixels` setting is auto or a normalisation `stats` understands."""
     if value != "auto":
         stats(value)
 
 
-__all__ = ["DEFAULT_PIXELS", "HELP", "PRESETS", "check", "normalise_uint8", "of", "stats"]
+__all__ = ["DEFAULT_PIXELS", "HELP", "PRESETS", "check", "normalise_uint8", "stats"]

@@ -198,7 +198,7 @@ def _cat_max_crop_class():
         the labelled pixels (the ignore index and padding left out) is drawn again, up to 10 times; the
         draw after the tenth is kept whatever it holds (mmseg's RandomCrop). 1.0 turns it off."""
 
-        def __init__(self, size, cat_max_ratio: float = 0.75, ignore_index: int = IGNORE, **kwargs):
+        def __init__(self, size, cat_max_ratio: float, ignore_index: int = IGNORE, **kwargs):
             super().__init__(size, **kwargs)
             self.cat_max_ratio, self.ignore_index = cat_max_ratio, ignore_index
 
@@ -227,10 +227,10 @@ def _cat_max_crop_class():
 def train_transform(
     crop: int,
     *,
-    ratio=(0.5, 2.0),
+    ratio: tuple[float, float],
+    cat_max_ratio: float,
     base: int | None = None,
     photometric: bool = True,
-    cat_max_ratio: float = 0.75,
     pixels: str = DEFAULT_PIXELS,
 ):
     """mmseg's ADE20K training pipeline with torchvision v2 on (Image, Mask) pairs: random resize of the

@@ -161,8 +161,8 @@ def scenic_adamw(
     *,
     lr: float,
     weight_decay: float,
+    betas: tuple[float, float],
     skip_scale_and_bias: bool = True,
-    betas=(0.9, 0.999),
     device: str = "cpu",
 ) -> torch.optim.AdamW:
     """optax.adamw as scenic configures it: decay lr_t * weight_decay * param (torch AdamW's semantics, which
@@ -181,7 +181,9 @@ def decoupled_wd(wd: float, lr: float) -> float:
     return float(wd) / float(lr) if wd else 0.0
 
 
-def adamw(model: nn.Module, *, lr: float, wd: float, betas=(0.9, 0.999), device: str = "cpu") -> torch.optim.AdamW:
+def adamw(
+    model: nn.Module, *, lr: float, wd: float, betas: tuple[float, float], device: str = "cpu"
+) -> torch.optim.AdamW:
     """AdamW decaying the kernels only, by sched(t) * wd per step as big_vision does (engine.train.fit sets each
     step's lr = lr * sched(t))."""
     from .train import optimizer_options

@@ -31,7 +31,7 @@ def cosine_lr(step: int, *, base: float, warmup: int, total: int) -> float:
     return 0.5 * base * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def poly_lr(step: int, *, base: float, warmup: int, total: int, power: float = 0.9) -> float:
+def poly_lr(step: int, *, base: float, warmup: int, total: int, power: float) -> float:
     """Linear warm-up over `warmup` steps, then polynomial decay base * (1 - t/T)^power to 0 at `total`
     (mmseg's PolyLR with eta_min 0, the Segmenter/ADE20K schedule)."""
     if step < warmup:
@@ -50,10 +50,13 @@ def optimizer_options(device) -> dict:
     return {"fused": True} if str(device).startswith("cuda") else {}
 
 
-def schedule_lr(name: str, step: int, *, base: float, warmup: int, total: int, power: float = 0.9) -> float:
+def schedule_lr(name: str, step: int, *, base: float, warmup: int, total: int, power: float | None = None) -> float:
+    """The learning rate at `step` of schedule `name` (`power`: the poly schedule's, from the protocol's settings)."""
     if name == "cosine":
         return cosine_lr(step, base=base, warmup=warmup, total=total)
     if name == "poly":
+        if power is None:
+            raise ValueError("the poly schedule needs its power (the protocol's `power` setting)")
         return poly_lr(step, base=base, warmup=warmup, total=total, power=power)
     raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}")
 
@@ -78,7 +81,7 @@ def fit(
     progress=None,
     desc: str = "train",
     schedule: str = "cosine",
-    power: float = 0.9,
+    power: float | None = None,
     splittable: bool = True,
     on_step: Callable[[int], None] | None = None,
     compile: bool = False,

@@ -11,7 +11,7 @@ from ...data.imagenet_c import CORRUPTIONS
 from ...data.sources import DatasetEntry
 from ...data.transforms import AUGMENTATIONS
 from ..classify import FinetuneSettings
-from ..settings import setting
+from ..settings import EXECUTION, setting
 
 CLASSIFIER = "App. E's fine-tuning recipe for the classifier under test (docs/robustness.md)"
 
@@ -32,7 +32,7 @@ class CorruptionSettings(FinetuneSettings):
         keyed=False,
     )
     lr: float = setting(0.01, CLASSIFIER, "learning rate of the classifier's fine-tuning", gt=0)
-    eval_batch: int = setting(256, "no effect on results", "images per evaluation batch", ge=1)
+    eval_batch: int = setting(256, EXECUTION, "images per evaluation batch", ge=1)
     render: int | None = setting(
         None,
         "hendrycks/robustness: ImageNet-C made at 224",

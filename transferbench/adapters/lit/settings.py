@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
+from ..settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
 from .towers import DECAY, IMAGE_HEADS, LOSSES
 from .zeroshot import PROMPTS
 
@@ -27,7 +27,10 @@ class LitSettings(Settings):
     csv_caption_key: str = setting("title", OPEN_CLIP, "a CSV's caption column")
     csv_separator: str = setting("\t", OPEN_CLIP, "a CSV's separator")
     heldout: int = setting(
-        5000, "transferbench", "the last N pairs are not trained on: retrieval is scored on them", ge=1
+        5000,
+        "not in lit_coco, which scores retrieval on COCO's own val split: pairs held out of a single pairs source",
+        "the last N pairs are not trained on: retrieval is scored on them",
+        ge=1,
     )
     image_head: Literal[IMAGE_HEADS] = setting(  # type: ignore[valid-type]
         "none", f"LiT's locked setting; {LIT}: out_dim = (None, D)", "none: the pre-logits as they are | linear"
@@ -50,7 +53,9 @@ class LitSettings(Settings):
     context_length: int = setting(16, f"{LIT}: token_len", "tokens per caption", ge=2)
     vocab_size: int = setting(49408, "open_clip's BPE tokenizer", "text tower vocabulary", ge=1, keyed=False)
     loss: Literal[LOSSES] = setting(  # type: ignore[valid-type]
-        "clip", "LiT: softmax contrastive", "clip: open_clip ClipLoss | siglip: SigLipLoss (bias initialised to -10)"
+        "clip",
+        "LiT: softmax contrastive",
+        "clip: open_clip ClipLoss | siglip: SigLipLoss (bias initialised to siglip_bias)",
     )
     temperature_init: float = setting(10.0, f"{LIT}: temperature_init", "logits = exp(t) cos, t = log(this)", gt=0)
     batch: int = setting(16384, "DPN §6.2", "pairs per step", ge=1)
@@ -63,9 +68,33 @@ class LitSettings(Settings):
         "big_vision: sched(t) x wd on the dense kernels, not x lr | open_clip: "
         "AdamW's lr_t x wd on every tensor of >= 2 dims",
     )
-    warmup_steps: int = setting(1650, f"{LIT}: max(3% of steps, 100)", "linear warm-up steps, then cosine", ge=0)
+    warmup_steps: int | None = setting(
+        None,
+        f"{LIT}: warmup_steps = max(int(0.03 * total_steps), 100)",
+        "linear warm-up steps, then cosine (null: the rule, 1,650 at 55,000 steps)",
+        ge=0,
+    )
     prompts: Literal[PROMPTS] = setting(  # type: ignore[valid-type]
         "big_vision", "big_vision prompt_engineering.py", "big_vision: names and templates canonicalised | open_clip"
     )
     clip: float = setting(1.0, f"{LIT}: grad_clip_norm", "gradient clipping by global norm (0: none)", ge=0)
-    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
+    beta1: float = setting(
+        0.9, f"{LIT}: scale_by_adam (optax's default b1)", "Adam's first-moment decay", keyed=False, gt=0, lt=1
+    )
+    beta2: float = setting(
+        0.999, f"{LIT}: scale_by_adam (optax's default b2)", "Adam's second-moment decay", keyed=False, gt=0, lt=1
+    )
+    siglip_bias: float = setting(
+        -10.0,
+        "SigLIP (Zhai et al. 2023): the bias starts at -10; open_clip's init_logit_bias",
+        "loss: siglip: the learnable bias's initial value",
+        keyed=False,
+    )
+    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
+
+    rules = {"warmup_steps": (("steps",), lambda v: max(int(0.03 * v["steps"]), 100))}
+
+
+def tower_options(s: LitSettings) -> dict:
+    """LitModel's initial values under settings `s`: the temperature and SigLIP's bias."""
+    return {"temperature_init": s.temperature_init, "bias_init": s.siglip_bias}

@@ -36,10 +36,10 @@ class LitModel(nn.Module):
         embed_dim: int,
         text_cfg: dict,
         *,
+        temperature_init: float,
+        bias_init: float,
         image_head: str = "none",
         loss: str = "clip",
-        temperature_init: float = 10.0,
-        bias_init: float = -10.0,
     ):
         super().__init__()
         from open_clip.model import CLIPTextCfg, _build_text_tower

@@ -15,7 +15,7 @@ from ...engine.train import fit_settings, optimizer_options
 from ...fingerprint import for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified
-from .settings import LitSettings
+from .settings import LitSettings, tower_options
 from .towers import LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
 
 
@@ -48,6 +48,9 @@ TRAIN_KEYS = (
     "augment",
     "warmup_steps",
     "clip",
+    "beta1",
+    "beta2",
+    "siglip_bias",
     "bf16",
 )
 
@@ -87,7 +90,7 @@ def text_tower(features: list, captions, s: LitSettings, seed: int, pairs_key: s
             text_config(s),
             image_head=s.image_head,
             loss=s.loss,
-            temperature_init=s.temperature_init,
+            **tower_options(s),
         )
 
     with FileLock(str(folder / f"{key}.lock")):
@@ -101,7 +104,7 @@ def text_tower(features: list, captions, s: LitSettings, seed: int, pairs_key: s
         tokens = tokenizer(s.context_length)(list(captions))
         batches = view_batches(tokens, views, batch=s.batch, steps=s.steps, seed=seed)
         groups = parameter_groups(model, s.weight_decay, lr=s.lr, decay=s.decay)
-        opt = torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.999), **optimizer_options(ctx.device))
+        opt = torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **optimizer_options(ctx.device))
         started = time.time()
         out = fit_settings(
             model,

@@ -23,7 +23,7 @@ from ...engine import augreg
 from ...engine.train import SCHEDULES, fit_protocol
 from ...errors import UserError
 from ..base import Adapter, plan_select_then_final
-from ..settings import BF16, BF16_HELP, PIXELS_HELP, Settings, setting
+from ..settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
 from .inference import evaluate
 from .metric import IGNORE_INDEX
 
@@ -42,6 +42,12 @@ class SegSettings(Settings):
     optimizer: Literal["adamw"] = setting("adamw", APP_G, "AdamW (optax.adamw: lr_t x wd x param)")
     lr: float = setting(3.0e-5, APP_G, "learning rate (peak)", gt=0)
     weight_decay: float = setting(0.01, APP_G, "weight decay, torch AdamW's semantics", ge=0)
+    beta1: float = setting(
+        0.9, f"{APP_G}: optax.adamw's default b1", "Adam's first-moment decay", keyed=False, gt=0, lt=1
+    )
+    beta2: float = setting(
+        0.999, f"{APP_G}: optax.adamw's default b2", "Adam's second-moment decay", keyed=False, gt=0, lt=1
+    )
     skip_scale_and_bias: bool = setting(
         True, "scenic skip_scale_and_bias_regularization", "no decay on 1-D parameters (norm scales, biases)"
     )
@@ -57,7 +63,11 @@ class SegSettings(Settings):
         f"{APP_G}: steps_per_epoch = 20210 // batch_size",
         "pool: an epoch is (all training images // batch) steps whatever the fraction | fraction: its own images",
     )
-    steps: int | None = setting(None, "an option", "an explicit step count instead of epochs (null: epochs)")
+    steps: int | None = setting(
+        None,
+        f"not in {APP_G}, which counts epochs: a step count for short runs",
+        "an explicit step count (null: epochs)",
+    )
     decoder_tokens: Literal[DECODER_TOKENS] = setting(  # type: ignore[valid-type]
         "prenorm", f"{APP_G}: out_with_norm = False", "prenorm: the last block's tokens before the final norm | norm"
     )
@@ -78,7 +88,7 @@ class SegSettings(Settings):
     window: int = setting(512, MMSEG, "sliding-window side; logits averaged where windows overlap", ge=1)
     stride: int = setting(341, MMSEG, "sliding-window stride", ge=1)
     fraction: float = setting(1.0, f"{APP_G}: train_data_pct (swept)", "the share of training images", gt=0, le=1)
-    bf16: BF16 = setting("auto", "engine.precision", BF16_HELP)
+    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
 
 class LinearSegmenter(nn.Module):
@@ -264,7 +274,12 @@ class SegAdapter(Adapter):
         backbone.reset_classifier(0)
         model = LinearSegmenter(backbone, ds["classes"], tokens=s.decoder_tokens).to(ctx.device)
         opt = augreg.scenic_adamw(
-            model, lr=s.lr, weight_decay=s.weight_decay, skip_scale_and_bias=s.skip_scale_and_bias, device=ctx.device
+            model,
+            lr=s.lr,
+            weight_decay=s.weight_decay,
+            betas=(s.beta1, s.beta2),
+            skip_scale_and_bias=s.skip_scale_and_bias,
+            device=ctx.device,
         )
         crops = train_transform(
             s.crop,

@@ -12,6 +12,7 @@ import pytest
 import timm
 import torch
 from conftest import randomize_
+from kit import cli
 from safetensors.torch import save_file
 
 from transferbench import create_backbone
@@ -137,16 +138,15 @@ def test_a_py_factory_is_refused_in_one_line_for_what_it_cannot_do(byo):
 
 
 def test_ade20k_refuses_a_module_without_a_patch_grid_and_pretrain_any_byo_before_any_cell(byo, tmp_path, capsys):
-    from transferbench.cli import main
 
     out = tmp_path / "out"
-    assert main(["run", "ade20k", "--suite", "embedded", "--backbone", "py:byo_models:Pooled", "--out", str(out)]) == 2
+    assert cli(f"run ade20k --suite embedded --backbone py:byo_models:Pooled --out {out}") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "cannot run ade20k: it lacks patch grid" in err and "forward_intermediates" in err
     assert "--set decoder_tokens=norm" in err  # the setting that needs no forward_intermediates
     assert not list(out.rglob("*.json"))  # nothing ran
     # upstream pretraining is App. C's recipe for transferbench's own sizes: a py: or timm: name is refused
-    assert main(["run", "pretrain", "--suite", "embedded", "--backbone", "py:byo_models:make_model"]) == 2
+    assert cli("run pretrain --suite embedded --backbone py:byo_models:make_model") == 2
     assert "pretrain trains transferbench's own ViT names" in capsys.readouterr().err.strip().splitlines()[-1]
 
 

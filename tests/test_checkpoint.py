@@ -294,7 +294,7 @@ def test_pickles_are_never_executed(tmp_path, monkeypatch):
     assert not os.path.exists("pwned_by_checkpoint")
 
 
-def test_bad_paths(tmp_path):
+def test_a_missing_unsupported_or_misnamed_checkpoint_path_is_a_one_line_error(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         read_checkpoint(tmp_path / "nope.safetensors")
     (tmp_path / "w.onnx").write_bytes(b"x")

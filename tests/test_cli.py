@@ -8,6 +8,7 @@ import logging
 from collections import Counter
 
 import pytest
+from kit import cli
 
 import transferbench
 from transferbench.cli import main
@@ -18,7 +19,7 @@ TOY = ["run", "toy", "--suite", "quick", "--backbone", "mu4", "--no-progress"]
 
 def test_version_and_environment_in_help(capsys):
     with pytest.raises(SystemExit):
-        main(["--version"])
+        cli("--version")
     assert capsys.readouterr().out.strip() == f"transferbench {transferbench.__version__}"
     for argv in (["--help"], ["run", "--help"], ["nightly", "--help"]):
         with pytest.raises(SystemExit):
@@ -31,7 +32,7 @@ def test_config_file_under_the_command_line_and_stored_in_each_record(tmp_path, 
     config = tmp_path / "run.yaml"
     config.write_text("task: toy\nsuite: quick\nbackbone: [mu4, mu4_dpn]\nseeds: [0]\nset: {lr: [0.01, 0.1]}\n")
     out = tmp_path / "runs"
-    assert main(["run", "--config", str(config), "--out", str(out), "--seeds", "1", "--no-progress"]) == 0
+    assert cli(f"run --config {config} --out {out} --seeds 1 --no-progress") == 0
     records = load_records([out])
     assert {r["seed"] for r in records} == {1}  # the command line wins
     assert {r["backbone"] for r in records} == {"mu4", "mu4_dpn"}  # the file's
@@ -39,14 +40,14 @@ def test_config_file_under_the_command_line_and_stored_in_each_record(tmp_path, 
     assert records[0]["config"]["seeds"] == [1] and records[0]["config"]["sets"] == ["lr=0.01,0.1"]
     config.write_text("task: toy\nbackbones: [mu4]\n")
     capsys.readouterr()
-    assert main(["run", "--config", str(config)]) == 2
+    assert cli(f"run --config {config}") == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown option 'backbones'" in err and "did you mean backbone" in err
 
 
 def test_several_tasks_and_their_results_files(tmp_path):
     out = tmp_path / "runs"
-    assert main(["run", "toy,toyshots", "--backbone", "mu4", "--seeds", "0", "--out", str(out), "--no-progress"]) == 0
+    assert cli(f"run toy,toyshots --backbone mu4 --seeds 0 --out {out} --no-progress") == 0
     assert {r["task"] for r in load_records([out])} == {"toy", "toyshots"}
     for task in ("toy", "toyshots"):
         results = json.loads((out / task / "results.json").read_text())
@@ -72,11 +73,11 @@ def test_leaderboard_writes_into_the_records_folder_unless_o_names_a_file(tmp_pa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "LEADERBOARD.md").write_text("committed")
-    assert main(["leaderboard", str(out)]) == 0
+    assert cli(f"leaderboard {out}") == 0
     assert (out / "LEADERBOARD.md").is_file() and (tmp_path / "results" / "LEADERBOARD.md").read_text() == "committed"
 
 
-def test_quiet_and_verbose(tmp_path, capsys, caplog):
+def test_quiet_drops_the_per_cell_lines_and_verbose_shows_info_logs(tmp_path, capsys, caplog):
     out = tmp_path / "runs"
     assert main(["-q", *TOY[:-1], "--out", str(out)]) == 0  # -q: no per-cell lines even where stderr is a file
     assert " cells, " not in capsys.readouterr().err
@@ -119,7 +120,7 @@ def test_dry_run_estimate_from_the_probe(tmp_path, monkeypatch, capsys):
     row = _table(capsys.readouterr().out)["all"]
     rate = read_probe("cpu", "mu4", 16)["ms_per_image"]
     assert float(row[3]) == pytest.approx(int(row[2].replace(",", "")) * rate / 3.6e6, abs=0.005)
-    assert main(["run", "toy", "--probe"]) == 2  # --probe is for --dry-run
+    assert cli("run toy --probe") == 2  # --probe is for --dry-run
 
 
 def test_the_dry_runs_plan_is_the_runs(tmp_path, capsys):
@@ -129,7 +130,7 @@ def test_the_dry_runs_plan_is_the_runs(tmp_path, capsys):
 
     task = prepare_task("toy")
     planned = full_plan(task, [resolve_backbone("mu4")])
-    assert main(["run", "toy", "--backbone", "mu4", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert cli(f"run toy --backbone mu4 --out {tmp_path} --no-progress") == 0
     records = load_records([tmp_path])
     # the selection stage cell for cell; the final stage as many cells (its setting is the dry run's stand-in)
     assert {c.key for c in planned if c.stage == "select"} == {r["key"] for r in records if r["stage"] == "select"}

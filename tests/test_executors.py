@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kit import cli_argv
+from kit import cli, cli_argv
 from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
@@ -178,10 +178,7 @@ def test_an_address_where_no_ray_cluster_answers_is_one_line_and_leaves_no_folde
     out = tmp_path / "runs" / "x"
     # port 1 refuses at once (Ray alone would retry an unreachable head for minutes); runs before this module's
     # Ray instance starts, so the executor does not find Ray already initialised
-    assert (
-        main(["run", "toy", "--backbone", "mu4", "--out", str(out), "--executor", "ray", "--address", "127.0.0.1:1"])
-        == 2
-    )
+    assert cli(f"run toy --backbone mu4 --out {out} --executor ray --address 127.0.0.1:1") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         "transferbench: error: --address 127.0.0.1:1: no Ray cluster there (127.0.0.1:1 does not answer: "

@@ -299,7 +299,7 @@ def test_torn_record_is_skipped_by_every_reader_with_one_line(tmp_path, caplog, 
         assert str(victim) in line and "not a valid record" in line
     assert "mu4_dpn" in (tmp_path / "LB.md").read_text()
     capsys.readouterr()
-    assert main(["report", str(out), "--strict"]) == 2
+    assert cli(f"report {out} --strict") == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(victim) in err and "--strict" in err
     # nightly: a torn baseline record is skipped; the run's own folder is a run's (set aside, recomputed)

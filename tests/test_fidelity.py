@@ -255,7 +255,7 @@ def test_aug_auto_refuses_a_size_app_c_does_not_cover():
         recipe("mu4", PretrainSettings(aug="auto", rep_size="auto"))
 
 
-def test_mixup_by_hand():
+def test_mixup_mixes_each_example_with_the_previous_one_as_computed_by_hand():
     x = torch.tensor([[1.0], [10.0], [100.0]])
     y = torch.eye(3)
     rng = np.random.default_rng(5)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kit import cli
 
 from transferbench.adapters import check_backbone, prepare_task
 from transferbench.backbones import CheckpointError, check_checkpoint_file, create_backbone, save_checkpoint
@@ -149,7 +150,7 @@ def test_a_bad_set_leaves_a_records_folder_untouched(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.rglob("*.json")) == before
     assert all(r["status"] == "ok" for r in load_records([tmp_path]))
     capsys.readouterr()
-    assert main(["report", str(tmp_path)]) == 0 and "| mu4" in capsys.readouterr().out
+    assert cli(f"report {tmp_path}") == 0 and "| mu4" in capsys.readouterr().out
 
 
 # --- the engine does not know the adapters ----------------------------------------------------------

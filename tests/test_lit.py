@@ -250,7 +250,7 @@ def test_csv_pairs_read_back_in_order(tmp_path):
     assert [c for _, c in custom] == ["hello"]
 
 
-def test_csv_pairs_malformed(tmp_path):
+def test_a_malformed_or_missing_csv_of_pairs_is_a_one_line_error(tmp_path):
     with pytest.raises(DataMissingError, match="does not exist"):
         CsvPairs(tmp_path / "absent.csv")
     (tmp_path / "bad.csv").write_text("path\tcaption\nim.png\thi\n")
@@ -279,7 +279,7 @@ def test_shards_read_back_in_order(tmp_path):
     ).read_text()  # bytes depend on pairs only
 
 
-def test_shards_malformed(tmp_path):
+def test_a_malformed_or_missing_webdataset_shard_is_a_one_line_error(tmp_path):
     write_shards(tmp_path, "one", [(_image(0), "a caption")], {})
     with pytest.raises(DataMissingError, match=r"shard .*one/pairs-00001.tar does not exist$"):
         open_pairs(str(tmp_path / "one" / "pairs-{00000..00001}.tar"))
@@ -319,7 +319,7 @@ def test_captions_state_what_the_images_show():
     assert "in the centre" in centre and "heart" in centre
 
 
-def test_embedded_captions_set(suite_home):
+def test_the_embedded_captions_name_every_kind_of_picture(suite_home):
     from transferbench.data.embedded import embedded_pairs
 
     pairs = list(embedded_pairs())

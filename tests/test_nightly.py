@@ -3,6 +3,7 @@ with its regressed cells named, a crashing cell fails the night too, and bad inp
 
 import numpy as np
 import pytest
+from kit import cli
 from toyplugin import toy_accuracy
 
 from transferbench.cli import main
@@ -14,9 +15,7 @@ NIGHTLY = ["nightly", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--no-pro
 @pytest.fixture
 def baseline(tmp_path):
     base = tmp_path / "baseline"
-    assert (
-        main(["run", "toy", "--suite", "quick", "--backbone", "mu4,mu4_dpn", "--out", str(base), "--no-progress"]) == 0
-    )
+    assert cli(f"run toy --suite quick --backbone mu4,mu4_dpn --out {base} --no-progress") == 0
     return base
 
 

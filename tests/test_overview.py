@@ -10,6 +10,7 @@ import kit
 import numpy as np
 import pytest
 import scipy.stats
+from kit import cli
 
 from transferbench.cli import main
 from transferbench.records.aggregate import aggregate
@@ -122,17 +123,17 @@ def test_formats_a_paper_needs(tmp_path, capsys):
     assert len(rows) == 4 * 2 * 3 and {r["selected_lr"] for r in rows} == {"0.01"}
     first = next(r for r in rows if r["backbone"] == "mu4_dpn@embedded" and r["column"] == "b" and r["seed"] == "2")
     assert float(first["value"]) == 44.0
-    assert main(["report", str(root), "--format", "json"]) == 0
+    assert cli(f"report {root} --format json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["header"]["tasks"] == ["vtab"] and doc["header"]["git_sha"] == ["abc"]
     assert doc["header"]["references"]["vtab"]["mu4_dpn"] == "mu4" and doc["rows"]
-    assert main(["report", str(root), "--format", "latex"]) == 0
+    assert cli(f"report {root} --format latex") == 0
     tex = capsys.readouterr().out
     assert "\\toprule" in tex and "\\bottomrule" in tex and "$\\pm$" in tex
     assert "\\textbf{64.0 $\\pm$ 2.5}" in tex and "\\textit{45.0 $\\pm$ 2.5}" in tex and "mu4\\_dpn" in tex
-    assert main(["report", str(root), "--overview"]) == 0
+    assert cli(f"report {root} --overview") == 0
     assert "| backbone" in capsys.readouterr().out
-    assert main(["report", str(root), "--overview", "--format", "csv"]) == 2
+    assert cli(f"report {root} --overview --format csv") == 2
 
 
 def test_samples_beside_the_record_decide_single_seed_comparisons(tmp_path):

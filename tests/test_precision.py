@@ -28,7 +28,7 @@ def sleeper(fp32_ms: float, bf16_ms: float, calls: list):
     return make_step
 
 
-def test_settings():
+def test_bf16_setting_spellings_map_to_on_off_or_auto():
     assert [precision.check_setting(s) for s in ("on", True, "true", "off", False, "false", "auto")] == [
         "on",
         "on",

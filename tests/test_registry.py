@@ -38,7 +38,7 @@ def test_dtn_adds_2C_plus_5H_per_replaced_norm(size):
     assert extra == 10 * 2 * 5 * cfg["num_heads"]
 
 
-def test_grammar():
+def test_backbone_names_parse_into_size_patch_stem_and_dtn_layers():
     assert parse_name("b32")["patch_size"] == 32 and parse_name("b32")["stem"] == ""
     c = parse_name("mu4_dpn_dtn")
     assert (c["embed_dim"], c["patch_size"], c["stem"], c["dtn_layers"], c["img_size"]) == (128, 4, "dpn", 4, 32)
@@ -47,7 +47,7 @@ def test_grammar():
     assert parse_name("ti7")["patch_size"] == 7  # any integer patch
 
 
-def test_list_backbones():
+def test_every_size_is_listed_with_its_stems_and_dtn():
     names = list_backbones()
     for base in ["ti16", "s16", "s32", "b16", "b32", "l16", "mu4", "mu8"]:
         assert {base, f"{base}_dpn", f"{base}_dtn"} <= set(names)
@@ -73,7 +73,7 @@ def test_patch_that_does_not_divide_the_image_names_a_fix():
         create_backbone("b23")
 
 
-def test_register_backbone_plugin():
+def test_a_registered_backbone_plugin_is_created_by_name():
     from transferbench.backbones.registry import _EXTRA, register_backbone
 
     @register_backbone("tiny_plugin_test")

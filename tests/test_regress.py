@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import shifted
 from conftest import write_records as write
+from kit import cli
 from scipy import stats
 
 from transferbench.cli import main
@@ -67,7 +68,7 @@ def test_a_changed_setting_fails_with_its_name_and_passes_only_when_accepted(tmp
     assert g.protocol[0].change == pytest.approx([-10.0] * 48)
     assert g.comparisons == [] and g.missing == [] and g.new == []  # matched, but not comparable
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert cli(f"regress --baseline {b} --current {c}") == 1
     out = capsys.readouterr().out
     assert out.splitlines()[2].startswith("**REGRESSION** (1 protocol changes)")
     assert "| fewshot | pool: gap → tok | 48      | a, b" in out and "FAILS" in out
@@ -79,10 +80,10 @@ def test_a_changed_setting_fails_with_its_name_and_passes_only_when_accepted(tmp
     for accept in ("fewshot", "fewshot:pool", ":pool"):
         assert main(["regress", "--baseline", str(b), "--current", str(s), "--accept", accept]) == 0
         assert "accepted" in capsys.readouterr().out
-    assert main(["regress", "--baseline", str(b), "--current", str(s), "--accept", "vtab:pool"]) == 1
+    assert cli(f"regress --baseline {b} --current {s} --accept vtab:pool") == 1
     capsys.readouterr()
     # ... and accepting a setting accepts no regression: its cells are still compared, and the -10 fails
-    assert main(["regress", "--baseline", str(b), "--current", str(c), "--accept", "fewshot:pool"]) == 1
+    assert cli(f"regress --baseline {b} --current {c} --accept fewshot:pool") == 1
     out = capsys.readouterr().out
     assert out.splitlines()[2].startswith("**REGRESSION** (") and "regressed" in out.splitlines()[2]
     assert "| fewshot | pool: gap → tok | 48      | a, b" in out and "accepted" in out
@@ -101,7 +102,7 @@ def test_the_escape_on_the_committed_nightly_records_fails_naming_the_setting(tm
     for r in cur:
         r["hparams"]["pool"] = "tok"
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert cli(f"regress --baseline {b} --current {c}") == 1
     out = capsys.readouterr().out
     assert "| fewshot | pool: model → tok | 252     |" in out and "| -10.00        | FAILS     |" in out
     assert "0 cells missing from current, 0 new" in out
@@ -413,7 +414,7 @@ def test_every_paper_default_runs_in_a_nightly_cell_and_the_docs_list_them():
     assert markdown(table) in docs, "docs/regression.md: paste `python -m transferbench.reporting.coverage`"
 
 
-def test_coverage_kinds():
+def test_coverage_groups_values_that_run_the_same_code():
     from transferbench.reporting.coverage import kind
 
     # a size or rate of any positive value runs the same code; 0 and null switch a step off
@@ -583,7 +584,7 @@ def test_regress_fails_on_failed_cells_and_stops_on_an_empty_side(tmp_path, caps
     cur = copy.deepcopy(base)
     cur[0].update(status="failed", reason="RuntimeError: boom", metrics={})
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert cli(f"regress --baseline {b} --current {c}") == 1
     assert "(1 cells failed or diverged)" in capsys.readouterr().out.splitlines()[2]
     (tmp_path / "empty").mkdir()
     for args in (
@@ -606,8 +607,8 @@ def test_a_task_or_backbone_absent_tonight_fails_unless_named(tmp_path, capsys):
         assert verdict(base, cur, allow_missing=named)[1] == 0, named
     assert verdict(base, cur, allow_missing=["fewshot:a"])[1] == 1
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
-    assert main(["regress", "--baseline", str(b), "--current", str(c), "--allow-missing", "fewshot:b"]) == 0
+    assert cli(f"regress --baseline {b} --current {c}") == 1
+    assert cli(f"regress --baseline {b} --current {c} --allow-missing fewshot:b") == 0
 
 
 def test_a_vanished_metric_or_split_counts_as_missing():

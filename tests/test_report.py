@@ -114,7 +114,7 @@ def test_single_seed_shows_no_interval(tmp_path):
     assert "±" not in row and row.split("|")[-2].strip() == "1"
 
 
-def test_csv_and_json(toy_runs):
+def test_csv_and_json_rows_hold_the_markdown_tables_numbers(toy_runs):
     rows = json.loads(render([table(toy_runs)], "json"))["rows"]
     dpn_alpha = next(r for r in rows if r["backbone"] == "mu4_dpn" and r["column"] == "alpha")
     assert dpn_alpha["n"] == 3 and dpn_alpha["better"] and dpn_alpha["delta"] == pytest.approx(2.0)
@@ -122,17 +122,17 @@ def test_csv_and_json(toy_runs):
     assert len(parsed) == len(rows) and float(parsed[0]["mean"]) == pytest.approx(rows[0]["mean"])
 
 
-def test_report_cli(toy_runs, capsys):
-    assert main(["report", str(toy_runs), "--reference", "mu4", "--task", "toy"]) == 0
+def test_report_prints_the_paired_table_and_names_a_misspelled_reference(toy_runs, capsys):
+    assert cli(f"report {toy_runs} --reference mu4 --task toy") == 0
     out = capsys.readouterr().out
     assert "### toy — accuracy (higher is better), protocol v1" in out and "Paired difference vs mu4" in out
-    assert main(["report", str(toy_runs), "--reference", "mu5"]) == 2
+    assert cli(f"report {toy_runs} --reference mu5") == 2
     assert "did you mean mu4" in capsys.readouterr().err
 
 
-def test_leaderboard(toy_runs, tmp_path):
+def test_leaderboard_writes_each_task_with_its_figure_and_provenance(toy_runs, tmp_path):
     out = tmp_path / "results" / "LEADERBOARD.md"
-    assert main(["leaderboard", str(toy_runs), "-o", str(out)]) == 0
+    assert cli(f"leaderboard {toy_runs} -o {out}") == 0
     text = out.read_text()
     assert "## toy" in text and "## toyshots" in text and "Task `toy`, protocol v1" in text and "git" in text
     assert "![Δ vs each row's reference](LEADERBOARD_toy.png)" in text  # mu4 is the plain backbone the others modify
@@ -189,7 +189,7 @@ def test_a_plugin_brings_its_own_report(tmp_path):
             best = max(toy_accuracy(b, offset, 0.01, seed, "test", d) for seed in (0, 1, 2))
             assert t.rows[b][d].estimate.mean == pytest.approx(best)
     board = tmp_path / "LEADERBOARD.md"
-    assert main(["leaderboard", str(out), "-o", str(board)]) == 0
+    assert cli(f"leaderboard {out} -o {board}") == 0
     text = board.read_text()
     assert "## toybest" in text and "The best seed of each backbone:" in text and "±" not in text.split("## toybest")[1]
 
@@ -223,11 +223,11 @@ def test_regress_flags_a_real_drop_only(toy_runs, tmp_path, capsys):
     assert small.change == pytest.approx(-0.3) and small.p == 0.0 and small.significant
     assert g.missing == [] and g.new == [] and g.protocol == []
     b, c = write(base, tmp_path / "base"), write(cur, tmp_path / "cur")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 1
+    assert cli(f"regress --baseline {b} --current {c}") == 1
     out = capsys.readouterr().out
     assert "**REGRESSION**" in out and "## Regressions" in out and "## Improvements" in out
     ok = write(shifted(base, "gamma", "mu4", -0.3), tmp_path / "ok")
-    assert main(["regress", "--baseline", str(b), "--current", str(ok)]) == 0
+    assert cli(f"regress --baseline {b} --current {ok}") == 0
     assert "**OK**" in capsys.readouterr().out
 
 
@@ -237,9 +237,9 @@ def test_regress_reports_missing_cells(toy_runs, tmp_path, capsys):
     g = gate(base, cur)
     assert {k[1] for k in g.missing} == {"gamma"} and g.new == []
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert main(["regress", "--baseline", str(b), "--current", str(c)]) == 0
+    assert cli(f"regress --baseline {b} --current {c}") == 0
     assert "## Missing from current" in capsys.readouterr().out
-    assert main(["regress", "--baseline", str(b), "--current", str(c), "--fail-on-missing"]) == 1
+    assert cli(f"regress --baseline {b} --current {c} --fail-on-missing") == 1
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -272,18 +272,18 @@ def test_cli_run_prints_the_table_and_resumes(tmp_path, capsys):
 
 def test_cli_help_teaches(capsys):
     with pytest.raises(SystemExit):
-        main(["--help"])
+        cli("--help")
     out = capsys.readouterr().out
     assert "examples:" in out and "transferbench run vtab --backbone b32,b32_dpn" in out
     with pytest.raises(SystemExit):
-        main(["run", "--help"])
+        cli("run --help")
     assert "NAME@CHECKPOINT" in capsys.readouterr().out
 
 
-def test_cli_lists(capsys):
-    assert main(["list", "tasks"]) == 0 and "toyshots" in capsys.readouterr().out
-    assert main(["list", "suites"]) == 0 and "quick" in capsys.readouterr().out
-    assert main(["list", "backbones"]) == 0
+def test_list_shows_tasks_suites_and_backbones_with_their_facts(capsys):
+    assert cli("list tasks") == 0 and "toyshots" in capsys.readouterr().out
+    assert cli("list suites") == 0 and "quick" in capsys.readouterr().out
+    assert cli("list backbones") == 0
     out = capsys.readouterr().out
     b16 = next(line for line in out.splitlines() if line.startswith("| b16 "))
     assert "85.8" in b16  # ViT-B/16 without its 1000-class head: 86.57M - 0.77M
@@ -313,7 +313,7 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
         text.update(key="txt" + r["key"][3:], hparams={**r["hparams"], "shots": "5"})
         poisoned.append(text)
     folder = write(poisoned, tmp_path / "runs")
-    assert main(["report", str(folder), "--reference", "mu4"]) == 0
+    assert cli(f"report {folder} --reference mu4") == 0
     cap = capsys.readouterr()
     assert "6 failed cells have no metric" in cap.err and "steps=abc" not in cap.out
     # the text '5' of an older version gets its own table, after the numbers'
@@ -325,11 +325,11 @@ def test_reports_survive_records_of_mixed_hyper_parameter_types(toy_runs, tmp_pa
     good = {(t.task, t.setting): t.rows for t in build_tables(aggregate(clean), reference="mu4")}
     mixed = {(t.task, t.setting): t.rows for t in build_tables(aggregate(load_records([folder])), reference="mu4")}
     assert mixed[("toy", "")] == good[("toy", "")]
-    assert main(["report", str(folder), "--format", "csv"]) == 0
+    assert cli(f"report {folder} --format csv") == 0
     assert main(["leaderboard", str(folder), "-o", str(tmp_path / "LB.md")]) == 0
     # regress reads them too, and fails on the failed cells, as a night does
     capsys.readouterr()
-    assert main(["regress", "--baseline", str(toy_runs), "--current", str(folder)]) == 1
+    assert cli(f"regress --baseline {toy_runs} --current {folder}") == 1
     assert capsys.readouterr().out.splitlines()[2].startswith("**REGRESSION** (6 cells failed or diverged)")
 
 

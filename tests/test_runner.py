@@ -85,7 +85,7 @@ def test_failed_cells_do_not_stop_the_plan_and_are_retried(tmp_path, monkeypatch
     assert all(r["status"] == "ok" for r in load_records([tmp_path]))
 
 
-def test_check_finite():
+def test_a_non_finite_loss_raises_diverged_naming_the_step():
     check_finite(1.5)
     with pytest.raises(Diverged, match="non-finite loss nan at step 7"):
         check_finite(float("nan"), step=7)

@@ -35,7 +35,7 @@ MMSEG_CROP = {
 }
 
 
-def test_miou_hand_computed():
+def test_miou_equals_the_hand_computed_intersections_over_unions():
     # labelled pixels (label, pred): (0,0) (0,1) (1,1) (1,1) (2,0); the pixel labelled 255 is ignored
     # I = [1, 2, 0]; pred area = [2, 3, 0]; label area = [2, 2, 1]; U = [3, 3, 1]
     r = miou(PRED, LABEL, num_classes=3)

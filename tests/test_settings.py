@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kit import cli
 
 from transferbench.adapters import get_adapter, prepare_task
 from transferbench.adapters.settings import settings_markdown, settings_table
@@ -96,9 +97,8 @@ def test_a_setting_outside_the_key_enters_it_only_when_set():
 
 
 def test_list_show_prints_default_suite_value_and_source(capsys):
-    from transferbench.cli import main
 
-    assert main(["list", "tasks", "--show", "vtab", "--suite", "embedded"]) == 0
+    assert cli("list tasks --show vtab --suite embedded") == 0
     out = capsys.readouterr().out
     loss = next(line for line in out.splitlines() if line.startswith("loss "))
     assert re.search(r"loss\s+sigmoid\s+softmax\s+sigmoid \| softmax\s+DPN App\. E", loss), loss

@@ -63,7 +63,7 @@ def test_whole_split_negative_and_empty_bounds():
     assert split_size("train[50:40]", {"train": 100}) == 0
 
 
-def test_bad_split_strings():
+def test_an_unknown_out_of_range_or_garbled_split_is_a_user_error():
     with pytest.raises(UserError, match="split 'valid'.*splits: test, train"):
         resolve_split("valid[:200]", {"train": 10, "test": 5})
     with pytest.raises(UserError, match="outside a split of 10 examples"):

@@ -156,7 +156,7 @@ def test_shared_seed_suite_difference_uses_per_seed_suite_means():
     assert d.p == pytest.approx(scipy.stats.ttest_1samp(per_seed, 0).pvalue)
 
 
-def test_holm_by_hand():
+def test_holm_rejects_as_computed_by_hand():
     # m = 4 tested: 0.01 <= 0.05/4 rejected; next 0.03 > 0.05/3: stop, so 0.04 and 0.5 stand; None is untested
     assert holm([0.01, 0.04, 0.03, None, 0.5]) == [True, False, False, False, False]
     # all small enough: 0.001 <= .0125, 0.01 <= .0167, 0.02 <= .025, 0.04 <= .05

@@ -56,7 +56,7 @@ def test_wrong_input_size_says_how_to_fix_it():
         m(torch.randn(1, 3, 48, 48))
 
 
-def test_rectangular_images():
+def test_rectangular_images_get_a_rectangular_patch_grid():
     m = randomize_(create_backbone("mu4_dtn", img_size=(32, 48)))
     assert m.grid_size == (8, 12) and m.dtn_norms[0].grid == (8, 12)
     assert m.forward_features(torch.randn(1, 3, 32, 48)).shape == (1, 97, 128)

@@ -2,15 +2,16 @@
 same seed -> same metrics, missing data as one line, and reading an export-vtab folder."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from kit import cli, tiny_args
+from sklearn.datasets import load_digits
 
 from transferbench.adapters import prepare_task
 from transferbench.adapters.vtab import config, open_split
-from transferbench.cli import main
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.vtab import export_vtab
@@ -34,7 +35,7 @@ def test_default_reports_the_test_accuracy_of_the_val_selected_runs(suite_home, 
         for split, n in (("val", 200), ("test", 797)):  # --log-samples: what each accuracy averages, per example
             hits = read_samples(r, split)
             assert hits.shape == (n,) and 100 * hits.mean() == pytest.approx(r["metrics"][split]["accuracy"])
-        assert r["hparams"]["loss"] == r["info"]["loss"] == "softmax" and r["info"]["head"] == "new"  # the profile's
+        assert r["hparams"]["loss"] == "softmax" and r["info"]["head"] == "new"  # the embedded profile's
     mean_val = {
         lr: np.mean([r["metrics"]["val"]["accuracy"] for r in recs if r["hparams"]["lr"] == lr]) for lr in (0.003, 0.3)
     }
@@ -48,8 +49,8 @@ def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, t
     line = f"run vtab --suite embedded --datasets mini_digits --backbone mu4 --set final=retrain {TINY} --out"
     assert cli(line, tmp_path) == 0
     recs = load_records([tmp_path / "vtab"])
-    n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))  # 1,797 digits - 1,000
-    assert n_test == 797
+    n_test = len(FolderDataset(embedded.ensure(["digits"]), "digits", "test"))
+    assert n_test == len(load_digits().target) - 800 - 200  # scikit-learn's digits less VTAB-1k's train800 + val200
     select = [r for r in recs if r["stage"] == "select"]
     final = [r for r in recs if r["stage"] == "final"]
     assert len(select) == 4 and len(final) == 2 and all(r["status"] == "ok" for r in recs)
@@ -77,6 +78,18 @@ def test_final_retrain_selects_by_mean_val_then_trains_on_trainval(suite_home, t
     assert {key(r): r["metrics"] for r in load_records([again / "vtab"])} == first
 
 
+@pytest.mark.parametrize("loss, first", [("softmax", math.log(10)), ("sigmoid", 10 * math.log(2))])
+def test_the_loss_setting_is_the_loss_the_cell_trains_with(suite_home, tmp_path, loss, first):
+    """A new zero-initialised head gives logits of 0 at the first step, so the first step's loss is the hand value of
+    the chosen loss over 10 classes: softmax_xent ln 10, big_vision's sigmoid_xent (summed over classes) 10 ln 2."""
+    line = f"run vtab --suite embedded --datasets mini_digits --backbone mu4 {tiny_args('vtab', lr='0.003')}"
+    line += f" --seeds 0 --set steps=1 --set warmup_steps=1 --set loss={loss} --out"
+    assert cli(line, tmp_path) == 0
+    (r,) = load_records([tmp_path / "vtab"])
+    assert r["hparams"]["loss"] == loss and r["info"]["head"] == "new"
+    assert r["info"]["final_loss"] == pytest.approx(first, rel=1e-5)
+
+
 def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
     line = f"run vtab --suite embedded --datasets mini_mnist --backbone mu4 {TINY} --out"
     assert cli(line, tmp_path) == 0
@@ -86,7 +99,7 @@ def test_rerun_skips_finished_cells(suite_home, tmp_path, capsys):
 
 
 def test_missing_data_is_one_line_naming_the_directory(tmp_path, capsys):
-    assert main(["run", "vtab", "--backbone", "b32_dpn", "--data-dir", str(tmp_path), "--no-progress"]) == 2
+    assert cli(f"run vtab --backbone b32_dpn --data-dir {tmp_path} --no-progress") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert str(tmp_path) in err and "TFDS_DATA_DIR" in err and "export-vtab" in err and "19 of 19" in err

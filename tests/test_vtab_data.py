@@ -4,8 +4,8 @@ and export-vtab into the image-folder format."""
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from kit import cli
 
-from transferbench.cli import main
 from transferbench.data import vtab
 from transferbench.data.folder import FolderDataset
 from transferbench.data.splits import resolve_split
@@ -35,7 +35,7 @@ def test_nineteen_tasks_in_protocol_groups():
     assert [t[n].classes for n in GROUPS["specialized"]] == [2, 10, 45, 5]
 
 
-def test_splits():
+def test_vtab_splits_are_task_adaptations_train800_val200_and_test():
     assert vtab.splits("cifar100") == {
         "train": "train[:800]",
         "val": "train[45000:45200]",
@@ -104,22 +104,7 @@ def test_every_task_reads_through_mock_data_without_tensorflow():
 
 def test_export_vtab_writes_the_folder_format(tmp_path, capsys):
     with tfds.testing.mock_data(num_examples=70_000):
-        assert (
-            main(
-                [
-                    "data",
-                    "export-vtab",
-                    "--tasks",
-                    "cifar100,clevr_dist",
-                    "--out",
-                    str(tmp_path),
-                    "--limit",
-                    "5",
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )
+        assert cli(f"data export-vtab --tasks cifar100,clevr_dist --out {tmp_path} --limit 5 --no-progress") == 0
     ds = FolderDataset(tmp_path, "cifar100", "train800")  # verifies the manifest
     assert len(ds) == 5 and ds.info["num_classes"] == 100 and ds.info["splits"]["val"] == "train[45000:45200]"
     assert np.asarray(ds.image(0)).shape == (32, 32, 3) and all(0 <= y < 100 for y in ds.labels)
@@ -127,5 +112,5 @@ def test_export_vtab_writes_the_folder_format(tmp_path, capsys):
     assert len(FolderDataset(tmp_path, "cifar100", "test")) == 5
     dist = FolderDataset(tmp_path, "clevr_dist", "test")
     assert dist.info["label_rule"] == "clevr_dist" and all(0 <= y < 6 for y in dist.labels)
-    assert main(["data", "export-vtab", "--tasks", "cifar10", "--out", str(tmp_path)]) == 2
+    assert cli(f"data export-vtab --tasks cifar10 --out {tmp_path}") == 2
     assert "did you mean cifar100" in capsys.readouterr().err

@@ -114,3 +114,42 @@ def test_export_vtab_writes_the_folder_format(tmp_path, capsys):
     assert dist.info["label_rule"] == "clevr_dist" and all(0 <= y < 6 for y in dist.labels)
     assert cli(f"data export-vtab --tasks cifar10 --out {tmp_path}") == 2
     assert "did you mean cifar100" in capsys.readouterr().err
+
+
+def test_vtab_runs_end_to_end_on_a_dataset_written_by_tfds_own_writer(tmp_path, monkeypatch):
+    """tests/fixtures/tfds holds dtd 3.0.1 as tensorflow-datasets' own writer made it: ArrayRecord files with their
+    dataset_info.json and features.json (tests/fixtures/make_tfds_fixture.py, which alone needs TensorFlow). `run vtab
+    --data-dir` reads it through tfds.data_source end to end: the record sees VTAB-1k's dtd splits (train[:800],
+    validation[:200]) and the fixture's 47 test images, and the reader returns the very images and labels the
+    generator wrote (tfds shuffled them on writing: each is found by its file_name)."""
+    import importlib.util
+    from pathlib import Path
+
+    from kit import tiny_args
+
+    from transferbench.records.store import load_records
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    spec = importlib.util.spec_from_file_location("make_tfds_fixture", fixtures / "make_tfds_fixture.py")
+    fx = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fx)
+    data = fixtures / "tfds"
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    line = f"run vtab --datasets dtd --backbone mu4 {tiny_args('vtab', lr='0.003')} --seeds 0 --data-dir {data} --out"
+    assert cli(line, tmp_path / "runs") == 0
+    (r,) = load_records([tmp_path / "runs" / "vtab"])
+    assert r["status"] == "ok" and r["stage"] == "select" and r["dataset_config"]["tfds"] == "dtd:3.*.*"
+    n = fx.SIZES
+    assert (r["info"]["train_examples"], r["info"]["val_examples"], r["info"]["test_examples"]) == (
+        800,
+        200,
+        n["test"],
+    )
+    correct = r["metrics"]["test"]["accuracy"] * n["test"] / 100
+    assert correct == pytest.approx(round(correct))  # a count of the 47 test images
+    ds = TfdsDataset("dtd", "validation[:200]", data_dir_=str(data))
+    raw = tfds.data_source("dtd", split="validation[:200]", data_dir=str(data), download=False)
+    for i in (0, 57, 199):
+        split, index = raw[i]["file_name"].decode().removesuffix(".png").split("/")
+        image, label = ds[i]
+        assert np.array_equal(np.asarray(image), fx.image(split, int(index))) and label == fx.label(split, int(index))

@@ -46,13 +46,13 @@ def cpu_flags() -> str:
 def data_path(dataset: str, rounds: int = 3) -> dict:
     """Median seconds to draw one cell's 50 training batches, per-example vs batched."""
     from transferbench.adapters import prepare_task
-    from transferbench.adapters.vtab import config, open_split
+    from transferbench.adapters.vtab import VtabAdapter, open_split
     from transferbench.data.transforms import train_transform
     from transferbench.engine.batches import train_batches
 
     task = prepare_task("vtab", suite="embedded", datasets=[dataset])
     ds, hp = task.datasets[0], task.hparams
-    data = open_split(config(ds.name, ds.model_dump()), "train")
+    data = open_split(VtabAdapter.entry(ds.name, ds.model_dump()), "train")
     data.array()
     tf = train_transform(hp["resolution"], ds.augment)
 

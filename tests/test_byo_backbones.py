@@ -266,7 +266,7 @@ def test_py_and_timm_cells_of_the_same_weights_agree_and_compare_in_one_table(su
     `--reference timm:...` puts both in one table with a paired difference of 0."""
     from transferbench.adapters import prepare_task
     from transferbench.cli import main
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
 
     reference, _ = byo
@@ -282,7 +282,7 @@ def test_py_and_timm_cells_of_the_same_weights_agree_and_compare_in_one_table(su
     out = tmp_path / "out"
     for name in ("vtab", "fewshot"):  # fp32: bf16 auto is a timing probe per backbone, which may choose differently
         task = prepare_task(name, suite="embedded", datasets=["mini_digits"], seeds=[0], sets=["bf16=off"])
-        assert run_task(task, refs, out, show_progress=False).failed == 0
+        assert run_task(task, refs, out, RunOptions(show_progress=False)).failed == 0
     records = load_records([out])
 
     def cell(r):  # what the two families' cells share: all but the backbone and what it states of itself

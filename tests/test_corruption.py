@@ -315,7 +315,7 @@ def _task(tmp_path, datasets=("mini_digits",), sets=(), limit=None):
 def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     from transferbench.adapters import resolve_backbone
     from transferbench.data import corruptions
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
     from transferbench.reporting.kinds import report_tables
 
@@ -323,7 +323,7 @@ def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     task = _task(tmp_path, limit=40)
     out = tmp_path / "runs"
     backbones = [resolve_backbone(b) for b in ("mu4", "mu4_dpn")]
-    summary = run_task(task, backbones, out, show_progress=False, workers=1)
+    summary = run_task(task, backbones, out, RunOptions(show_progress=False, workers=1))
     assert summary.ok == 2 * (1 + 2) and summary.failed == 0
     recs = load_records([out])
     clf = [r for r in recs if r["stage"] == "classifier"]
@@ -347,7 +347,7 @@ def test_end_to_end_cells_cache_and_report(suite_home, tmp_path, monkeypatch):
     assert t.columns == ["clean err", "gauss", "contrast"] and "normalised by mu4" in t.setting
     assert t.rows["mu4"]["gauss"].estimate.mean == pytest.approx(100.0)
     # a rerun skips every cell
-    assert run_task(task, backbones, out, show_progress=False).skipped == 6
+    assert run_task(task, backbones, out, RunOptions(show_progress=False)).skipped == 6
 
 
 def test_classifier_is_the_checkpoints_own_head_when_it_has_the_classes(suite_home, tmp_path):

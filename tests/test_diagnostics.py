@@ -197,7 +197,7 @@ def _task(**sets):
 
 def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
     from transferbench.reporting.diagnostics import figures
     from transferbench.reporting.formats import render
@@ -206,7 +206,7 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     task = _task()
     out = tmp_path / "runs"
     backbones = [resolve_backbone(b) for b in ("mu4", "mu4_dpn@embedded")]
-    summary = run_task(task, backbones, out, show_progress=False)
+    summary = run_task(task, backbones, out, RunOptions(show_progress=False))
     assert summary.ok == 2 * 2 * 2 and summary.failed == 0  # backbones x seeds x (forward, gradients)
     recs = load_records([out])
     fwd = {(r["backbone"], r["seed"]): r for r in recs if r["stage"] == "forward"}
@@ -253,7 +253,9 @@ def test_diagnose_cells_records_tables_and_figures(suite_home, tmp_path):
     assert {"depth.png", "distance.png", "stem.png", "grad.png"} <= kinds and all(
         p.stat().st_size > 5000 for _, _, p in pngs
     )
-    assert run_task(task, backbones, out, show_progress=False).skipped == 8  # a rerun resumes: nothing to do
+    assert (
+        run_task(task, backbones, out, RunOptions(show_progress=False)).skipped == 8
+    )  # a rerun resumes: nothing to do
 
 
 def test_bad_settings_are_one_line(suite_home):

@@ -20,7 +20,7 @@ from transferbench.adapters import prepare_task
 from transferbench.backbones.weights import resolve_backbone
 from transferbench.cli import main
 from transferbench.engine.executors import InlineExecutor, PoolExecutor, make_executor
-from transferbench.engine.runner import run_task
+from transferbench.engine.runner import RunOptions, run_task
 from transferbench.errors import UserError
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import load_records
@@ -35,7 +35,9 @@ CELLS = 3 * 2 * (2 * 2 + 2)
 
 def run(out, executor=None, sets=(), **kw):
     task = prepare_task("toy", sets=[*SETS, *sets], seeds=[0, 1])
-    return run_task(task, [resolve_backbone(b) for b in BACKBONES], out, show_progress=False, executor=executor, **kw)
+    return run_task(
+        task, [resolve_backbone(b) for b in BACKBONES], out, RunOptions(show_progress=False, **kw), executor=executor
+    )
 
 
 def metrics(out) -> dict:
@@ -304,10 +306,12 @@ def test_real_cells_give_the_same_records_in_process_and_in_the_pool_at_the_same
         task,
         backbone,
         tmp_path / "inline",
-        show_progress=False,
+        RunOptions(show_progress=False),
         executor=make_executor("local", jobs=1, cpus_per_cell=1),
     )
-    pooled = run_task(task, backbone, tmp_path / "pool", show_progress=False, executor=PoolExecutor(2, threads=1))
+    pooled = run_task(
+        task, backbone, tmp_path / "pool", RunOptions(show_progress=False), executor=PoolExecutor(2, threads=1)
+    )
     assert (inline.ok, pooled.ok) == (2, 2)  # select (train -> val) and final (trainval -> test)
     a, b = load_records([tmp_path / "inline"]), load_records([tmp_path / "pool"])
     assert metrics(tmp_path / "inline") == metrics(tmp_path / "pool")

@@ -137,17 +137,17 @@ def test_imagenet_c_rerun_after_truncated_corruption_arrays(home, tmp_path, capl
     from test_corruption import _task
 
     from transferbench.adapters import resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
 
     task, out = _task(tmp_path, limit=40), tmp_path / "runs"
     mu4 = [resolve_backbone("mu4")]
-    assert run_task(task, mu4, out, show_progress=False).failed == 0
+    assert run_task(task, mu4, out, RunOptions(show_progress=False)).failed == 0
     first = metrics(out)
     arrays = sorted((home / "corruptions").glob("*/images.npy"))
     assert len(arrays) > 2 * 5  # two corruptions at five severities, and clean images
     truncate(arrays[0], 300)
     truncate(arrays[1].with_name("labels.npy"), 130)
-    s = run_task(task, mu4, out, force=True, show_progress=False)
+    s = run_task(task, mu4, out, RunOptions(force=True, show_progress=False))
     assert (s.failed, s.ok) == (0, 3)  # 2 of the cells failed on every rerun before
     assert len(damaged_warnings(caplog)) == 2 and metrics(out) == first
 

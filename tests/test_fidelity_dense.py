@@ -329,7 +329,7 @@ def test_pretraining_logs_gradient_norms_and_lambdas_that_diagnose_reads(suite_h
 
     from transferbench.adapters import prepare_task, pretrain, resolve_backbone
     from transferbench.backbones.checkpoint import read_training_log, training_log_path
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
     from transferbench.reporting.diagnostics import tables
 
@@ -359,7 +359,7 @@ def test_pretraining_logs_gradient_norms_and_lambdas_that_diagnose_reads(suite_h
         sets=["images=8", "steps=2", "warmup_steps=1", "grad_last=1", "eval_batch=8"],
     )
     out = tmp_path / "runs"
-    run_task(task, [ref], out, show_progress=False)
+    run_task(task, [ref], out, RunOptions(show_progress=False))
     (fwd,) = [r for r in load_records([out]) if r["stage"] == "forward"]
     assert fwd["info"]["diagnostics"]["upstream"]["grad_norm_last"] == pytest.approx(log["grad_norm_last"])
     (up,) = [t for t in tables(load_records([out])) if t.metric.startswith("upstream gradient norm")]

@@ -312,10 +312,10 @@ def test_an_edited_backbone_gives_new_numbers_from_the_same_home_and_a_reporting
 def _toy(out, stale="stop"):
     from transferbench.adapters import prepare_task
     from transferbench.backbones.weights import resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
 
     task = prepare_task("toy", sets=["lr=0.01,0.1"], seeds=[0, 1])
-    return run_task(task, [resolve_backbone("mu4")], out, show_progress=False, stale=stale)
+    return run_task(task, [resolve_backbone("mu4")], out, RunOptions(show_progress=False, stale=stale))
 
 
 def _age(out, lr_wins: float):

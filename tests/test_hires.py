@@ -58,7 +58,7 @@ def _task(*sets, datasets=("mini_mnist",)):
 @pytest.mark.slow
 def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
     from transferbench.reporting.kinds import report_tables
 
@@ -68,7 +68,7 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     }
     backbones = [resolve_backbone(f"{n}@{p}") for n, p in paths.items()]
     out = tmp_path / "runs"
-    summary = run_task(_task(), backbones, out, show_progress=False)
+    summary = run_task(_task(), backbones, out, RunOptions(show_progress=False))
     assert summary.ok == 2 * 2 * 2 and summary.failed == 0  # backbones x seeds x (base, high)
     recs = load_records([out])
     for r in recs:
@@ -88,7 +88,7 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
     assert dtn["mini_mnist gain"].estimate.mean == pytest.approx(np.mean(gains["mu4_dtn"]))
     assert dtn["mini_mnist gain"].delta.mean == pytest.approx(np.mean(gains["mu4_dtn"]) - np.mean(gains["mu4"]))
     assert dtn["mini_mnist high"].estimate.mean == pytest.approx(np.mean([acc[("mu4_dtn", "high", s)] for s in (0, 1)]))
-    assert run_task(_task(), backbones, out, show_progress=False).skipped == 8
+    assert run_task(_task(), backbones, out, RunOptions(show_progress=False)).skipped == 8
 
 
 def test_a_checkpoint_head_with_the_classes_is_kept_unless_head_new(suite_home, tmp_path):

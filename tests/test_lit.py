@@ -344,7 +344,7 @@ def test_the_embedded_captions_name_every_kind_of_picture(suite_home):
 
 def test_lit_cells_share_cached_features_and_the_text_tower(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
 
     task = prepare_task(
@@ -354,7 +354,7 @@ def test_lit_cells_share_cached_features_and_the_text_tower(suite_home, tmp_path
         datasets=["mini_digits", "heldout_i2t"],
         sets=["steps=4", "text_layers=1", "batch=64"],
     )
-    s = run_task(task, [resolve_backbone("mu4")], tmp_path, show_progress=False)
+    s = run_task(task, [resolve_backbone("mu4")], tmp_path, RunOptions(show_progress=False))
     assert (s.ok, s.failed) == (2, 0), s.failures
     recs = sorted(load_records([tmp_path]), key=lambda r: r["finished_at"])
     first, second = recs

@@ -116,13 +116,13 @@ def test_a_record_names_its_schema_its_checkpoint_portably_and_its_environment(t
     from transferbench.adapters import prepare_task
     from transferbench.backbones import create_backbone, save_checkpoint
     from transferbench.backbones.weights import resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import SCHEMA_VERSION, load_records
 
     monkeypatch.chdir(tmp_path)
     save_checkpoint(create_backbone("mu4"), tmp_path / "ckpt" / "mine.safetensors")
     task = prepare_task("toy", suite="quick")
-    run_task(task, [resolve_backbone("mu4@ckpt/mine.safetensors")], tmp_path / "runs", show_progress=False)
+    run_task(task, [resolve_backbone("mu4@ckpt/mine.safetensors")], tmp_path / "runs", RunOptions(show_progress=False))
     (rec, *_) = load_records([tmp_path / "runs"])
     assert rec["schema_version"] == SCHEMA_VERSION == 2
     assert rec["checkpoint"] == "ckpt/mine.safetensors"  # relative to where the run was started

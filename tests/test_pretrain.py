@@ -69,7 +69,7 @@ def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeyp
     import tensorflow_datasets as tfds
 
     from transferbench.adapters import prepare_task
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
 
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
     # App. C's recipe on a size its table lacks: medium2 (RandAugment(2, 15) + mixup 0.5) and rep_size by hand
@@ -87,7 +87,7 @@ def test_default_suite_reads_tfds_imagenet_through_data_source(tmp_path, monkeyp
     )
     assert [d.name for d in task.datasets] == ["imagenet2012"] and task.hparams["loss"] == "sigmoid"
     with tfds.testing.mock_data(num_examples=200):
-        s = run_task(task, [resolve_backbone("mu8")], tmp_path / "runs", show_progress=False)
+        s = run_task(task, [resolve_backbone("mu8")], tmp_path / "runs", RunOptions(show_progress=False))
     assert (s.ok, s.failed) == (1, 0), s.failures
     (rec,) = load_records([tmp_path / "runs"])
     info = rec["info"]

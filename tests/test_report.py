@@ -14,7 +14,7 @@ from toyplugin import toy_accuracy
 from transferbench.adapters import prepare_task
 from transferbench.backbones.weights import resolve_backbone
 from transferbench.cli import main
-from transferbench.engine.runner import run_task
+from transferbench.engine.runner import RunOptions, run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.gate import gate
 from transferbench.records.store import load_records
@@ -27,9 +27,9 @@ from transferbench.reporting.tables import build_tables, sanity_references, stem
 def toy_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     task = prepare_task("toy", sets=["lr=0.001,0.01"])
-    run_task(task, [resolve_backbone(b) for b in ("mu4", "mu4_dpn", "mu4_dtn")], out, show_progress=False)
+    run_task(task, [resolve_backbone(b) for b in ("mu4", "mu4_dpn", "mu4_dtn")], out, RunOptions(show_progress=False))
     shots = prepare_task("toyshots")
-    run_task(shots, [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, show_progress=False)
+    run_task(shots, [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, RunOptions(show_progress=False))
     return out
 
 
@@ -108,7 +108,12 @@ def test_worse_is_not_bold(toy_runs):
 
 
 def test_single_seed_shows_no_interval(tmp_path):
-    run_task(prepare_task("toy", suite="quick", seeds=[0]), [resolve_backbone("mu4")], tmp_path, show_progress=False)
+    run_task(
+        prepare_task("toy", suite="quick", seeds=[0]),
+        [resolve_backbone("mu4")],
+        tmp_path,
+        RunOptions(show_progress=False),
+    )
     md = render(build_tables(aggregate(load_records([tmp_path]))))
     row = next(line for line in md.splitlines() if line.startswith("| mu4"))
     assert "±" not in row and row.split("|")[-2].strip() == "1"
@@ -179,7 +184,9 @@ def test_a_plugin_brings_its_own_report(tmp_path):
     name it: report and leaderboard use the plugin's tables and section, not the built-in mean +- CI ones."""
     assert {"corruption", "hires", "diagnostics", "toybest"} <= set(report_kinds())
     out = tmp_path / "runs"
-    run_task(prepare_task("toybest"), [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, show_progress=False)
+    run_task(
+        prepare_task("toybest"), [resolve_backbone(b) for b in ("mu4", "mu4_dpn")], out, RunOptions(show_progress=False)
+    )
     recs = load_records([out])
     assert len(recs) == 12 and {r["report"] for r in recs} == {"toybest"}
     (t,) = report_tables(recs)

@@ -10,7 +10,7 @@ from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
 from transferbench.backbones.weights import resolve_backbone
-from transferbench.engine.runner import Diverged, check_finite, run_task
+from transferbench.engine.runner import Diverged, RunOptions, check_finite, run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import load_records
 from transferbench.reporting.formats import render
@@ -23,7 +23,7 @@ OFFSET = {"alpha": 5.0, "beta": 0.0, "gamma": -10.0}
 def run(out, backbones=BACKBONES, **kw):
     sets = kw.pop("sets", ())
     task = prepare_task("toy", sets=sets, seeds=kw.pop("seeds", None), suite=kw.pop("suite", None))
-    return run_task(task, [resolve_backbone(b) for b in backbones], out, show_progress=False, **kw)
+    return run_task(task, [resolve_backbone(b) for b in backbones], out, RunOptions(show_progress=False, **kw))
 
 
 def test_plan_selects_on_val_and_reports_test_at_the_winner(tmp_path):

@@ -375,14 +375,14 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
 
 def test_seg_alias_and_report_axis(suite_home, tmp_path):
     from transferbench.adapters import prepare_task, resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.aggregate import aggregate
     from transferbench.records.store import load_records
     from transferbench.reporting.tables import build_tables
 
     task = prepare_task("seg", suite="embedded", seeds=[0], sets=["fraction=0.0625,1.0", "steps=2"])
     assert task.name == "ade20k" and task.spec.metric == "miou"
-    s = run_task(task, [resolve_backbone("mu4")], tmp_path, show_progress=False)
+    s = run_task(task, [resolve_backbone("mu4")], tmp_path, RunOptions(show_progress=False))
     assert (s.ok, s.failed) == (2, 0), s.failures
     recs = {r["hparams"]["fraction"]: r for r in load_records([tmp_path])}
     assert recs[0.0625]["info"]["train_examples"] == 32 and recs[1.0]["info"]["train_examples"] == 512

@@ -198,3 +198,17 @@ def test_adam_betas_and_siglip_bias_are_settings_with_the_reference_values():
         **tower_options(s),
     )
     assert tower.logit_bias.item() == -3.0 and LitSettings.default_of("siglip_bias") == -10.0
+
+
+def test_every_source_says_where_its_value_comes_from():
+    """A source names a paper, a config or a reference codebase, or says that no paper fixes the value: never just a
+    module of ours, 'an option', 'transferbench' or 'no effect on results'."""
+    from transferbench.spec import load_task, settings_model
+
+    bare = re.compile(r"^(transferbench|an option.*|no effect on results|[a-z_]+(\.[a-z_]+)+)$")
+    seen = []
+    for task in BUILTIN_TASKS:
+        for name, _, _, source, _ in settings_model(load_task(task).adapter).rows():
+            seen.append(source)
+            assert source and not bare.match(source), f"{task}.{name}: source {source!r}"
+    assert len(seen) > 100 and bare.match("engine.precision") and bare.match("an option")  # the check sees them

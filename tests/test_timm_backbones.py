@@ -109,13 +109,15 @@ def test_an_embedded_fewshot_cell_runs_a_timm_file(suite_home, tmp_path, tiny_fi
     """`run fewshot --suite embedded --backbone timm:...@FILE`: the features are timm's own pre-logits (the
     embedded protocol's gap pooling over its final norm), so the cell's accuracy is that of a ridge probe on them."""
     from transferbench.adapters import prepare_task
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
 
     _, path = tiny_file
     task = prepare_task("fewshot", suite="embedded", datasets=["mini_digits"], seeds=[0])
     assert (
-        run_task(task, [resolve_backbone(f"timm:vit_tiny_patch16_224@{path}")], tmp_path, show_progress=False).failed
+        run_task(
+            task, [resolve_backbone(f"timm:vit_tiny_patch16_224@{path}")], tmp_path, RunOptions(show_progress=False)
+        ).failed
         == 0
     )
     records = load_records([tmp_path])

@@ -350,7 +350,7 @@ def test_a_compiled_cell_gives_the_eager_records(suite_home, tmp_path):
     """--compile: the same VTAB cell through torch.compile (inductor's CPU kernels here) gives the eager record up
     to floating-point summation order."""
     from transferbench.adapters import prepare_task, resolve_backbone
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
 
     # fp32 on both sides: `bf16: auto` times a probe per input shape and dtype, which under load may choose bf16
@@ -360,7 +360,7 @@ def test_a_compiled_cell_gives_the_eager_records(suite_home, tmp_path):
     records = {}
     for compiled in (False, True):
         out = tmp_path / str(compiled)
-        assert run_task(task, backbone, out, show_progress=False, compile=compiled).failed == 0
+        assert run_task(task, backbone, out, RunOptions(show_progress=False, compile=compiled)).failed == 0
         (records[compiled],) = load_records([out])
     eager, compiled = records[False], records[True]
     assert compiled["key"] == eager["key"] and compiled["info"]["compiled"] is True and "compiled" not in eager["info"]
@@ -375,7 +375,7 @@ def test_a_cell_gives_the_same_records_on_either_data_path(suite_home, tmp_path,
     path ran."""
     from transferbench.adapters import prepare_task, resolve_backbone
     from transferbench.engine import resident
-    from transferbench.engine.runner import run_task
+    from transferbench.engine.runner import RunOptions, run_task
     from transferbench.records.store import load_records
 
     # fp32 on both sides: `bf16: auto` times a probe per input shape and dtype, which under load may choose bf16
@@ -386,7 +386,7 @@ def test_a_cell_gives_the_same_records_on_either_data_path(suite_home, tmp_path,
     for limit in (default, 0):
         monkeypatch.setattr(resident, "RESIDENT_BYTES", limit)
         out = tmp_path / str(limit)
-        assert run_task(task, backbone, out, show_progress=False).failed == 0
+        assert run_task(task, backbone, out, RunOptions(show_progress=False)).failed == 0
         (records[limit],) = load_records([out])
     memory, workers = records[default], records[0]
     assert memory["info"]["data_path"] == "resident" and workers["info"]["data_path"] == "workers"

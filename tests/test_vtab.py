@@ -11,7 +11,7 @@ from kit import cli, tiny_args
 from sklearn.datasets import load_digits
 
 from transferbench.adapters import prepare_task
-from transferbench.adapters.vtab import config, open_split
+from transferbench.adapters.vtab import VtabAdapter, open_split
 from transferbench.data import embedded
 from transferbench.data.folder import FolderDataset
 from transferbench.data.vtab import export_vtab
@@ -108,7 +108,7 @@ def test_missing_data_is_one_line_naming_the_directory(tmp_path, capsys):
 def test_reads_an_export_vtab_folder(tmp_path):
     with tfds.testing.mock_data(num_examples=50_000):
         export_vtab(tmp_path, ["cifar100"], limit=6)
-    ds = config("cifar100", prepare_task("vtab").datasets[1].model_dump())
+    ds = VtabAdapter.entry("cifar100", prepare_task("vtab").datasets[1].model_dump())
     train, val = open_split(ds, "train", tmp_path), open_split(ds, "val", tmp_path)
     trainval = open_split(ds, "trainval", tmp_path)
     assert len(trainval) == 12 and list(trainval.labels) == list(train.labels) + list(val.labels)

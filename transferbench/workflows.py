@@ -7,40 +7,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError
 
-
-@dataclass
-class RunOptions:
-    """How cells run (the command line's execution options); none of them is part of a cell key."""
-
-    force: bool = False
-    stale: str | None = None  # None: stop on records of other code; recompute | keep
-    device: str | None = None
-    data_dir: str | None = None
-    workers: int = 0
-    micro_batch: int | None = None
-    show_progress: bool = True
-    log_samples: bool = False
-    compile: bool = False
-    retries: int = 1
-    executor_name: str = "local"
-    jobs: int = 1
-    config: dict = field(default_factory=dict)  # the resolved options, stored in each record
-    pins: dict | None = None  # cell key -> the precision of each `bf16: auto` step (nightly: the baseline's choices)
-
-    def engine(self) -> dict:
-        """engine.runner.run_task's keywords for these options."""
-        passed = ("force", "device", "data_dir", "workers", "micro_batch", "show_progress", "retries", "log_samples")
-        return {k: getattr(self, k) for k in passed} | {
-            "config": self.config,
-            "compile": self.compile,
-            "pins": self.pins,
-            "stale": self.stale or "stop",  # stop on finished cells of other code unless told otherwise
-        }
+if TYPE_CHECKING:
+    from .engine.runner import RunOptions
 
 
 def records_folder(out: Path) -> list[Path]:
@@ -116,7 +90,7 @@ def run_cells(task, backbones: list, out: Path, options: RunOptions, executor, m
         file=sys.stderr,
     )
     try:
-        summary = run_task(task, backbones, out, executor=executor, check_data=False, **options.engine())
+        summary = run_task(task, backbones, out, options, executor=executor)
     except UserError:
         remove_empty(made)
         raise

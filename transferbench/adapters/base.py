@@ -45,6 +45,12 @@ class Adapter:
     def plan(self, task: Task, backbone, results) -> Iterable:
         raise NotImplementedError
 
+    @classmethod
+    def entry(cls, name: str, fields: dict) -> dict:
+        """Dataset `name`'s entry (`fields`: a spec's or a cell's `dataset_config`) validated by `dataset_schema`,
+        its defaults filled in (source tfds, label rule 'label', ...)."""
+        return cls.dataset_schema.model_validate({**fields, "name": name}).model_dump()
+
     def training_images(self, cell) -> int:
         """Images the cell passes forward and backward through the backbone (`run --dry-run`'s cost): steps x
         batch where the cell trains the backbone; adapters whose cells train no backbone say 0."""

@@ -7,7 +7,6 @@ the resolution's grid). Each protocol's adapter is its own module; this one hold
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Literal
 
@@ -65,16 +64,6 @@ class ClassificationDataset(VtabDataset):
     minival: str | None = None
 
 
-def schema_entry(schema, name: str, fields: dict) -> dict:
-    """A dataset entry validated by `schema`, its defaults filled in (source tfds, label rule 'label', ...)."""
-    return schema.model_validate({**fields, "name": name}).model_dump()
-
-
-def classification_entry(name: str, fields: dict) -> dict:
-    """A ClassificationDataset entry with the schema's defaults filled in."""
-    return schema_entry(ClassificationDataset, name, fields)
-
-
 def validate_entries(spec, source: str) -> None:
     """What the schema cannot say about VTAB-style entries (VTAB, high-res, diagnostics): a tfds dataset names
     its tfds builder, and the label rule exists."""
@@ -88,11 +77,10 @@ def validate_entries(spec, source: str) -> None:
             )
 
 
-def require_splits(task, ctx, what: str, roles=("train", "test"), *, entry=None, unit: str = "datasets") -> None:
+def require_splits(task, ctx, what: str, roles, *, entry, unit: str = "datasets") -> None:
     """Before any cell of a protocol on VTAB-style entries (VTAB, high-res, diagnostics): every dataset's `roles`
-    open, or one line names the missing datasets, where they were looked for and how to prepare them. `entry`
-    fills an entry's defaults (default: classification_entry)."""
-    entry = entry or classification_entry
+    open, or one line names the missing datasets, where they were looked for and how to prepare them. `entry(name,
+    fields)` fills an entry's defaults (an adapter's `entry`)."""
     entries = [entry(ds.name, ds.model_dump()) for ds in task.datasets]
     missing = sources.missing(entries, lambda e: list(roles), opener=lambda e, role: open_split(e, role, ctx.data_dir))
     if missing:
@@ -124,7 +112,7 @@ class ClassificationAdapter(Adapter):
             self.data_name,
             self.roles,
             unit=self.unit,
-            entry=functools.partial(schema_entry, self.dataset_schema),
+            entry=self.entry,
         )
 
 
@@ -141,11 +129,6 @@ class Joined(torch.utils.data.Dataset):
 
     def array(self) -> np.ndarray:
         return np.concatenate([p.array() for p in self.parts])
-
-
-def config(name: str, fields: dict) -> dict:
-    """A VTAB dataset entry with the schema's defaults filled in."""
-    return schema_entry(VtabDataset, name, fields)
 
 
 def is_export(data_dir, name: str) -> bool:

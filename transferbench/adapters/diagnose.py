@@ -42,7 +42,6 @@ from ..engine.precision import autocast, for_forward
 from ..errors import UserError
 from ..reporting.diagnostics import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
-from .classify import classification_entry as entry
 from .settings import EXECUTION, setting
 
 log = logging.getLogger(__name__)
@@ -185,7 +184,7 @@ class DiagnoseAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        hp, ds = DiagnoseSettings.of(cell.hparams), entry(cell.dataset, cell.dataset_config)
+        hp, ds = DiagnoseSettings.of(cell.hparams), self.entry(cell.dataset, cell.dataset_config)
         started = time.time()
         if cell.stage == "forward":
             model = backbone_for(cell, ctx)

@@ -208,7 +208,9 @@ class FewshotSettings(Settings):
     pixels: str = setting("auto", "big_vision value_range(-1, 1)", PIXELS_HELP)
     l2: float = setting(DEFAULT_L2, f"{COMMON}: l2_reg 2**10", "ridge regularisation", ge=0)
     l2_sweep: list[float] = setting(
-        [], "an option (off in big_vision)", "l2 candidates chosen per cell by leave-one-out on the shots"
+        [],
+        f"not in {COMMON}, which fixes l2_reg: candidates chosen by leave-one-out",
+        "l2 candidates chosen per cell by leave-one-out on the shots",
     )
     pool: Literal["model", "tok", "gap"] = setting(
         "model", "big_vision: the model's pre_logits", "model: as the backbone pools | tok | gap: for every backbone"

@@ -31,7 +31,6 @@ from ..engine.evaluate import Evaluation, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
 from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
-from .classify import classification_entry as entry
 from .settings import setting
 
 STAGES = ("base", "high")
@@ -139,7 +138,7 @@ class HiresAdapter(ClassificationAdapter):
     def run(self, cell, ctx):
 
         s = HiresSettings.of(cell.hparams)
-        ds = entry(cell.dataset, cell.dataset_config)
+        ds = self.entry(cell.dataset, cell.dataset_config)
         res = int(s.resolution if cell.stage == "high" else s.base_resolution)
         train, test = open_split(ds, "train", ctx.data_dir), open_split(ds, "test", ctx.data_dir)
         augment = ds["augment"] if s.augment == "dataset" else s.augment

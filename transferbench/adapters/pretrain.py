@@ -32,7 +32,7 @@ from ..data.transforms import AUGMENTATIONS, eval_transform, train_transform
 from ..engine import augreg
 from ..engine.evaluate import Evaluation, accuracy, heldout_loss
 from ..engine.losses import LOSSES
-from ..engine.runner import Results, run_task
+from ..engine.runner import Results, RunOptions, run_task
 from ..engine.train import fit_protocol
 from ..errors import UserError
 from ..fingerprint import for_cache
@@ -303,7 +303,7 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
                 file=sys.stderr,
             )
         # a cache, not a user's records: a pretraining record of other code is computed again, never kept
-        run_task(task, [ref], out, show_progress=show_progress, stale="recompute")
+        run_task(task, [ref], out, RunOptions(show_progress=show_progress, stale="recompute"))
         rec = store.get(cell)
         if rec is None or rec["status"] != "ok":
             why = rec["reason"] if rec else "no record"

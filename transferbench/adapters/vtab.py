@@ -25,7 +25,7 @@ from typing import Literal
 from ..data.transforms import eval_transform
 from ..engine.evaluate import Evaluation, hits
 from .base import plan_select_then_final
-from .classify import ClassificationAdapter, FinetuneSettings, VtabDataset, config, finetune, open_split
+from .classify import ClassificationAdapter, FinetuneSettings, VtabDataset, finetune, open_split
 from .settings import setting
 
 
@@ -40,11 +40,6 @@ class VtabSettings(FinetuneSettings):
     )
 
 
-def reports_select_runs(hp: dict) -> bool:
-    """Whether the select runs are the reported ones (the paper's protocol, `final: none`)."""
-    return VtabSettings.of(hp).final == "none"
-
-
 class VtabAdapter(ClassificationAdapter):
     name = "vtab"
     dataset_schema = VtabDataset
@@ -53,11 +48,11 @@ class VtabAdapter(ClassificationAdapter):
 
     def plan(self, task, backbone, results):
         cells = plan_select_then_final(task, backbone, results)
-        return [c for c in cells if c.stage != "final" or not reports_select_runs(c.hparams)]
+        return [c for c in cells if c.stage != "final" or VtabSettings.of(c.hparams).final != "none"]
 
     def run(self, cell, ctx):
 
-        s, ds = VtabSettings.of(cell.hparams), config(cell.dataset, cell.dataset_config)
+        s, ds = VtabSettings.of(cell.hparams), self.entry(cell.dataset, cell.dataset_config)
         final = cell.stage == "final"
         train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
         roles = ["test"] if final else ["val"] + (["test"] if s.final == "none" else [])

@@ -286,8 +286,8 @@ def reference_option(p: argparse.ArgumentParser) -> None:
 
 
 def run_options(args):
-    """The execution options as workflows.RunOptions, with `config` the resolved options a record stores."""
-    from ..workflows import RunOptions
+    """The execution options as engine.runner.RunOptions, with `config` the resolved options a record stores."""
+    from ..engine.runner import RunOptions
 
     same = ("force", "stale", "device", "data_dir", "workers", "micro_batch", "compile", "retries", "jobs")
     return RunOptions(

@@ -135,31 +135,46 @@ class RunSummary:
         )
 
 
+@dataclass
+class RunOptions:
+    """How a task's cells run: the one options object from the command line (`cli.options.run_options`) to the
+    runner and each cell's context. None of them is part of a cell key."""
+
+    force: bool = False
+    stale: str | None = None  # None: stop on records of other code (STALE: stop | recompute | keep)
+    device: str | None = None
+    data_dir: str | None = None
+    workers: int = 0
+    micro_batch: int | None = None
+    show_progress: bool = True
+    log_samples: bool = False
+    compile: bool = False
+    retries: int = 1
+    executor_name: str = "local"
+    jobs: int = 1
+    config: dict = field(default_factory=dict)  # the resolved options, stored in each record
+    pins: dict | None = None  # cell key -> the precision of each `bf16: auto` step (nightly: the baseline's choices)
+
+    def context(self) -> CellContext:
+        """What each cell's `run` gets of these options."""
+        return CellContext(
+            self.device,
+            self.show_progress,
+            self.data_dir,
+            self.workers,
+            self.micro_batch,
+            self.log_samples,
+            self.compile,
+            self.pins,
+        )
+
+
 def run_task(
-    task,
-    backbones: list,
-    out,
-    *,
-    adapter=None,
-    force: bool = False,
-    executor=None,
-    show_progress: bool = True,
-    device: str | None = None,
-    data_dir: str | None = None,
-    workers: int = 0,
-    micro_batch: int | None = None,
-    retries: int = 1,
-    check_data: bool = True,
-    log_samples: bool = False,
-    config: dict | None = None,
-    compile: bool = False,
-    stale: str = "stop",
-    pins: dict | None = None,
+    task, backbones: list, out, options: RunOptions | None = None, *, adapter=None, executor=None
 ) -> RunSummary:
-    """Plan and run every cell of `task` for `backbones` into the records folder `out`, with `adapter`
-    (default: the one the task was resolved with, `task.adapter`; the engine never looks adapters up).
-    An adapter with a `check_data(task, ctx)` method checks its data first (a UserError stops the run
-    before any cell); `check_data=False` when the caller has just done so (the CLI checks before pretraining).
+    """Plan and run every cell of `task` for `backbones` into the records folder `out` under `options` (default:
+    RunOptions()), with `adapter` (default: the one the task was resolved with, `task.adapter`; the engine never
+    looks adapters up). The data is the caller's to check first (`workflows.run` does, before any pretraining).
 
     `executor` (engine.executors; default: this process, one cell at a time) computes the cells; this
     function alone plans, locks and writes records. The plan is asked again whenever cells finish, so a
@@ -168,11 +183,14 @@ def run_task(
     times, then recorded failed.
 
     A finished cell is skipped only when its record's fingerprint is the code's at hand (`cell_code`); for finished
-    cells of other code, `stale` (STALE) says what happens: 'stop' raises one UserError before anything is computed
-    (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as finished.
-    `pins`: per cell key, the precision of each `bf16: auto` step (the nightly pins them to its baseline's)."""
+    cells of other code, `options.stale` (STALE) says what happens: 'stop' (the default) raises one UserError before
+    anything is computed (naming how many and what differs), 'recompute' computes them again, 'keep' skips them as
+    finished. `options.pins`: per cell key, the precision of each `bf16: auto` step (the nightly pins them to its
+    baseline's)."""
     from .executors import InlineExecutor
 
+    options = options or RunOptions()
+    stale = options.stale or "stop"
     if stale not in STALE:
         raise ValueError(f"stale={stale!r}; one of {', '.join(STALE)}")
 
@@ -185,9 +203,7 @@ def run_task(
     store = RecordStore(out)
     store.remove_stale_temps()
     executor = executor or InlineExecutor()
-    ctx = CellContext(device, show_progress, data_dir, workers, micro_batch, log_samples, compile, pins)
-    if check_data and hasattr(adapter, "check_data"):
-        adapter.check_data(task, ctx)
+    ctx = options.context()
     if task.hparams.get("pixels") == "auto":
         for b in backbones:
             if b.checkpoint and not b.pixels:  # said once per run and backbone
@@ -197,18 +213,18 @@ def run_task(
                     b.spec,
                     DEFAULT_PIXELS,
                 )
-    options = {"stale": stale, "force": force, "retries": retries, "config": config, "show_progress": show_progress}
-    return _TaskRun(task, backbones, out, adapter, store, executor, **options).run(ctx)
+    return _TaskRun(task, backbones, out, adapter, store, executor, options, stale).run(ctx)
 
 
 class _TaskRun:
     """The state of one run_task: the cells planned so far, the queue, the cells another run holds, those in
     flight, and the progress bar and lines; `run` loops until nothing is left."""
 
-    def __init__(self, task, backbones, out, adapter, store, executor, *, stale, force, retries, config, show_progress):
+    def __init__(self, task, backbones, out, adapter, store, executor, options: RunOptions, stale: str):
         self.task, self.backbones, self.out, self.adapter = task, backbones, out, adapter
         self.store, self.executor = store, executor
-        self.stale, self.force, self.retries, self.config = stale, force, retries, config
+        self.stale, self.force, self.retries, self.config = stale, options.force, options.retries, options.config
+        show_progress = options.show_progress
         self.check = CodeCheck(adapter)  # whether a finished cell's record is of the code at hand
         self.results = Results(store, None if stale == "keep" else self.check.current)
         self.summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)

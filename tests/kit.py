@@ -1,5 +1,5 @@
 """The tests' kit, so that each test states only what it checks: a record in the real schema (the runner's own
-`record_of`), the one tiny training profile, and a command line written as one string."""
+`records.store.record_of`), the one tiny training profile, and a command line written as one string."""
 
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ def record(
     environment: dict | None = None,
     **fields,
 ) -> dict:
-    """A finished cell's record as the runner writes it (engine.runner.record_of): identity fields hash to its key.
+    """A finished cell's record as the runner writes it (records.store.record_of): identity fields hash to its key.
     `fields` set the cell's other fields (metric, mode, select, group, order, suite, report, protocol_version,
     dataset_config, data_version) or, failing that, the record's own (finished_at, info, ...)."""
-    from transferbench.engine.runner import record_of
+    from transferbench.records.store import record_of
 
     cell_fields = {k: fields.pop(k) for k in list(fields) if k in Cell.__dataclass_fields__}
     cell = Cell(

@@ -212,3 +212,31 @@ def test_every_source_says_where_its_value_comes_from():
             seen.append(source)
             assert source and not bare.match(source), f"{task}.{name}: source {source!r}"
     assert len(seen) > 100 and bare.match("engine.precision") and bare.match("an option")  # the check sees them
+
+
+def test_a_cell_carries_its_settings_validated_once(monkeypatch):
+    """make_cell validates a cell's hparams into the adapter's settings model once per distinct hparams: a cell
+    planned again carries the same frozen object, and the adapter reads the one the cell carries."""
+    from transferbench.adapters import prepare_task
+    from transferbench.adapters import settings as settings_module
+    from transferbench.adapters.vtab import VtabSettings
+    from transferbench.backbones.weights import resolve_backbone
+    from transferbench.cell import make_cell
+    from transferbench.hashing import canon
+
+    monkeypatch.setattr(settings_module, "_VALIDATED", {})
+    calls = []
+    real = VtabSettings.model_validate.__func__
+    monkeypatch.setattr(
+        VtabSettings, "model_validate", classmethod(lambda cls, d, **k: calls.append(canon(d)) or real(cls, d, **k))
+    )
+    task = prepare_task("vtab", suite="embedded", datasets=["mini_digits"])
+    grid = task.grid()
+    assert len(calls) == len(grid) > 1  # prepare_task checks each point of the grid
+    backbone = resolve_backbone("mu4")
+    plan = lambda: [make_cell(task, task.datasets[0], backbone, hp, s, "select") for hp in grid for s in task.seeds]  # noqa: E731
+    first, again = plan(), plan()
+    assert len(calls) == 2 * len(grid)  # the cells' hparams hold the resolved pixels: one more validation per point
+    assert len(calls) == len(set(calls))  # never the same hparams twice
+    assert all(a.settings is b.settings and a.settings.lr == a.hparams["lr"] for a, b in zip(first, again))
+    assert task.adapter.settings_of(first[0]) is first[0].settings

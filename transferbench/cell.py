@@ -3,6 +3,7 @@ reference a cell names (its weights resolved by backbones.weights)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from .hashing import digest
@@ -47,6 +48,8 @@ class Cell:
     suite: str = ""
     report: str = ""  # a report of its own for the task's records ('corruption': reporting.robustness); '' = tables
     checkpoint: str | None = field(default=None, compare=False)
+    # the hyper-parameters validated into the adapter's settings model (make_cell): what `run` reads, never re-parsed
+    settings: object = field(default=None, compare=False, repr=False)
 
     IDENTITY = (
         "task",
@@ -71,7 +74,8 @@ class Cell:
         return digest({k: getattr(self, k) for k in self.IDENTITY}, 20)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(dataclasses.replace(self, settings=None))
+        del d["settings"]
         d["select"] = list(self.select)
         return d
 
@@ -106,6 +110,7 @@ def make_cell(
         hparams["backbone_preprocess"] = dict(backbone.preprocess)
         if "posemb" in hparams and "posemb" in hparams["backbone_preprocess"]:
             hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
+    model = getattr(task.adapter, "settings", None)
     return Cell(
         task=spec.task,
         dataset=dataset.name,
@@ -125,4 +130,5 @@ def make_cell(
         suite=task.suite,
         report=report,
         checkpoint=backbone.checkpoint,
+        settings=model.of(hparams, spec.task) if model is not None else None,
     )

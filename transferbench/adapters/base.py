@@ -45,6 +45,10 @@ class Adapter:
     def plan(self, task: Task, backbone, results) -> Iterable:
         raise NotImplementedError
 
+    def settings_of(self, cell):
+        """The cell's validated settings: those it carries (cell.make_cell), else its hparams validated."""
+        return cell.settings if cell.settings is not None else self.settings.of(cell.hparams)
+
     @classmethod
     def entry(cls, name: str, fields: dict) -> dict:
         """Dataset `name`'s entry (`fields`: a spec's or a cell's `dataset_config`) validated by `dataset_schema`,
@@ -56,13 +60,13 @@ class Adapter:
         batch where the cell trains the backbone; adapters whose cells train no backbone say 0."""
         if self.settings is None or not {"steps", "batch"} <= set(self.settings.model_fields):
             return 0
-        s = self.settings.of(cell.hparams)
+        s = self.settings_of(cell)
         return int(s.steps or 0) * int(s.batch)
 
     def input_size(self, cell) -> int:
         """The side of the images the cell trains the backbone on (`run --dry-run`'s probe shape): its `resolution`
         (224 for an adapter without settings)."""
-        return int(self.settings.of(cell.hparams).resolution) if self.settings is not None else 224
+        return int(self.settings_of(cell).resolution) if self.settings is not None else 224
 
     def extras(self, task: Task) -> set[str]:
         """The package extras (`pip install 'transferbench[EXTRA]'`) that running `task` needs beyond the base

@@ -184,7 +184,7 @@ class DiagnoseAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        hp, ds = DiagnoseSettings.of(cell.hparams), self.entry(cell.dataset, cell.dataset_config)
+        hp, ds = self.settings_of(cell), self.entry(cell.dataset, cell.dataset_config)
         started = time.time()
         if cell.stage == "forward":
             model = backbone_for(cell, ctx)

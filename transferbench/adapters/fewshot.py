@@ -242,7 +242,7 @@ class FewshotAdapter(Adapter):
             raise missing_data("few-shot", missing, len(entries), ctx.data_dir)
 
     def run(self, cell, ctx):
-        s = FewshotSettings.of(cell.hparams)
+        s = self.settings_of(cell)
         ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
         frozen = FrozenFeatures.of(cell, s, ctx)

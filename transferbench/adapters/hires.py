@@ -137,7 +137,7 @@ class HiresAdapter(ClassificationAdapter):
 
     def run(self, cell, ctx):
 
-        s = HiresSettings.of(cell.hparams)
+        s = self.settings_of(cell)
         ds = self.entry(cell.dataset, cell.dataset_config)
         res = int(s.resolution if cell.stage == "high" else s.base_resolution)
         train, test = open_split(ds, "train", ctx.data_dir), open_split(ds, "test", ctx.data_dir)

@@ -160,7 +160,7 @@ class PretrainAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)
 
     def run(self, cell, ctx):
-        hp = PretrainSettings.of(cell.hparams)
+        hp = self.settings_of(cell)
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
         name = cell.backbone_name  # the spec may name a checkpoint to continue from

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..engine.precision import BF16_SETTINGS
 from ..errors import UserError, close_matches
+from ..hashing import canon
 
 BF16 = typing.Literal[BF16_SETTINGS]  # type: ignore[valid-type]
 PIXELS_HELP = (
@@ -80,12 +81,18 @@ class Settings(BaseModel):
 
     @classmethod
     def of(cls, hparams: dict, task: str = "") -> Settings:
-        """`hparams` (a cell's, or one point of a task's grid) as settings; a value the protocol does not take
-        is one UserError naming the setting, what it got, what it takes and how to change it."""
-        try:
-            return cls.model_validate(hparams)
-        except ValidationError as err:
-            raise UserError(_message(cls, err, hparams, task)) from None
+        """`hparams` (a cell's, or one point of a task's grid) as settings, validated once per distinct hparams (the
+        settings are frozen: a cell planned again gets the same object); a value the protocol does not take is one
+        UserError naming the setting, what it got, what it takes and how to change it."""
+        key = (cls, canon(hparams))
+        if key not in _VALIDATED:
+            try:
+                _VALIDATED[key] = cls.model_validate(hparams)
+            except ValidationError as err:
+                raise UserError(_message(cls, err, hparams, task)) from None
+            if len(_VALIDATED) > 4096:  # a bound, not an eviction policy: the oldest go first
+                del _VALIDATED[next(iter(_VALIDATED))]
+        return _VALIDATED[key]
 
     def __getitem__(self, key: str):
         return getattr(self, key)
@@ -104,6 +111,9 @@ class Settings(BaseModel):
     @classmethod
     def _follow_rules(cls, data):
         return cls.derive(data) if isinstance(data, dict) and cls.rules else data
+
+
+_VALIDATED: dict = {}  # (settings model, canonical hparams) -> its validated settings (`Settings.of`)
 
 
 def _extra(f) -> dict:

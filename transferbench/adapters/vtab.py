@@ -48,11 +48,11 @@ class VtabAdapter(ClassificationAdapter):
 
     def plan(self, task, backbone, results):
         cells = plan_select_then_final(task, backbone, results)
-        return [c for c in cells if c.stage != "final" or VtabSettings.of(c.hparams).final != "none"]
+        return [c for c in cells if c.stage != "final" or self.settings_of(c).final != "none"]
 
     def run(self, cell, ctx):
 
-        s, ds = VtabSettings.of(cell.hparams), self.entry(cell.dataset, cell.dataset_config)
+        s, ds = self.settings_of(cell), self.entry(cell.dataset, cell.dataset_config)
         final = cell.stage == "final"
         train = open_split(ds, "trainval" if final else "train", ctx.data_dir)
         roles = ["test"] if final else ["val"] + (["test"] if s.final == "none" else [])

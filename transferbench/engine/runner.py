@@ -10,16 +10,15 @@ import uuid
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from tqdm.auto import tqdm
 
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
 from ..fingerprint import differences
-from ..paths import portable
 from ..records.aggregate import select_best
-from ..records.store import FINISHED, SCHEMA_VERSION, RecordStore, Timeout, tidy
+from ..records.store import FINISHED, RecordStore, Timeout, record_of
 from .compute import (  # the names other modules and plugins import from here
     CellContext,
     Diverged,
@@ -414,35 +413,6 @@ class CellLines:
             file=self.stream,
             flush=True,
         )
-
-
-def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> dict:
-    """A finished cell's record (schema SCHEMA_VERSION): the cell's fields and key, its outcome (status, metrics,
-    info, seconds, environment, fingerprint, arithmetic and outputs digests (transferbench.arithmetic), caches),
-    the run and the command that made it."""
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        **cell.to_dict(),
-        "checkpoint": portable(cell.checkpoint),  # this machine's path stays out of the record
-        "key": cell.key,
-        "status": outcome["status"],
-        "reason": outcome["reason"],
-        "metrics": {split: {k: tidy(v) for k, v in m.items()} for split, m in outcome["metrics"].items()},
-        "info": outcome["info"],
-        "seconds": outcome["seconds"],
-        "run_id": run_id,
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-        "environment": outcome["environment"],
-        "fingerprint": outcome.get("fingerprint"),
-        "arithmetic": outcome.get("arithmetic"),
-        "outputs": outcome.get("outputs"),
-        "caches": outcome.get("caches") or {},
-        "argv": sys.argv[1:],
-        **({"config": config} if config else {}),
-    }
-    if outcome.get("traceback"):
-        record["traceback"] = outcome["traceback"]
-    return record
 
 
 def _write_record(cell, outcome: dict, store: RecordStore, summary: RunSummary, config: dict | None = None) -> str:

@@ -15,13 +15,15 @@ import io
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from ..errors import UserError
-from ..paths import atomic_path, quarantine, remove_stale_temps
+from ..paths import atomic_path, portable, quarantine, remove_stale_temps
 
 log = logging.getLogger("transferbench")
 
@@ -36,6 +38,35 @@ def tidy(value: float) -> float:
     """A metric as a record stores it: 15 significant digits, the most a decimal keeps through a float, so that
     the noise of the 16th and 17th (57.699999999999996) goes and nothing a metric resolves is lost."""
     return float(f"{value:.15g}")
+
+
+def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> dict:
+    """A finished cell's record (schema SCHEMA_VERSION): the cell's fields and key, its outcome (status, metrics,
+    info, seconds, environment, fingerprint, arithmetic and outputs digests (transferbench.arithmetic), caches),
+    the run and the command that made it."""
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        **cell.to_dict(),
+        "checkpoint": portable(cell.checkpoint),  # this machine's path stays out of the record
+        "key": cell.key,
+        "status": outcome["status"],
+        "reason": outcome["reason"],
+        "metrics": {split: {k: tidy(v) for k, v in m.items()} for split, m in outcome["metrics"].items()},
+        "info": outcome["info"],
+        "seconds": outcome["seconds"],
+        "run_id": run_id,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "environment": outcome["environment"],
+        "fingerprint": outcome.get("fingerprint"),
+        "arithmetic": outcome.get("arithmetic"),
+        "outputs": outcome.get("outputs"),
+        "caches": outcome.get("caches") or {},
+        "argv": sys.argv[1:],
+        **({"config": config} if config else {}),
+    }
+    if outcome.get("traceback"):
+        record["traceback"] = outcome["traceback"]
+    return record
 
 
 def schema_version(record: dict) -> int:
@@ -210,6 +241,7 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
 __all__ = [
     "FINISHED",
     "SCHEMA_VERSION",
+    "record_of",
     "RecordStore",
     "Timeout",
     "load_records",

@@ -115,7 +115,7 @@ class CorruptionAdapter(Adapter):
         return cells
 
     def run(self, cell, ctx):
-        hp, ds = CorruptionSettings.of(cell.hparams), entry(cell)
+        hp, ds = self.settings_of(cell), entry(cell)
         started = time.time()
         model, info = classifier(cell, ctx)
         res = hp.resolution

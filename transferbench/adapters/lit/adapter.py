@@ -98,7 +98,7 @@ class LitAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # cells: (dataset, seed); nothing selected
 
     def run(self, cell, ctx):
-        s = LitSettings.of(cell.hparams)
+        s = self.settings_of(cell)
         ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
         frozen = FrozenFeatures.of(cell, s, ctx)  # the locked image tower (the text tower picks its own precision)
         views, captions, pairs_hit, pairs_key = pair_views(frozen, s)

@@ -208,7 +208,7 @@ class SegAdapter(Adapter):
     settings = SegSettings
 
     def input_size(self, cell) -> int:
-        return SegSettings.of(cell.hparams).crop
+        return self.settings_of(cell).crop
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)
@@ -256,7 +256,7 @@ class SegAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # fraction is a report axis: no select stage
 
     def run(self, cell, ctx):
-        s = SegSettings.of(cell.hparams)
+        s = self.settings_of(cell)
         ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
         full = open_split(ds, ds["train"], ctx.data_dir)
         test = open_split(ds, ds["test"], ctx.data_dir)

@@ -32,8 +32,19 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy import stats as _scipy
-from scipy.optimize import brentq
+
+
+class _LazyScipyStats:
+    """scipy.stats, imported at its first use: importing it takes over a second, which `transferbench --help` and the
+    settings lookups need not pay."""
+
+    def __getattr__(self, name: str):
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+_scipy = _LazyScipyStats()
 
 LEVEL = 0.95
 
@@ -111,6 +122,8 @@ def mde_se(se: float | None, df: float | None, level: float = LEVEL, power: floa
     high = se
     while short(high) < 0:
         high *= 2
+    from scipy.optimize import brentq
+
     return float(brentq(short, 0.0, high, xtol=1e-10 * se))
 
 

@@ -142,14 +142,18 @@ def test_stochastic_depth_grows_to_point_one():
 
 
 def test_lit_spec_states_the_paper_and_lit_coco():
+    from transferbench.adapters import prepare_task
+
     spec = load_spec("lit")
     hp = spec_hparams("lit")
     assert (hp["steps"], hp["batch"]) == (55000, 16384)  # DPN §6.2
     assert (hp["lr"], hp["weight_decay"], hp["temperature_init"], hp["context_length"]) == (1e-3, 0.01, 10.0, 16)
-    assert hp["warmup_steps"] == max(int(0.03 * 55000), 100)  # lit_coco's rule
+    assert hp["warmup_steps"] is None  # stored as lit_coco's rule, resolved per run:
+    assert prepare_task("lit").hparams["warmup_steps"] == max(int(0.03 * 55000), 100) == 1650
     assert (hp["decay"], hp["prompts"], hp["augment"]) == ("big_vision", "big_vision", "flip")
     coco = spec.suites["lit_coco"].hparams
-    assert (coco["steps"], coco["batch"], coco["warmup_steps"]) == (5000, 4096, max(int(0.03 * 5000), 100))
+    assert (coco["steps"], coco["batch"]) == (5000, 4096) and "warmup_steps" not in coco
+    assert prepare_task("lit", suite="lit_coco").hparams["warmup_steps"] == max(int(0.03 * 5000), 100) == 150
     assert spec.protocol_version == "2"
 
 

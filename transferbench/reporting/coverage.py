@@ -63,14 +63,16 @@ def _order(value):
 
 
 def task_rows(name: str) -> list[Row]:
-    from ..spec import installed_specs, load_spec_file, resolve
+    from ..spec import installed_specs, load_spec_file, resolve, settings_model
 
     spec = load_spec_file(installed_specs()[name])
     if SUITE not in spec.suites:
         return [Row(name, "(suite)", "", "", False, f"task {name!r} has no {SUITE!r} suite")]
     task = resolve(spec, suite=SUITE)
     cells = list(task.grid())
-    defaults = {**spec.hparams, **{k: v for k, v in spec.sweep.items()}}
+    model = settings_model(spec.adapter)
+    fixed = model.derive(spec.hparams, swept=spec.sweep) if model is not None else spec.hparams  # rules as run
+    defaults = {**fixed, **{k: v for k, v in spec.sweep.items()}}
     rows = []
     for key, default in defaults.items():
         values = default if key in spec.sweep else [default]

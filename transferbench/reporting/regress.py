@@ -60,6 +60,7 @@ FLOOR = 0.5  # the smallest change of one comparison that counts, in metric unit
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
 LOSS_FLOOR = 0.005  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
+SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change that counts, in arithmetic's rms
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
 NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
@@ -658,7 +659,9 @@ def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: d
         if len(tested) > 1:
             rms, p = noise_test(tested, variances, min(dfs))
             base = float(np.sqrt(np.mean(variances)))
-            out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, level, low=worst))
+            # a training signal has no unit of its own: its noise test fires at SIGNAL_NOISE times arithmetic's rms
+            at_least = SIGNAL_NOISE * base if is_signal(metric) else level
+            out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, at_least, low=worst))
     return out
 
 
@@ -686,7 +689,7 @@ def _judge(comparisons: list, alpha: float) -> None:
         way = pooled.get((x.task, x.backbone, x.metric))
         if way == "regressed":  # told once, by the pooled mean
             x.verdict = "see pooled"
-        elif way == "improved" and x.low is not None and x.low > -x.floor:  # every set better or still: uneven gains
+        elif not is_signal(x.metric) and x.low is not None and x.low > -x.floor:  # no set worse: gains, uneven or not
             x.verdict = "uneven"
 
 
@@ -860,8 +863,8 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled, moved, "
         f"noise and spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) "
         f"and its change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled; "
-        f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal; a factor "
-        f"{SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
+        f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal, {SIGNAL_NOISE:g} times "
+        f"arithmetic's rms in its noise test; a factor {SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
         "",
     ]
     return lines

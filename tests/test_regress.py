@@ -681,7 +681,7 @@ MODEL = {"fewshot": {"accuracy": {"kernels": {"ms": 0.25**2, "units": 400}}}}
 def test_cells_that_scatter_beyond_arithmetic_fail_though_seeds_disagree_and_the_mean_stays():
     """Every run of backbone a moves by +-3 points at random (the seeds of a set disagree about the sign; the mean
     stays near 0): neither the pooled mean nor the moved F sees it, the noise model does. Units are per (set, seed)
-    means over the two shot counts; Q = sum (u - mean u)^2 / ms on (23, 400) degrees of freedom."""
+    means over the two shot counts; Q = sum u^2 / ms on (24, 400) degrees of freedom."""
     base = suite(noise(), datasets=tuple(f"d{i}" for i in range(8)))
     sign = np.random.default_rng(11)
     runs = {}
@@ -693,16 +693,59 @@ def test_cells_that_scatter_beyond_arithmetic_fail_though_seeds_disagree_and_the
     assert by[("pooled", "a")].verdict == "unchanged" and by[("moved", "a")].verdict == "unchanged"
     assert by[("noise", "a")].verdict == "noise" and by[("noise", "b")].verdict == "unchanged"
     u = np.array([runs[k] for k in sorted(runs)])
-    q = ((u - u.mean()) ** 2 / 0.25**2).sum()  # around the runs' mean: a shift of all alike is the pooled test's
-    assert by[("noise", "a")].p == pytest.approx(stats.f.sf(q / 23, 23, 400))
-    assert by[("noise", "a")].n == 24 and by[("noise", "a")].current == pytest.approx(
-        np.sqrt(((u - u.mean()) ** 2).mean())
-    )
+    q = (u**2 / 0.25**2).sum()  # around 0: the null of a paired night is arithmetic noise
+    assert by[("noise", "a")].p == pytest.approx(stats.f.sf(q / 24, 24, 400))
+    assert by[("noise", "a")].n == 24 and by[("noise", "a")].current == pytest.approx(np.sqrt((u**2).mean()))
     text, code = verdict(base, cur, noise=MODEL)
     assert code == 1 and "| fewshot | a          | accuracy | noise model |" in text
     # a task without a model is not tested against one, and the report says so
     text = verdict(base, cur, noise={})[0]
     assert "Not tested against the noise model (no model, or other weights or data): fewshot accuracy (48)" in text
+
+
+def test_a_shift_beyond_arithmetic_fails_where_three_seeds_cannot_show_it():
+    """One data set, three seeds, every run 2 points worse give or take a seed's 1.5: the pooled t over 3 seeds misses
+    it, the noise test (Q = sum u^2 / ms against arithmetic's 0.25 rms) fails it. The same shift for the better is
+    reported as uneven gains and passes."""
+    base = suite(noise(), backbones=("a",), datasets=("d1",))
+    jitter = {0: 1.5, 1: -1.5, 2: 0.0}
+    worse = shifted(base, lambda r: -2.0 + jitter[r["seed"]])
+    g = gate(base, worse, noise=MODEL)
+    by = {c.kind: c for c in g.comparisons if c.kind in ("pooled", "noise")}
+    u = np.array([-2.0 + jitter[s] for s in range(3)])
+    assert by["pooled"].verdict == "unchanged" and by["pooled"].p > 0.05
+    assert by["noise"].p == pytest.approx(stats.f.sf((u**2 / 0.25**2).sum() / 3, 3, 400))
+    assert by["noise"].verdict == "noise" and verdict(base, worse, noise=MODEL)[1] == 1
+    better = shifted(base, lambda r: 2.0 + jitter[r["seed"]])
+    (n,) = gate(base, better, noise=MODEL).of("noise")
+    assert n.verdict == "uneven" and verdict(base, better, noise=MODEL)[1] == 0
+
+
+def test_a_training_signal_fails_the_noise_test_at_ten_times_arithmetics_rms():
+    """A probe's held-out loss has no unit of its own: beyond significance its noise test needs a root mean square
+    change of SIGNAL_NOISE (10) times the model's (here 1e-4 on a loss of 4), far below the cell test's floor of 0.5%
+    of the loss (0.02). Runs moved by about 20 times the model's rms fail the night; by about 5 times they pass."""
+    from transferbench.records.gate import LOSS_FLOOR, SIGNAL_NOISE
+
+    model = {"pretrain": {"loss_heldout": {"kernels": {"ms": 1e-8, "units": 400}}}}
+
+    def night(times):
+        sides = []
+        for move in (0.0, times * 1e-4):
+            side = []
+            for s in range(5):
+                r = record("pretrain", "upstream", "mu4", s, 20.0)
+                r["metrics"]["train"] = {"loss_heldout": 4.0 + 0.1 * s + move * (1 + 0.1 * s)}
+                side.append(r)
+            sides.append(side)
+        (n,) = gate(*sides, noise=model).of("noise")
+        return n, verdict(*sides, noise=model)[1]
+
+    loud, code = night(20)
+    assert loud.verdict == "noise" and code == 1 and loud.floor == pytest.approx(SIGNAL_NOISE * 1e-4)
+    assert loud.current < LOSS_FLOOR * 4.0  # a move the cell and pooled tests' floor would let through
+    quiet, code = night(5)
+    assert quiet.significant and quiet.verdict == "unchanged" and code == 0
 
 
 def test_the_noise_test_raises_false_alarms_at_most_alpha_under_its_model():

@@ -60,6 +60,7 @@ FLOOR = 0.5  # the smallest change of one comparison that counts, in metric unit
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
 LOSS_FLOOR = 0.005  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
+SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change that counts, in arithmetic's rms
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
 NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
@@ -656,7 +657,9 @@ def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: d
         if len(tested) > 1:
             rms, p = noise_test(tested, variances, min(dfs))
             base = float(np.sqrt(np.mean(variances)))
-            out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, level, low=worst))
+            # a training signal has no unit of its own: its noise test fires at SIGNAL_NOISE times arithmetic's rms
+            at_least = SIGNAL_NOISE * base if is_signal(metric) else level
+            out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, at_least, low=worst))
     return out
 
 
@@ -684,7 +687,7 @@ def _judge(comparisons: list, alpha: float) -> None:
         way = pooled.get((x.task, x.backbone, x.metric))
         if way == "regressed":  # told once, by the pooled mean
             x.verdict = "see pooled"
-        elif way == "improved" and x.low is not None and x.low > -x.floor:  # every set better or still: uneven gains
+        elif not is_signal(x.metric) and x.low is not None and x.low > -x.floor:  # no set worse: gains, uneven or not
             x.verdict = "uneven"
 
 

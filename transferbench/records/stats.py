@@ -387,22 +387,21 @@ def moved_test(groups: Sequence[Sequence[float]], min_sd: float = 0.0) -> tuple[
 
 
 def noise_test(units: Sequence[float], variances: Sequence[float], df_model: float) -> tuple[float, float]:
-    """(rms, p) of "these paired changes scatter as arithmetic makes them scatter": each unit u_i (one run's mean
-    change) against the noise model's mean square v_i for its kind of unit, estimated on `df_model` units of benign
-    runs. Q = sum_i (u_i - m)^2 / v_i around the precision-weighted mean m = sum(u_i / v_i) / sum(1 / v_i) (a shift
-    of every run alike is the pooled test's); under the model Q / (N - 1) is F(N - 1, df_model) distributed (N - 1
-    squared standard normals over the model's own chi-square estimate). It sees what no mean and no seed spread
-    shows: runs that move several points both ways, seeds that disagree about the sign. rms = sqrt(mean (u_i -
-    m)^2). Fewer than two units: no test (p 1)."""
+    """(rms, p) of "these paired changes are what arithmetic makes them": each unit u_i (one run's mean change)
+    against the noise model's mean square v_i for its kind of unit, estimated on `df_model` units of benign runs as
+    the mean square of their changes around 0. Q = sum_i u_i^2 / v_i; under the model Q / N is F(N, df_model)
+    distributed (N squared standard normals over the model's own chi-square estimate). The null of a paired night is
+    arithmetic noise, not seed variance: a shift of every run beyond what arithmetic moves them (which a t over 3
+    seeds rarely sees), runs that move several points both ways, seeds that disagree about the sign. rms = sqrt(mean
+    u_i^2). Fewer than two units: no test (p 1)."""
     u = np.asarray(units, dtype=np.float64)
     v = np.asarray(variances, dtype=np.float64)
     if u.size < 2:
         return 0.0, 1.0
     if np.any(v <= 0):
         raise ValueError("noise_test needs positive model variances")
-    m = float((u / v).sum() / (1 / v).sum())
-    q = float(((u - m) ** 2 / v).sum())
-    return float(math.sqrt(np.mean((u - m) ** 2))), float(_scipy.f.sf(q / (u.size - 1), u.size - 1, df_model))
+    q = float((u**2 / v).sum())
+    return float(math.sqrt(np.mean(u**2))), float(_scipy.f.sf(q / u.size, u.size, df_model))
 
 
 # --- corruption errors (Hendrycks & Dietterich, ICLR 2019; hendrycks/robustness) ---------------------------

@@ -10,6 +10,7 @@ from ..records.gate import (
     FLOOR,
     LOSS_FLOOR,
     POOLED_FLOOR,
+    SIGNAL_NOISE,
     SPREAD_FLOOR,
     Gate,
     decide,
@@ -84,8 +85,8 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled, moved, "
         f"noise and spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) "
         f"and its change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled; "
-        f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal; a factor "
-        f"{SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
+        f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal, {SIGNAL_NOISE:g} times "
+        f"arithmetic's rms in its noise test; a factor {SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
         "",
     ]
     return lines

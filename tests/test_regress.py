@@ -410,8 +410,8 @@ def test_every_paper_default_runs_in_a_nightly_cell_and_the_docs_list_them():
     uncovered = [(r.task, r.setting) for r in table if not r.covered and (r.task, r.setting) not in EXEMPT]
     assert uncovered == [], f"paper defaults no nightly cell runs: {uncovered}"
     assert set(EXEMPT) <= {(r.task, r.setting) for r in table}, "an exemption names a setting no task has"
-    docs = (Path(__file__).parent.parent / "docs" / "regression.md").read_text()
-    assert markdown(table) in docs, "docs/regression.md: paste `python -m transferbench.reporting.coverage`"
+    docs = (Path(__file__).parent.parent / "docs" / "nightly-coverage.md").read_text()
+    assert markdown(table) in docs, "docs/nightly-coverage.md: paste `python -m transferbench.reporting.coverage`"
 
 
 def test_coverage_groups_values_that_run_the_same_code():

@@ -1,4 +1,4 @@
-"""Which cell of the nightly suite runs the code path of each paper default (docs/regression.md).
+"""Which cell of the nightly suite runs the code path of each paper default (docs/nightly-coverage.md).
 
 A task's defaults are its spec's `hparams` (and the default sweep's values). A nightly cell covers a default when its
 value of that setting is the same, or, for a number, of the same kind: a number is a size or a rate (steps, batch,
@@ -6,7 +6,7 @@ resolution, lr), and any positive value runs the code that the default's does, w
 (no warm-up, no clipping, no resize). A default that no nightly cell can run is listed in EXEMPT with the reason;
 tests/test_regress.py fails when a default is neither covered nor exempt, or an exempt one has become covered.
 
-    python -m transferbench.reporting.coverage      # the table docs/regression.md holds
+    python -m transferbench.reporting.coverage      # the table docs/nightly-coverage.md holds
 """
 
 from __future__ import annotations

@@ -362,8 +362,8 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         chosen = [d for d in chosen if d.name in datasets]
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
-    model = settings_model(spec.adapter) if sets else None
-    settable = [row[0] for row in model.rows()] if model is not None else []
+    model = settings_model(spec.adapter)
+    settable = [row[0] for row in model.rows()] if model is not None and sets else []
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -389,7 +389,6 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
                 f"--set {key}: task {spec.task!r} has no hyper-parameter {key!r}"
                 f"{close_matches(key, known)}; known: {', '.join(known)}"
             )
-    model = settings_model(spec.adapter)
     if model is not None:  # a setting that follows a rule (LiT's warm-up follows steps) takes this run's values
         hparams = model.derive(hparams, swept=sweep)
     seeds = seeds if seeds is not None else (s.seeds or spec.seeds)

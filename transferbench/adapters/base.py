@@ -46,8 +46,8 @@ class Adapter:
         raise NotImplementedError
 
     def settings_of(self, cell):
-        """The cell's validated settings: those it carries (cell.make_cell), else its hparams validated."""
-        return cell.settings if cell.settings is not None else self.settings.of(cell.hparams)
+        """The cell's validated settings (Settings.of_cell)."""
+        return self.settings.of_cell(cell)
 
     @classmethod
     def entry(cls, name: str, fields: dict) -> dict:

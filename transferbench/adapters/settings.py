@@ -94,6 +94,11 @@ class Settings(BaseModel):
                 del _VALIDATED[next(iter(_VALIDATED))]
         return _VALIDATED[key]
 
+    @classmethod
+    def of_cell(cls, cell) -> Settings:
+        """A cell's validated settings: those it carries (cell.make_cell), else its hparams validated."""
+        return cell.settings if isinstance(cell.settings, cls) else cls.of(cell.hparams)
+
     def __getitem__(self, key: str):
         return getattr(self, key)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -71,6 +72,7 @@ def is_signal(metric: str) -> bool:
     return metric.startswith(SIGNALS)
 
 
+@cache
 def noise_model() -> dict:
     """{task: {metric: {kind: {"ms": mean square of a unit's change, "units": how many units estimated it}}}}: the
     arithmetic noise model that `python -m benchmarks.gate_power --noise-model` measures on benign runs (kind:
@@ -768,36 +770,27 @@ def decide(
     current: list[dict],
     floor: float = FLOOR,
     *,
-    alpha: float = ALPHA,
-    accept=(),
-    accept_code=(),
-    exact: bool = True,
     fail_on_missing: bool = False,
     fail_on_failed: bool = True,
     allow_missing=(),
-    noise: dict | None = None,
+    **options,
 ) -> Verdict:
     """The night's verdict: it fails (exit code 1) when a cell of equal arithmetic changed by code not accepted
     (`accept_code`) or irreproducibly, a test fires for the worse, the seed spread changed, a protocol change is
     not accepted, a cell of `current` failed or diverged (unless `fail_on_failed` is False), a task or backbone of
     the baseline is absent from `current`, or (with `fail_on_missing`) baseline cells, or a split or metric of
     them, are missing from `current` or were kept from other code; else 0. `allow_missing`: True, or names (TASK,
-    TASK:BACKBONE, `*`) whose absence passes. `exact` False: the statistical tier judges every cell (a fixed
-    anchor)."""
+    TASK:BACKBONE, `*`) whose absence passes. `options`: `gate`'s (alpha, accept, accept_code, exact, noise)."""
     if not baseline:
         raise UserError("the baseline holds no records: give the records folder of a `transferbench run`")
     if not current:
         raise UserError("the current side holds no records: give the records folder of a `transferbench run`")
-    g = gate(
-        baseline, current, floor=floor, alpha=alpha, accept=accept, accept_code=accept_code, exact=exact, noise=noise
-    )
+    g = gate(baseline, current, floor=floor, **options)
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
-    allowed = lambda task, backbone: (
-        allow_missing is True
-        or bool(  # noqa: E731
-            {"*", task, f"{task}:{backbone}"} & set(allow_missing or ())
-        )
-    )
+
+    def allowed(task: str, backbone: str) -> bool:
+        return allow_missing is True or bool({"*", task, f"{task}:{backbone}"} & set(allow_missing or ()))
+
     reasons = []
     absent = [(t, b) for t, b in g.absent if not allowed(t, b)]
     if absent:

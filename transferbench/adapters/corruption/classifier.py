@@ -44,7 +44,7 @@ def classifier(cell, ctx):
     checkpoint), else the fine-tuned head from the classifier cache, trained on a miss."""
     from filelock import FileLock
 
-    hp, ds = cell.settings or CorruptionSettings.of(cell.hparams), entry(cell)
+    hp, ds = CorruptionSettings.of_cell(cell), entry(cell)
     name, mode, res = cell.backbone_name, hp.classifier, hp.resolution
     head = head_classes(cell.checkpoint) if cell.checkpoint and mode != "finetune" else None
     if head == ds["classes"]:

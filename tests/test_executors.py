@@ -196,7 +196,9 @@ def test_an_address_where_no_ray_cluster_answers_is_one_line_and_leaves_no_folde
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """A 2-CPU Ray instance on the loopback address, started once for this module. The toy's log and pid folder
-    are set before it starts, so its workers see them."""
+    are set before it starts, so its workers see them. Room for 4 idle workers: Ray's workers belong to one job (one
+    driver), and at its default limit (the CPUs) two drivers taking turns kill each other's idle workers, each
+    restart importing torch again (the two-driver test took 79 s instead of 40)."""
     ray = pytest.importorskip("ray", reason="the scale extra (Ray) is not installed")
     d = tmp_path_factory.mktemp("ray")
     mp = pytest.MonkeyPatch()
@@ -210,6 +212,7 @@ def ray_cluster(tmp_path_factory):
         _node_ip_address="127.0.0.1",
         logging_level="WARNING",
         log_to_driver=False,
+        _system_config={"num_workers_soft_limit": 4},
     )
     yield d, ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -28,6 +28,20 @@ def test_mean_ci_matches_scipy_t_interval(values):
     assert e.ci == pytest.approx((high - low) / 2, rel=1e-12)
 
 
+def test_the_fast_t_quantile_and_tail_are_scipy_stats_t_bit_for_bit():
+    """The reports' t quantile and tail skip scipy.stats' distribution machinery: the values must be the ones
+    scipy.stats.t gives, to the last bit, or every interval and p-value would move."""
+    from transferbench.records.stats import t_ppf, t_sf
+
+    rng = np.random.default_rng(0)
+    for df in (1, 2, 3.5, 9, 17.25, 1e4):
+        for q in rng.uniform(0.5, 0.9999, 20):
+            assert t_ppf(q, df) == scipy.stats.t.ppf(q, df)
+        for x in rng.exponential(3.0, 20):
+            assert t_sf(x, df) == scipy.stats.t.sf(x, df)
+    assert t_ppf(0.975, 2) == pytest.approx(4.302652729911275)  # the printed table's t(0.975, 2)
+
+
 def test_single_seed_has_no_interval():
     e = mean_ci([76.5])
     assert (e.mean, e.ci, e.n, e.low) == (76.5, None, 1, None)
@@ -202,12 +216,14 @@ def _covers(estimates) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 3, 5, 10])
+@pytest.mark.parametrize("n", [2, 3])
 def test_every_interval_covers_at_least_93_5_percent(n):
     """A single cell, a paired difference, a suite mean and a suite difference, each as the reports make it, on
     synthetic suites whose truth is known: coverage >= 93.5% everywhere its assumptions hold. Welch's t over
     datasets is for independent datasets (seed_scope: dataset); the per-seed t holds under a shared seed effect
-    too (seed_scope: task)."""
+    too (seed_scope: task). At the seed counts the suites run (3, and 2 where a seed failed): more seeds only bring
+    the t-interval nearer its normal limit, and Welch's estimated degrees of freedom are least accurate with the
+    fewest seeds."""
     rng = np.random.default_rng(n)
     found = {}
     for d in (1, 4, 19):

@@ -15,12 +15,24 @@ log = logging.getLogger("transferbench")
 
 
 def examples(dataset) -> Callable[[int], tuple]:
-    """i -> (image, label). Image folders are decoded once into a uint8 NCHW tensor (fast random access
-    for small sets); other datasets (tfds) are read lazily as PIL images."""
+    """i -> (image, label). An image folder's images are decoded at their first visit and kept as uint8 CHW
+    tensors (the same pixels as its `array()`, without decoding a large set that a short run visits a tenth of);
+    other datasets (tfds) are read lazily as PIL images."""
     if hasattr(dataset, "array"):
-        arr = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
+        if hasattr(dataset, "_array") or not hasattr(dataset, "image"):  # decoded already, or only whole
+            arr = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
+            decoded = arr.__getitem__
+        else:
+            kept: dict[int, torch.Tensor] = {}
+
+            def decoded(i: int) -> torch.Tensor:
+                x = kept.get(i)
+                if x is None:
+                    x = kept[i] = torch.from_numpy(np.array(dataset.image(i))).permute(2, 0, 1)
+                return x
+
         labels = np.asarray(dataset.labels)
-        return lambda i: (arr[i], int(labels[i]))
+        return lambda i: (decoded(i), int(labels[i]))
     return lambda i: dataset[i]
 
 

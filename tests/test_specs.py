@@ -14,7 +14,7 @@ from transferbench.cell import RANDOM_INIT, Cell
 from transferbench.errors import UserError
 from transferbench.spec import SpecError, list_tasks, load_spec_file, parse_spec, resolve
 
-TOY = Path(__file__).parent / "plugins" / "toyplugin" / "tasks" / "toy.yaml"
+TOY = Path(__file__).parent / "plugins" / "toytasks" / "toy.yaml"
 
 
 def toy_dict():

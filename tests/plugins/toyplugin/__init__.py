@@ -69,10 +69,6 @@ class ToyAdapter(Adapter):
 # --- a report kind of the plugin's own: registered under transferbench.reports, named by its adapter's cells ---
 
 from transferbench.cell import make_cell  # noqa: E402
-from transferbench.records.stats import Estimate  # noqa: E402
-from transferbench.reporting.formats import to_markdown  # noqa: E402
-from transferbench.reporting.kinds import Report  # noqa: E402
-from transferbench.reporting.tables import Cellv, TaskTable  # noqa: E402
 
 
 class ToyBestAdapter(ToyAdapter):
@@ -87,30 +83,3 @@ class ToyBestAdapter(ToyAdapter):
             for hp in task.grid()
             for seed in task.seeds
         ]
-
-
-def best_seed_tables(records: list, reference=None) -> list:
-    """One table: per backbone and dataset, the best test accuracy over seeds (not a mean: a report unlike the
-    built-in ones)."""
-    datasets = sorted({r["dataset"] for r in records})
-    t = TaskTable("toybest", ["1"], "accuracy", "max", datasets, [], footnote="best seed")
-    for b in sorted({r["backbone"] for r in records}):
-        t.rows[b] = {
-            d: Cellv(
-                Estimate(
-                    max(r["metrics"]["test"]["accuracy"] for r in records if r["backbone"] == b and r["dataset"] == d),
-                    None,
-                    1,
-                )
-            )
-            for d in datasets
-        }
-        t.seeds[b] = "1"
-    return [t]
-
-
-def best_seed_section(records, tables, task, out) -> list:
-    return ["The best seed of each backbone:", "", *(to_markdown(t, title=False) for t in tables)]
-
-
-TOY_REPORT = Report(best_seed_tables, section=best_seed_section, uses_reference=False)

@@ -189,6 +189,27 @@ def test_report_loads_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(
+    "argv, shown", [(["list", "tasks"], "toy"), (["list", "suites"], "toy"), (["report", "RUNS"], "mini_digits")]
+)
+def test_listing_and_reporting_load_no_torch_with_a_plugin_installed(argv, shown):
+    """`list tasks` and `list suites` read the specs' names, suites and data sets, not their settings (which live in
+    the adapters' modules); `report` loads every installed report kind and task package. With the tests' toy plugin
+    on the path (its adapter imports torch, its specs and report kind do not) none of them imports torch."""
+    import subprocess
+    import sys
+
+    argv = [str(ROOT.parent / "results" / "runs") if a == "RUNS" else a for a in argv]
+    code = (
+        "import sys, io, contextlib\nfrom transferbench.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n    assert main(sys.argv[1:]) == 0\n"
+        f"assert {shown!r} in out.getvalue()\n"  # the plugin's task was listed; the records were read
+        "print(sorted(m for m in ('torch', 'torchvision', 'timm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_reporting_renders_and_computes_no_statistics_of_its_own():
     """Every test, interval and p-value lives in records.stats: a reporting module that imports scipy (or a test
     from it) has grown a statistic of its own."""

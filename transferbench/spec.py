@@ -110,10 +110,11 @@ def settings_model(adapter: str):
     return getattr(obj, "settings", None)
 
 
-def parse_spec(data: dict, source: str = "<spec>") -> TaskSpec:
+def parse_spec(data: dict, source: str = "<spec>", defaults: bool = True) -> TaskSpec:
     """A spec from its YAML mapping; its `hparams` start from its adapter's settings defaults (the paper's values),
-    which the spec's own entries override."""
-    model = settings_model(data.get("adapter")) if isinstance(data.get("adapter"), str) else None
+    which the spec's own entries override. `defaults=False` leaves them out, for what needs only the spec's names,
+    suites and data sets (`transferbench list`): the settings live in the adapters' modules, which import torch."""
+    model = settings_model(data.get("adapter")) if defaults and isinstance(data.get("adapter"), str) else None
     if model is not None and isinstance(data.get("hparams", {}), dict):
         data = {**data, "hparams": {**model.keyed_defaults(), **(data.get("hparams") or {})}}
     try:
@@ -122,7 +123,8 @@ def parse_spec(data: dict, source: str = "<spec>") -> TaskSpec:
         raise SpecError(_format(err, source)) from None
 
 
-def load_spec_file(path) -> TaskSpec:
+def load_spec_file(path, defaults: bool = True) -> TaskSpec:
+    """A spec file (`parse_spec`: `defaults` says whether its hparams start from its adapter's settings)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -130,7 +132,7 @@ def load_spec_file(path) -> TaskSpec:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a task spec is a YAML mapping")
-    return parse_spec(_with_shared(_with_borrowed_datasets(data, path), path), str(path))
+    return parse_spec(_with_shared(_with_borrowed_datasets(data, path), path), str(path), defaults)
 
 
 SHARED = "_shared.yaml"  # beside the built-in specs: what several specs share (tasks/_shared.yaml)

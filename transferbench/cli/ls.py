@@ -64,7 +64,7 @@ def command(args) -> int:
 def _specs_table(what: str, tabulate) -> str:
     from ..spec import installed_specs, load_spec_file
 
-    specs = {n: load_spec_file(p) for n, p in installed_specs().items()}
+    specs = {n: load_spec_file(p, defaults=False) for n, p in installed_specs().items()}  # no torch: names only
     if not specs:
         return "no tasks installed"
     if what == "tasks":

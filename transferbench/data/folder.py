@@ -181,8 +181,19 @@ class FolderDataset(torch.utils.data.Dataset):
         """Every image decoded once, as uint8 (N, H, W, 3) (same-size images only): training loops
         that revisit images many times skip the PNG decoding."""
         if not hasattr(self, "_array"):
-            self._array = np.stack([np.asarray(self.image(i)) for i in range(len(self))])
+            self._array = np.stack([self.pixels(i) for i in range(len(self))])
+            self._pixels = {}  # held by the array now
         return self._array
+
+    def pixels(self, i: int) -> np.ndarray:
+        """Image `i` as uint8 (H, W, 3), decoded at its first visit and kept (a row of `array()` once that is
+        made): a short run that visits a tenth of a large split decodes only that tenth."""
+        if hasattr(self, "_array"):
+            return self._array[i]
+        kept = self.__dict__.setdefault("_pixels", {})
+        if i not in kept:
+            kept[i] = np.array(self.image(i))
+        return kept[i]
 
     def image(self, i: int) -> Image.Image:
         with Image.open(self.dir / self.paths[i]) as im:

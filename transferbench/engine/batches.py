@@ -15,24 +15,15 @@ log = logging.getLogger("transferbench")
 
 
 def examples(dataset) -> Callable[[int], tuple]:
-    """i -> (image, label). An image folder's images are decoded at their first visit and kept as uint8 CHW
-    tensors (the same pixels as its `array()`, without decoding a large set that a short run visits a tenth of);
-    other datasets (tfds) are read lazily as PIL images."""
-    if hasattr(dataset, "array"):
-        if hasattr(dataset, "_array") or not hasattr(dataset, "image"):  # decoded already, or only whole
-            arr = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2)
-            decoded = arr.__getitem__
-        else:
-            kept: dict[int, torch.Tensor] = {}
-
-            def decoded(i: int) -> torch.Tensor:
-                x = kept.get(i)
-                if x is None:
-                    x = kept[i] = torch.from_numpy(np.array(dataset.image(i))).permute(2, 0, 1)
-                return x
-
+    """i -> (image, label). An image folder's images come as uint8 CHW tensors of pixels it decodes once, at their
+    first visit (`pixels`); an in-memory set without them (`array()` only) is decoded whole; other datasets (tfds)
+    are read lazily as PIL images."""
+    if hasattr(dataset, "pixels"):
         labels = np.asarray(dataset.labels)
-        return lambda i: (decoded(i), int(labels[i]))
+        return lambda i: (torch.from_numpy(dataset.pixels(i)).permute(2, 0, 1), int(labels[i]))
+    if hasattr(dataset, "array"):
+        arr, labels = torch.from_numpy(dataset.array()).permute(0, 3, 1, 2), np.asarray(dataset.labels)
+        return lambda i: (arr[i], int(labels[i]))
     return lambda i: dataset[i]
 
 

@@ -33,9 +33,10 @@ def train_steps(
     device: str = "cpu",
 ) -> dict:
     from transferbench.adapters.lit import LitModel, LockedImageTower, contrastive_loss, parameter_groups, tokenizer
-    from transferbench.adapters.lit.settings import LitSettings, tower_options
+    from transferbench.adapters.lit.training import tower_options
     from transferbench.backbones import create_backbone
     from transferbench.engine.train import fit
+    from transferbench.settings.lit import LitSettings
 
     text = text or {"context_length": 16, "vocab_size": 49408, "width": 256, "heads": 4, "layers": 4}
     torch.manual_seed(0)
@@ -85,7 +86,8 @@ def classifier_speed(classes: int = 1000, seconds: float = 2.0, device: str = "c
     import open_clip
 
     from transferbench.adapters.lit import LitModel, clean_class_name, tokenizer, zero_shot_classifier
-    from transferbench.adapters.lit.settings import LitSettings, tower_options
+    from transferbench.adapters.lit.training import tower_options
+    from transferbench.settings.lit import LitSettings
 
     torch.manual_seed(0)
     model = LitModel(128, EMBEDDED_TEXT, **tower_options(LitSettings())).to(device).eval()

@@ -216,10 +216,10 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     """One VTAB-1k cell at the protocol's hyper-parameters on synthetic images, timed end to end."""
     from transferbench.adapters import prepare_task
     from transferbench.adapters.classify import finetune
-    from transferbench.adapters.vtab import VtabSettings
     from transferbench.data.transforms import eval_transform
     from transferbench.engine.compute import CellContext
     from transferbench.engine.evaluate import Evaluation, accuracy
+    from transferbench.settings.finetune import VtabSettings
 
     task = prepare_task("vtab")
     hp = {**task.grid()[0], "steps": steps, "batch": batch, "pixels": "inception"}  # random init: no weights to ask

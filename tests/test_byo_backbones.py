@@ -174,9 +174,10 @@ def test_diagnostics_read_timm_attention_and_skip_what_a_model_hides(caplog):
     """The attention maps hooked from timm's Attention are the probabilities its non-fused path computes (the
     input of its attn_drop), and the blocks' outputs stay as they were; an EVA (rotary attention) has its
     attention measures skipped with one line."""
-    from transferbench.adapters.diagnose import DiagnoseSettings, forward_diagnostics
+    from transferbench.adapters.diagnose import forward_diagnostics
     from transferbench.backbones.api import attention_maps
     from transferbench.backbones.measures import Probe
+    from transferbench.settings.finetune import DiagnoseSettings
 
     torch.manual_seed(0)
     model = randomize_(timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=0), 0.05).eval()

@@ -156,7 +156,7 @@ def _lit_hparams():
     from transferbench.adapters import prepare_task
 
     task = prepare_task("lit", suite="embedded", sets=["steps=3", "batch=8", "warmup_steps=1", "text_layers=1"])
-    from transferbench.adapters.lit import LitSettings
+    from transferbench.settings.lit import LitSettings
 
     return LitSettings.of(task.grid()[0])
 

@@ -14,8 +14,8 @@ from PIL import Image
 
 from transferbench import create_backbone
 from transferbench.adapters import prepare_task
-from transferbench.adapters.classify import FinetuneSettings, finetune
-from transferbench.adapters.pretrain import PretrainSettings, recipe
+from transferbench.adapters.classify import finetune
+from transferbench.adapters.pretrain import recipe
 from transferbench.adapters.vtab import VtabAdapter
 from transferbench.backbones import save_checkpoint
 from transferbench.backbones.checkpoint import checkpoint_pixels, resample_posemb
@@ -27,6 +27,8 @@ from transferbench.engine import augreg
 from transferbench.engine.losses import sigmoid_cross_entropy
 from transferbench.errors import UserError
 from transferbench.records.aggregate import aggregate
+from transferbench.settings.finetune import FinetuneSettings
+from transferbench.settings.pretrain import PretrainSettings
 
 # --- losses -----------------------------------------------------------------------------------------
 

@@ -79,7 +79,8 @@ def test_imagenet_standardisation_of_a_known_image():
 @pytest.mark.parametrize("fraction", [0.0625, 0.125, 0.25, 0.5, 1.0])
 def test_steps_do_not_depend_on_the_fraction(fraction):
     """App. G: steps_per_epoch = 20210 // 16 = 1263 for every train_data_pct: 128 x 1263 = 161,664 steps."""
-    from transferbench.adapters.seg.adapter import SegSettings, subset, train_steps
+    from transferbench.adapters.seg.adapter import subset, train_steps
+    from transferbench.settings.seg import SegSettings
 
     hp = SegSettings.of(spec_hparams("ade20k"))
     n = len(subset(20210, fraction, seed=0))
@@ -160,9 +161,10 @@ def test_lit_spec_states_the_paper_and_lit_coco():
 def test_big_vision_weight_decay_per_step():
     """big_vision optax.make: update = -sched(t) * (lr * adam(g) + wd * p) on `.*/kernel$`. With zero gradients
     (adam's update is 0) one step at schedule value s leaves kernels at p (1 - s * wd) and the rest unchanged."""
-    from transferbench.adapters.lit import LitModel, LitSettings, parameter_groups
-    from transferbench.adapters.lit.settings import tower_options
+    from transferbench.adapters.lit import LitModel, parameter_groups
     from transferbench.adapters.lit.towers import kernel_names
+    from transferbench.adapters.lit.training import tower_options
+    from transferbench.settings.lit import LitSettings
 
     torch.manual_seed(0)
     model = LitModel(
@@ -278,8 +280,9 @@ def test_attention_std_over_patches_only():
 
 
 def test_attention_distance_in_patches_is_pixels_over_patch_size():
-    from transferbench.adapters.diagnose import DiagnoseSettings, forward_diagnostics
+    from transferbench.adapters.diagnose import forward_diagnostics
     from transferbench.engine.compute import CellContext
+    from transferbench.settings.finetune import DiagnoseSettings
 
     class Images(torch.utils.data.Dataset):
         def __len__(self):

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "transferbench"
 # lowest first; a module belongs to the first entry that is its name or a package above it
 LAYERS = [
     ("ground floor", ("errors", "hashing", "fingerprint", "arithmetic", "paths", "plugins", "weights")),
-    ("contracts", ("cell", "spec", "records")),
+    ("contracts", ("cell", "spec", "records", "settings")),
     ("models and data", ("backbones", "data")),
     ("reporting", ("reporting",)),
     ("engine", ("engine",)),
@@ -179,13 +179,16 @@ def test_the_import_walker_sees_function_level_imports_and_packages(tmp_path, mo
         (["report", "RUNS"], "mini_digits", True),
         (["list", "tasks"], "toy", True),
         (["list", "suites"], "toy", True),
+        (["list", "tasks", "--show", "all"], "init_head_bias", True),  # every built-in task's settings
+        (["regress", "--baseline", "RUNS", "--current", "RUNS"], "OK", False),
     ],
 )
 def test_listing_and_reporting_load_no_torch(argv, shown, plugin):
-    """Reporting sits below the engine and the models: `transferbench report` reads records without torch. `list
-    tasks` and `list suites` read the specs' names, suites and data sets, not their settings (which live in the
-    adapters' modules). `report` loads every installed report kind and task package: with the tests' toy plugin on
-    the path (its adapter imports torch, its specs and report kind do not) it still imports no torch."""
+    """Reporting sits below the engine and the models: `transferbench report` and `regress` read records without
+    torch. `list tasks` and `list suites` read the specs' names, suites and data sets, and `list tasks --show` their
+    settings (transferbench.settings, found through the `transferbench.settings` entry points, not the adapters).
+    `report` loads every installed report kind and task package: with the tests' toy plugin on the path (its adapter
+    imports torch, its specs and report kind do not) it still imports no torch."""
     import os
     import subprocess
     import sys

@@ -24,9 +24,10 @@ from transferbench.adapters.lit import (
     topk_accuracy,
     zero_shot_classifier,
 )
-from transferbench.adapters.lit.settings import LitSettings, tower_options
+from transferbench.adapters.lit.training import tower_options
 from transferbench.data.folder import DataMissingError
 from transferbench.data.image_text import CsvPairs, MalformedPairsError, ShardPairs, open_pairs, write_shards
+from transferbench.settings.lit import LitSettings
 
 TINY = {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}
 

@@ -18,9 +18,9 @@ from transferbench.adapters.seg import (
     subset,
     window_starts,
 )
-from transferbench.adapters.seg.adapter import SegSettings
 from transferbench.data.segmentation import eval_size, train_transform
 from transferbench.errors import UserError
+from transferbench.settings.seg import SegSettings
 
 # --- metrics ------------------------------------------------------------------------------------------------
 

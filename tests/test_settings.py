@@ -1,4 +1,4 @@
-"""Typed task settings (adapters.settings): every protocol fact has one home, a model field with the paper's
+"""Typed task settings (transferbench.settings): every protocol fact has one home, a model field with the paper's
 default and its source; a task spec only overrides them."""
 
 import ast
@@ -10,8 +10,8 @@ import yaml
 from kit import cli
 
 from transferbench.adapters import get_adapter, prepare_task
-from transferbench.adapters.settings import settings_markdown, settings_table
 from transferbench.errors import UserError
+from transferbench.settings import settings_markdown, settings_table
 from transferbench.spec import BUILTIN_TASKS, load_task, settings_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,9 +183,10 @@ def test_adam_betas_and_siglip_bias_are_settings_with_the_reference_values():
     """optax.scale_by_adam's defaults (b1 0.9, b2 0.999), which lit_coco and App. C's big_vision configs use, and
     SigLIP's bias init of -10 reach the optimizer and the model from the settings."""
     from transferbench.adapters.lit import LitModel
-    from transferbench.adapters.lit.settings import LitSettings, tower_options
-    from transferbench.adapters.pretrain import PretrainSettings
-    from transferbench.adapters.seg.adapter import SegSettings
+    from transferbench.adapters.lit.training import tower_options
+    from transferbench.settings.lit import LitSettings
+    from transferbench.settings.pretrain import PretrainSettings
+    from transferbench.settings.seg import SegSettings
 
     for model in (LitSettings, PretrainSettings, SegSettings):
         assert model.default_of("beta1") == 0.9 and "beta1" not in model.keyed_defaults()
@@ -218,11 +219,11 @@ def test_a_cell_carries_its_settings_validated_once(monkeypatch):
     """make_cell validates a cell's hparams into the adapter's settings model once per distinct hparams: a cell
     planned again carries the same frozen object, and the adapter reads the one the cell carries."""
     from transferbench.adapters import prepare_task
-    from transferbench.adapters import settings as settings_module
-    from transferbench.adapters.vtab import VtabSettings
     from transferbench.backbones.weights import resolve_backbone
     from transferbench.cell import make_cell
     from transferbench.hashing import canon
+    from transferbench.settings import base as settings_module
+    from transferbench.settings.finetune import VtabSettings
 
     monkeypatch.setattr(settings_module, "_VALIDATED", {})
     calls = []
@@ -240,3 +241,29 @@ def test_a_cell_carries_its_settings_validated_once(monkeypatch):
     assert len(calls) == len(set(calls))  # never the same hparams twice
     assert all(a.settings is b.settings and a.settings.lr == a.hparams["lr"] for a, b in zip(first, again))
     assert task.adapter.settings_of(first[0]) is first[0].settings
+
+
+def test_each_adapter_registers_the_settings_it_runs_with():
+    """`settings_model` finds a protocol's settings through the `transferbench.settings` entry point, without
+    importing its adapter: that entry must be the very model the adapter validates its cells with, for every built-in
+    adapter (a plugin's adapter that registers none is loaded instead)."""
+    from transferbench.plugins import load_group, load_one
+
+    adapters = load_group("transferbench.adapters")
+    assert set(load_group("transferbench.settings")) == set(ADAPTERS)
+    for name, adapter in adapters.items():
+        registered = load_one("transferbench.settings", name)
+        assert registered in (None, adapter.settings), name
+        assert settings_model(name) is adapter.settings, name
+    assert load_one("transferbench.settings", "toy") is None and settings_model("toy") is None
+
+
+def test_the_settings_choices_name_what_the_code_implements():
+    """transferbench.settings.choices holds the values as names, for torch-free settings; each name must be one the
+    implementing module takes, and each implementation must have its name."""
+    from transferbench.engine import augreg, losses
+    from transferbench.settings import choices
+
+    assert tuple(losses.LOSSES) == choices.LOSSES == ("sigmoid", "softmax")
+    assert set(augreg.AUG.values()) <= set(choices.RANDAUG) and set(choices.MIXUP) == set(choices.RANDAUG)
+    assert choices.RANDAUG["medium2"] == (2, 15) and choices.MIXUP["medium2"] == 0.5  # big_vision vit_i1k.py

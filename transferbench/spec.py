@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import UserError, close_matches
-from .plugins import load_group
+from .plugins import load_group, load_one
 
 BUILTIN_TASKS = ("ade20k", "diagnose", "fewshot", "hires", "imagenet_c", "lit", "pretrain", "vtab")  # tasks/*.yaml
 
@@ -104,16 +104,20 @@ def _format(err: ValidationError, source: str) -> str:
 
 
 def settings_model(adapter: str):
-    """The settings model (adapters.settings.Settings) that the installed adapter `adapter` declares; None for one
-    that declares none (its specs state every hyper-parameter themselves) or is not installed."""
-    obj = load_group("transferbench.adapters").get(adapter)
-    return getattr(obj, "settings", None)
+    """The settings model (settings.Settings) that the installed adapter `adapter` declares; None for one that
+    declares none (its specs state every hyper-parameter themselves) or is not installed. Found through the
+    `transferbench.settings` entry point of the adapter's name, which imports the settings' module alone (no torch);
+    an adapter that registers none is loaded for its `settings`."""
+    model = load_one("transferbench.settings", adapter)
+    if model is not None:
+        return model
+    return getattr(load_group("transferbench.adapters").get(adapter), "settings", None)
 
 
 def parse_spec(data: dict, source: str = "<spec>", defaults: bool = True) -> TaskSpec:
     """A spec from its YAML mapping; its `hparams` start from its adapter's settings defaults (the paper's values),
     which the spec's own entries override. `defaults=False` leaves them out, for what needs only the spec's names,
-    suites and data sets (`transferbench list`): the settings live in the adapters' modules, which import torch."""
+    suites and data sets (`transferbench list`), which loads no settings model."""
     model = settings_model(data.get("adapter")) if defaults and isinstance(data.get("adapter"), str) else None
     if model is not None and isinstance(data.get("hparams", {}), dict):
         data = {**data, "hparams": {**model.keyed_defaults(), **(data.get("hparams") or {})}}

@@ -16,15 +16,15 @@ from ..data import pixels
 from ..data.sources import with_generator_version
 from ..errors import UserError, close_matches
 from ..plugins import load_group
+from ..settings import Settings
 from ..spec import SpecError, Task, TaskSpec, installed_specs, load_task, resolve, task_aliases
-from .settings import Settings
 
 
 class Adapter:
     name: ClassVar[str] = ""
     # validates each dataset entry's adapter-specific fields (tfds name, splits, classes, ...)
     dataset_schema: ClassVar[type[BaseModel] | None] = None
-    # the protocol's settings with their paper defaults and sources (adapters.settings.Settings): a spec starts
+    # the protocol's settings with their paper defaults and sources (transferbench.settings): a spec starts
     # from them, and every point of a task's grid is checked against them before anything runs
     settings: ClassVar[type[Settings] | None] = None
     # distributions that do arithmetic in this adapter's cells beyond fingerprint.CORE and DATA (open_clip's

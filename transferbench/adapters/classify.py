@@ -22,31 +22,9 @@ from ..data.sources import DatasetEntry
 from ..data.transforms import AUGMENTATIONS, train_transform
 from ..engine.losses import LOSSES
 from ..engine.train import fit_protocol, optimizer_options
+from ..settings.finetune import FinetuneSettings
 from ..spec import SpecError
 from .base import Adapter
-from .settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
-
-APP_E = "DPN App. E (its big_vision config)"
-
-
-class FinetuneSettings(Settings):
-    """The VTAB-1k fine-tuning recipe (DPN App. E), which the robustness classifier, high-res fine-tuning and the
-    gradient diagnostics run too (each protocol's own settings override the defaults it changes)."""
-
-    pixels: str = setting("auto", "big_vision value_range(-1, 1)", PIXELS_HELP)
-    loss: Literal[tuple(LOSSES)] = setting(  # type: ignore[valid-type]
-        "sigmoid", f"{APP_E}: sigmoid_xent", "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy"
-    )
-    optimizer: Literal["sgd"] = setting("sgd", APP_E, "SGD with momentum (the only optimiser of the recipe)")
-    lr: float = setting(0.0003, f"{APP_E} prints 0.0003", "learning rate (peak, after warm-up)", gt=0)
-    momentum: float = setting(0.9, APP_E, "SGD momentum", ge=0)
-    weight_decay: float = setting(0.0, APP_E, "weight decay (torch SGD's)", ge=0)
-    clip: float = setting(1.0, APP_E, "gradient clipping by global norm (0: none)", ge=0)
-    batch: int = setting(512, APP_E, "images per step", ge=1)
-    steps: int = setting(2500, APP_E, "training steps", ge=1)
-    warmup_steps: int = setting(200, APP_E, "linear warm-up steps, then cosine to 0", ge=0)
-    resolution: int = setting(224, APP_E, "training and evaluation resolution (position embeddings resampled)", ge=1)
-    bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
 
 class VtabDataset(DatasetEntry):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Literal
 
 import numpy as np
 import torch
@@ -34,15 +33,16 @@ import torch
 from ..backbones import create_backbone
 from ..backbones.api import patch_grid, patch_size, require
 from ..backbones.checkpoint import read_training_log
-from ..backbones.measures import ATTN_STD_TOKENS, Probe, layer_grad_norms, summarise, weight_measures
+from ..backbones.measures import Probe, layer_grad_norms, summarise, weight_measures
 from ..cell import make_cell
 from ..data.transforms import eval_transform
 from ..engine.batches import eval_batches
 from ..engine.precision import autocast, for_forward
 from ..errors import UserError
 from ..reporting.diagnostics import REPORT
-from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
-from .settings import EXECUTION, setting
+from ..settings.choices import IMAGE_SAMPLES
+from ..settings.finetune import DiagnoseSettings
+from .classify import ClassificationAdapter, finetune, open_split
 
 log = logging.getLogger(__name__)
 NEEDS = {
@@ -61,9 +61,6 @@ def backbone_for(cell, ctx):
     return model.to(ctx.device).eval()
 
 
-IMAGE_SAMPLES = ("random", "first")
-
-
 def image_indices(size: int, n: int, how: str, seed: int) -> np.ndarray:
     """Which `n` of a split's `size` images the forward measures see: 'random' (the over-smoothing slides'
     subsample: n distinct indices drawn by np.random.default_rng(seed), in ascending order) or 'first'."""
@@ -73,34 +70,6 @@ def image_indices(size: int, n: int, how: str, seed: int) -> np.ndarray:
     if how != "random":
         raise ValueError(f"image_sample {how!r}: choose one of {', '.join(IMAGE_SAMPLES)}")
     return np.sort(np.random.default_rng(seed).choice(size, n, replace=False))
-
-
-DIAG = "docs/diagnostics.md"
-
-
-class DiagnoseSettings(FinetuneSettings):
-    """The forward measures' images (the over-smoothing measures) and the fine-tuning whose gradients are read
-    (App. E's recipe, short)."""
-
-    images: int = setting(10000, DIAG, "images the forward measures average over", ge=1)
-    image_split: Literal["train", "test"] = setting("train", DIAG, "the split the images come from")
-    image_sample: Literal[IMAGE_SAMPLES] = setting(  # type: ignore[valid-type]
-        "random", DIAG, "random: N images seeded by the cell's seed | first: the first N"
-    )
-    attn_std_tokens: Literal[ATTN_STD_TOKENS] = setting(  # type: ignore[valid-type]
-        "patches", DIAG, "attention row std over the patch queries and keys | all (cls included)"
-    )
-    eval_batch: int = setting(64, EXECUTION, "images per forward batch", ge=1)
-    lr: float = setting(0.01, DIAG, "learning rate of the fine-tuning whose gradients are read", gt=0)
-    steps: int = setting(100, DIAG, "fine-tuning steps", ge=1)
-    warmup_steps: int = setting(10, DIAG, "linear warm-up steps, then cosine to 0", ge=0)
-    grad_last: int = setting(50, DIAG, "per-layer gradient norms: mean over the last k steps", ge=1)
-    loss: Literal["sigmoid", "softmax"] = setting(
-        "softmax",
-        "the fine-tuning's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
-        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
-        keyed=False,
-    )
 
 
 def forward_diagnostics(model, data, hp: DiagnoseSettings, ctx, seed: int = 0) -> dict:

@@ -22,45 +22,17 @@ paired gain.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
 
-from ..backbones.checkpoint import POSEMB_METHODS, checkpoint_resolution
+from ..backbones.checkpoint import checkpoint_resolution
 from ..cell import make_cell
-from ..data.transforms import AUGMENTATIONS, eval_transform
+from ..data.transforms import eval_transform
 from ..engine.evaluate import Evaluation, accuracy
 from ..errors import UserError
 from ..reporting.hires import REPORT
-from .classify import ClassificationAdapter, FinetuneSettings, finetune, open_split
-from .settings import setting
+from ..settings.finetune import HiresSettings
+from .classify import ClassificationAdapter, finetune, open_split
 
 STAGES = ("base", "high")
-APP_D = "DPN App. D (its big_vision config)"
-
-
-class HiresSettings(FinetuneSettings):
-    """DPN App. D: App. E's recipe at a higher resolution, with its own lr, length and augmentation."""
-
-    lr: float = setting(0.03, APP_D, "learning rate (peak, after warm-up)", gt=0)
-    steps: int = setting(5000, APP_D, "training steps", ge=1)
-    warmup_steps: int = setting(500, APP_D, "linear warm-up steps, then cosine to 0", ge=0)
-    resolution: int = setting(384, APP_D, "the high resolution", ge=1)
-    base_resolution: int | Literal["checkpoint"] = setting(
-        "checkpoint", APP_D, "the base stage's resolution: the checkpoint's own (224) or a number of pixels"
-    )
-    eval_resize_small: int = setting(
-        418, f"{APP_D}: resize_small(418)|central_crop(384)", "resize-small before the centre crop (scaled at base)"
-    )
-    augment: Literal[(*AUGMENTATIONS, "dataset")] = setting(  # type: ignore[valid-type]
-        "inception_flip", f"{APP_D}: inception_crop(384)|flip_lr", "training augmentation; dataset: each entry's own"
-    )
-    head: Literal["new", "auto"] = setting(
-        "new", f"{APP_D}: dont_load head", "new: a zero-initialised head | auto: keep a head with the classes"
-    )
-    posemb: Literal[(*POSEMB_METHODS, "set_input_size")] = setting(  # type: ignore[valid-type]
-        "big_vision",
-        "big_vision resample_posemb",
-        "position-embedding resampling: big_vision | scenic | timm (set_input_size: a py: model's own)",
-    )
 
 
 @lru_cache(maxsize=32)

@@ -20,24 +20,11 @@ embedded sets.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from ..data.transforms import eval_transform
 from ..engine.evaluate import Evaluation, hits
+from ..settings.finetune import VtabSettings
 from .base import plan_select_then_final
-from .classify import ClassificationAdapter, FinetuneSettings, VtabDataset, finetune, open_split
-from .settings import setting
-
-
-class VtabSettings(FinetuneSettings):
-    """DPN §6.1 + App. E: every setting of the recipe at the paper's value, and which runs are reported."""
-
-    final: Literal["none", "retrain"] = setting(
-        "none",
-        'DPN §6.1 ("the corresponding mean test score")',
-        "none: report the test accuracy of the val200-selected train800 runs | retrain: retrain on train800 + "
-        "val200 at the selected lr (VPT, task_adaptation)",
-    )
+from .classify import ClassificationAdapter, VtabDataset, finetune, open_split
 
 
 class VtabAdapter(ClassificationAdapter):

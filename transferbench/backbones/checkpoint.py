@@ -20,6 +20,7 @@ from timm.layers import resample_abs_pos_embed
 from torch import nn
 
 from ..paths import atomic_path
+from ..settings.choices import POSEMB_METHODS
 from .convert import Checkpoint, CheckpointError, convert_big_vision, convert_timm, unwrap_state_dict
 
 log = logging.getLogger("transferbench")
@@ -196,9 +197,6 @@ def read_training_log(path) -> dict | None:
         raise CheckpointError(
             f"training log {log_file} is unreadable ({e}); delete it (the checkpoint stays usable) or restore it"
         ) from None
-
-
-POSEMB_METHODS = ("big_vision", "scenic", "timm")
 
 
 def resample_posemb(

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..settings.choices import ATTN_STD_TOKENS
+
 
 def patch_cosine(tokens: torch.Tensor) -> torch.Tensor:
     """(B, N, D) patch tokens -> (B,) mean pairwise cosine similarity over i != j."""
@@ -39,9 +41,6 @@ def patch_cosine(tokens: torch.Tensor) -> torch.Tensor:
 def token_norm(tokens: torch.Tensor) -> torch.Tensor:
     """(B, N, D) -> (B,) mean L2 norm of the tokens."""
     return tokens.float().norm(dim=-1).mean(dim=1)
-
-
-ATTN_STD_TOKENS = ("patches", "all")
 
 
 def attention_row_std(probs: torch.Tensor, prefix: int = 0) -> torch.Tensor:

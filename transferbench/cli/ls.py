@@ -46,7 +46,7 @@ def command(args) -> int:
 
         print("\n".join(list_adapters()) or "no adapters installed")
     elif args.show:
-        from ..adapters.settings import settings_markdown, settings_table
+        from ..settings import settings_markdown, settings_table
         from ..spec import BUILTIN_TASKS
 
         tasks = list(BUILTIN_TASKS) if args.show == "all" else [args.show]

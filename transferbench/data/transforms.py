@@ -18,9 +18,8 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from ..settings.choices import AUGMENTATIONS
 from .pixels import DEFAULT_PIXELS, normalise_uint8, stats
-
-AUGMENTATIONS = ("none", "crop", "flip", "crop_flip", "inception_flip")
 
 
 def normalise(pixels: str = DEFAULT_PIXELS) -> list:

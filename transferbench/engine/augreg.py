@@ -20,17 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-# big_vision configs/vit_i1k.py RANDAUG_DEF / MIXUP_DEF: randaug(num_ops, magnitude) and the mixup concentration
-RANDAUG = {
-    "none": None,
-    "light1": (2, 0),
-    "light2": (2, 10),
-    "medium1": (2, 15),
-    "medium2": (2, 15),
-    "strong1": (2, 20),
-    "strong2": (2, 20),
-}
-MIXUP = {"none": 0.0, "light1": 0.0, "light2": 0.2, "medium1": 0.2, "medium2": 0.5, "strong1": 0.5, "strong2": 0.8}
+from ..settings.choices import MIXUP, RANDAUG  # noqa: F401 (the recipe's names, public here too)
+
 # DPN App. C's table: the augmentation strength per model (big_vision's vit_i1k.py default differs for S/32:
 # light2 there, medium1 in the paper; the paper wins)
 AUG = {"ti16": "light1", "s32": "medium1", "s16": "medium2", "b32": "medium2", "b16": "medium2", "l16": "medium2"}

@@ -32,7 +32,6 @@ from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths import cache, quarantine, sealed, verified
 
-BF16_SETTINGS = ("auto", "on", "off", True, False)
 PROBE_PAIRS = 7  # timed (fp32, bf16) step pairs at most ...
 PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
 # bf16 only where it measures at least this much faster: a near tie (a fraction of a percent) stays fp32, so that a

@@ -17,6 +17,7 @@ from itertools import chain
 import torch
 
 from ..arithmetic import note_micro_batch, output
+from ..settings.choices import SCHEDULES
 from .batches import train_batches
 from .compute import check_finite
 from .precision import autocast, resolve, shapes, training_step
@@ -37,9 +38,6 @@ def poly_lr(step: int, *, base: float, warmup: int, total: int, power: float) ->
     if step < warmup:
         return base * (step + 1) / warmup
     return base * (1 - (step - warmup) / max(1, total - warmup)) ** power
-
-
-SCHEDULES = ("cosine", "poly")
 
 
 def optimizer_options(device) -> dict:

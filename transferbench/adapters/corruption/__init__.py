@@ -28,10 +28,11 @@ CE, mCE and relative mCE, are `records.stats.mce` and `relative_mce`.
 
 from ...data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS
 from ...records.stats import mce, relative_mce
+from ...settings.finetune import CorruptionSettings
 from .adapter import CorruptionAdapter
 from .classifier import classifier, classifier_key, home_dir
+from .dataset import TRAIN_KEYS, CorruptionDataset, corruption_list, entry
 from .images import generated, open_clean, open_released, rendered, top1_error
-from .settings import TRAIN_KEYS, CorruptionDataset, CorruptionSettings, corruption_list, entry
 
 __all__ = [
     "ALEXNET_CLEAN_ERROR",

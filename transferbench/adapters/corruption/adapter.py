@@ -15,11 +15,12 @@ from ...engine.precision import for_forward
 from ...errors import UserError
 from ...fingerprint import CORRUPT
 from ...reporting.robustness import REPORT
+from ...settings.finetune import CorruptionSettings
 from ...spec import SpecError
 from ..base import Adapter
 from .classifier import classifier
+from .dataset import CorruptionDataset, corruption_list, entry
 from .images import generated, open_clean, open_released, released_path, top1_error
-from .settings import CorruptionDataset, CorruptionSettings, corruption_list, entry
 
 
 class CorruptionAdapter(Adapter):

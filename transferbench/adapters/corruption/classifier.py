@@ -13,9 +13,10 @@ from ...errors import UserError
 from ...fingerprint import for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified
+from ...settings.finetune import CorruptionSettings
 from ..classify import finetune
+from .dataset import TRAIN_KEYS, entry
 from .images import open_clean
-from .settings import TRAIN_KEYS, CorruptionSettings, entry
 
 
 def home_dir() -> Path:

@@ -15,7 +15,7 @@ from ...data.sources import open_split
 from ...data.tfds_source import TfdsDataset
 from ...data.transforms import eval_transform
 from ...engine.evaluate import Evaluation, accuracy
-from .settings import CorruptionSettings
+from ...settings.finetune import CorruptionSettings
 
 
 def open_clean(ds: dict, split: str, data_dir=None):

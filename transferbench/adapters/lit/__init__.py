@@ -26,10 +26,10 @@ losses), pairs (the image-text pairs and their cached features), training (the t
 zeroshot and retrieval (the two evaluators, as big_vision's proj/image_text splits them), adapter (the cell).
 """
 
+from ...settings.lit import LitSettings
 from .adapter import LitAdapter, LitDataset, open_zero_shot
 from .pairs import pairs_identity, pairs_reader
 from .retrieval import retrieval_recall
-from .settings import LitSettings
 from .towers import (
     IMAGE_HEADS,
     LOGIT_SCALE_MAX,

@@ -13,11 +13,11 @@ from ...data.sources import DatasetEntry, missing_data, open_split, require_tfds
 from ...engine.features import FrozenFeatures
 from ...errors import UserError
 from ...fingerprint import TEXT
+from ...settings.lit import LitSettings
 from ...spec import SpecError
 from ..base import Adapter, plan_select_then_final
 from .pairs import pair_views, pairs_reader
 from .retrieval import evaluate_retrieval
-from .settings import LitSettings
 from .towers import text_config
 from .training import text_tower
 from .zeroshot import evaluate_zero_shot, templates_for

@@ -9,7 +9,7 @@ from ...data.image_text import open_pairs
 from ...data.image_text import pairs_identity as files_identity
 from ...data.transforms import eval_transform
 from ...errors import UserError
-from .settings import LitSettings
+from ...settings.lit import LitSettings
 
 
 def pairs_reader(s: LitSettings):

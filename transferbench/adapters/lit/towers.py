@@ -11,13 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-IMAGE_HEADS = ("none", "linear")
-LOSSES = ("clip", "siglip")
+from ...settings.choices import LIT_DECAY as DECAY
+from ...settings.choices import LIT_IMAGE_HEADS as IMAGE_HEADS
+from ...settings.choices import LIT_LOSSES as LOSSES
+
 LOGIT_SCALE_MAX = 100.0  # CLIP's clamp on exp(t)
 
 
 def text_config(s) -> dict:
-    """The open_clip text config (CLIPTextCfg fields) of a cell's settings (lit.settings.LitSettings)."""
+    """The open_clip text config (CLIPTextCfg fields) of a cell's settings (settings.lit.LitSettings)."""
     return {
         "context_length": s.context_length,
         "vocab_size": s.vocab_size,
@@ -155,9 +157,6 @@ def contrastive_loss(model: LitModel):
         )
     clip = ClipLoss()
     return lambda text, image: clip(model.encode_image(image, normalize=True), text, model.scale())
-
-
-DECAY = ("big_vision", "open_clip")
 
 
 def kernel_names(model: nn.Module) -> list[str]:

@@ -15,8 +15,13 @@ from ...engine.train import fit_settings, optimizer_options
 from ...fingerprint import for_cache
 from ...hashing import digest
 from ...paths import cache, sealed, verified
-from .settings import LitSettings, tower_options
+from ...settings.lit import LitSettings
 from .towers import LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
+
+
+def tower_options(s: LitSettings) -> dict:
+    """LitModel's initial values under settings `s`: the temperature and SigLIP's bias."""
+    return {"temperature_init": s.temperature_init, "bias_init": s.siglip_bias}
 
 
 def home_dir():

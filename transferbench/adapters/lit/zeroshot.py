@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ...arithmetic import output
-
-PROMPTS = ("big_vision", "open_clip")
+from ...settings.choices import LIT_PROMPTS as PROMPTS
 
 
 def canonicalize(text: str, keep: str | None = None) -> str:

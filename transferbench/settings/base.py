@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..engine.precision import BF16_SETTINGS
 from ..errors import UserError, close_matches
 from ..hashing import canon
+from .choices import BF16_SETTINGS
 
 BF16 = typing.Literal[BF16_SETTINGS]  # type: ignore[valid-type]
 PIXELS_HELP = (
@@ -219,6 +219,3 @@ def settings_markdown(tasks: list[str], suites: list[str] | None = None) -> str:
         cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
         out += ["", f"## {task}", "", tabulate(cells, headers, tablefmt="github", disable_numparse=True)]
     return "\n".join(out) + "\n"
-
-
-__all__ = ["BF16", "BF16_HELP", "PIXELS_HELP", "Settings", "setting", "settings_markdown", "settings_table"]

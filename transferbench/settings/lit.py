@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..settings import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
-from .towers import DECAY, IMAGE_HEADS, LOSSES
-from .zeroshot import PROMPTS
+from .base import BF16, BF16_HELP, BF16_SOURCE, PIXELS_HELP, Settings, setting
+from .choices import LIT_DECAY, LIT_IMAGE_HEADS, LIT_LOSSES, LIT_PROMPTS
 
 LIT = "big_vision lit_coco.py"
 OPEN_CLIP = "open_clip --csv-img-key / --csv-caption-key / --csv-separator"
@@ -32,7 +31,7 @@ class LitSettings(Settings):
         "the last N pairs are not trained on: retrieval is scored on them",
         ge=1,
     )
-    image_head: Literal[IMAGE_HEADS] = setting(  # type: ignore[valid-type]
+    image_head: Literal[LIT_IMAGE_HEADS] = setting(  # type: ignore[valid-type]
         "none", f"LiT's locked setting; {LIT}: out_dim = (None, D)", "none: the pre-logits as they are | linear"
     )
     pool: Literal["model", "tok", "gap"] = setting(
@@ -52,7 +51,7 @@ class LitSettings(Settings):
     text_heads: int = setting(12, "DPN §6.2: LiT's B text tower", "text tower heads", ge=1)
     context_length: int = setting(16, f"{LIT}: token_len", "tokens per caption", ge=2)
     vocab_size: int = setting(49408, "open_clip's BPE tokenizer", "text tower vocabulary", ge=1, keyed=False)
-    loss: Literal[LOSSES] = setting(  # type: ignore[valid-type]
+    loss: Literal[LIT_LOSSES] = setting(  # type: ignore[valid-type]
         "clip",
         "LiT: softmax contrastive",
         "clip: open_clip ClipLoss | siglip: SigLipLoss (bias initialised to siglip_bias)",
@@ -62,7 +61,7 @@ class LitSettings(Settings):
     steps: int = setting(55000, "DPN §6.2", "training steps", ge=1)
     lr: float = setting(1.0e-3, f"{LIT}: lr", "Adam learning rate (peak)", gt=0)
     weight_decay: float = setting(0.01, f"{LIT}: wd", "weight decay (see decay)", ge=0)
-    decay: Literal[DECAY] = setting(  # type: ignore[valid-type]
+    decay: Literal[LIT_DECAY] = setting(  # type: ignore[valid-type]
         "big_vision",
         "big_vision optax.py",
         "big_vision: sched(t) x wd on the dense kernels, not x lr | open_clip: "
@@ -74,7 +73,7 @@ class LitSettings(Settings):
         "linear warm-up steps, then cosine (null: the rule, 1,650 at 55,000 steps)",
         ge=0,
     )
-    prompts: Literal[PROMPTS] = setting(  # type: ignore[valid-type]
+    prompts: Literal[LIT_PROMPTS] = setting(  # type: ignore[valid-type]
         "big_vision", "big_vision prompt_engineering.py", "big_vision: names and templates canonicalised | open_clip"
     )
     clip: float = setting(1.0, f"{LIT}: grad_clip_norm", "gradient clipping by global norm (0: none)", ge=0)
@@ -93,8 +92,3 @@ class LitSettings(Settings):
     bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)
 
     rules = {"warmup_steps": (("steps",), lambda v: max(int(0.03 * v["steps"]), 100))}
-
-
-def tower_options(s: LitSettings) -> dict:
-    """LitModel's initial values under settings `s`: the temperature and SigLIP's bias."""
-    return {"temperature_init": s.temperature_init, "bias_init": s.siglip_bias}

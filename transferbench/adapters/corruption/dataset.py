@@ -1,48 +1,14 @@
-"""Corruption robustness's settings: the classifier under test, the corrupted data's entry, the corruption list."""
+"""Corruption robustness's data: the corrupted data's entry, the corruption list, and the settings a fine-tuned
+classifier is identified by (its settings model is transferbench.settings.finetune.CorruptionSettings)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from ...data.corruptions import check_name
 from ...data.imagenet_c import CORRUPTIONS
 from ...data.sources import DatasetEntry
-from ...data.transforms import AUGMENTATIONS
-from ..classify import FinetuneSettings
-from ..settings import EXECUTION, setting
-
-CLASSIFIER = "App. E's fine-tuning recipe for the classifier under test (docs/robustness.md)"
-
-
-class CorruptionSettings(FinetuneSettings):
-    """The classifier under test (a checkpoint head with the dataset's classes, else App. E's recipe fine-tuned on
-    the clean training split) and how its corrupted test images are made (hendrycks/robustness)."""
-
-    classifier: Literal["auto", "finetune", "checkpoint"] = setting(
-        "auto",
-        CLASSIFIER,
-        "auto: the checkpoint's head where it has the classes, else fine-tune | finetune | checkpoint",
-    )
-    loss: Literal["sigmoid", "softmax"] = setting(
-        "softmax",
-        "the classifier's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
-        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
-        keyed=False,
-    )
-    lr: float = setting(0.01, CLASSIFIER, "learning rate of the classifier's fine-tuning", gt=0)
-    eval_batch: int = setting(256, EXECUTION, "images per evaluation batch", ge=1)
-    render: int | None = setting(
-        None,
-        "hendrycks/robustness: ImageNet-C made at 224",
-        "generated corruptions: the side the 15 functions run at (null: the resolution)",
-    )
-    corruptions: str | list[str] = setting(
-        "all", "Hendrycks & Dietterich: 15 corruptions x 5 severities", "all, or a list of names: a cell per corruption"
-    )
-    corruption: str | None = Field(None, json_schema_extra={"source": "", "keyed": False, "hidden": True})
-
+from ...settings.choices import AUGMENTATIONS
 
 TRAIN_KEYS = (
     "optimizer",

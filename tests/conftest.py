@@ -42,25 +42,24 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGINS, os.environ.get("
 
 @pytest.fixture(scope="session")
 def suite_home(tmp_path_factory):
-    """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 25 s): once for the whole test run
-    where pytest-xdist's workers share it (the first generates it under a lock, the others copy it), so that each
-    worker's own cache folders stay its own."""
+    """$TRANSFERBENCH_HOME with the whole embedded suite generated once (about 55 s on one core): once for the whole
+    test run where pytest-xdist's workers share it, so that each worker's own cache folders stay its own. The workers
+    generate it together, from opposite ends of the list (`embedded.ensure` locks each generator: a worker skips the
+    sets another made, and waits for one that another is making)."""
     import shutil
-
-    from filelock import FileLock
 
     from transferbench.data import embedded
 
     home = tmp_path_factory.mktemp("tbhome")
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "embedded-suite"  # this run's
-    with FileLock(str(shared) + ".lock"):
-        if not (shared / "done").is_file():
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setenv("TRANSFERBENCH_HOME", str(shared))
-                embedded.ensure()
-            (shared / "done").touch()
-    shutil.copytree(shared / "embedded", home / "embedded", copy_function=os.link)  # read-only use: links
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = (base.parent if worker else base) / "embedded-suite"  # this run's
+    order = embedded.NAMES[:: -1 if worker and int(worker.removeprefix("gw")) % 2 else 1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRANSFERBENCH_HOME", str(shared))
+        embedded.ensure(order)
+    links = {"copy_function": os.link, "ignore": shutil.ignore_patterns("*.lock")}  # read-only use: links
+    shutil.copytree(shared / "embedded", home / "embedded", **links)
     mp = pytest.MonkeyPatch()
     mp.setenv("TRANSFERBENCH_HOME", str(home))
     embedded.ensure()  # checks what was copied (the manifests), generates nothing

@@ -33,7 +33,9 @@ def embedded_home(suite_home, home):
     import os
     import shutil
 
-    shutil.copytree(suite_home / "embedded", home / "embedded", copy_function=os.link)
+    shutil.copytree(
+        suite_home / "embedded", home / "embedded", copy_function=os.link, ignore=shutil.ignore_patterns("*.lock")
+    )
     return home
 
 

@@ -118,6 +118,52 @@ def test_generation_is_deterministic(tmp_path, monkeypatch):
     assert manifests[0][0] != manifests[2][0] and manifests[0][1] != manifests[2][1]
 
 
+def test_two_callers_ensuring_the_suite_split_the_generators_and_run_each_once(tmp_path, monkeypatch):
+    """`embedded.ensure` locks per generator, not the whole suite: two callers from opposite ends of the list
+    (the test workers' start-up) each make some sets, no generator runs twice, and a set that one is making the
+    other waits for and then finds made (both dsprites sets come from one run, as both CLEVR sets do)."""
+    import json
+    import threading
+    import time
+
+    from transferbench.data.embedded import common
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    makes = {}  # generator name -> the sets one run of it writes
+    for name, gen in embedded._GENERATORS.items():
+        makes.setdefault(gen.__name__, []).append(name)
+    assert makes["gen_dsprites"] == ["dsprites_loc", "dsprites_ori"] and makes["gen_clevr"] == [
+        "clevr_count",
+        "clevr_dist",
+    ]
+    runs = []
+
+    def fake(gen_name):
+        def run(root, seed):
+            runs.append((gen_name, threading.current_thread().name))
+            time.sleep(0.05)
+            for n in makes[gen_name]:
+                (root / n).mkdir(parents=True, exist_ok=True)
+                info = {"generator_version": common.VERSIONS[n], "seed": seed, "code": common.generator_code(n)}
+                (root / n / "info.json").write_text(json.dumps(info))
+
+        run.__name__ = gen_name  # the lock is the generator's
+        return run
+
+    monkeypatch.setattr(embedded, "_GENERATORS", {n: fake(g.__name__) for n, g in embedded._GENERATORS.items()})
+    threads = [
+        threading.Thread(target=embedded.ensure, args=(order,), name=who)
+        for order, who in ((embedded.NAMES, "forward"), (embedded.NAMES[::-1], "backward"))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(g for g, _ in runs) == sorted(makes)  # each generator once
+    assert {who for _, who in runs} == {"forward", "backward"}  # both made some
+    assert all(json.loads((tmp_path / "embedded" / n / "info.json").read_text())["seed"] == 0 for n in embedded.NAMES)
+
+
 def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
     root = embedded.embedded_root()
     tf = eval_transform(32)

@@ -99,15 +99,25 @@ T = TypeVar("T")
 log = logging.getLogger("transferbench")
 
 
+NAMES = (*DOWNSTREAM, *SEGMENTATION, *IMAGE_TEXT, "upstream")  # every set, in the order `ensure` makes them
+
+
+def _lock(root: Path, name: str) -> FileLock:
+    """The lock of the generator that makes set `name` (one run makes both dsprites sets, and both CLEVR sets):
+    processes that ensure the same sets wait for each other per generator, and generate different ones side by
+    side."""
+    return FileLock(str(root / f".generate-{_GENERATORS[name].__name__}.lock"))
+
+
 def ensure(names=None, seed: int = 0) -> Path:
-    """Generate the named sets (default: all) unless present at the current version; return the root. A set
-    whose info.json does not parse is set aside (paths.quarantine) and generated again."""
+    """Generate the named sets (default: all, in `NAMES` order) unless present at the current version; return the
+    root. A set whose info.json does not parse is set aside (paths.quarantine) and generated again."""
     root = embedded_root()
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".generate.lock")):
-        for name in names or (*DOWNSTREAM, *SEGMENTATION, *IMAGE_TEXT, "upstream"):
-            if name not in VERSIONS:
-                raise KeyError(name)
+    for name in names or NAMES:
+        if name not in VERSIONS:
+            raise KeyError(name)
+        with _lock(root, name):
             try:
                 info = read_info(root, name)
             except CorruptDataError as e:
@@ -128,7 +138,7 @@ def open_set(name: str, opener: Callable[[Path], T]) -> T:
     try:
         return opener(root)
     except CorruptDataError:
-        with FileLock(str(root / ".generate.lock")):
+        with _lock(root, name):
             try:
                 return opener(root)  # another process generated it again meanwhile
             except CorruptDataError as e:

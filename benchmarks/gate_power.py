@@ -220,7 +220,7 @@ CATALOGUE = [
         "a task default",
         "fault",
         "few-shot's l2 default edited from 2^10 to 2^9 in its settings (no protocol bump)",
-        [("transferbench/adapters/fewshot.py", "DEFAULT_L2 = 2.0**10", "DEFAULT_L2 = 2.0**9")],
+        [("transferbench/settings/fewshot.py", "DEFAULT_L2 = 2.0**10", "DEFAULT_L2 = 2.0**9")],
     ),
     Variant(
         "pretrain_wd",

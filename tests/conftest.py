@@ -1,8 +1,15 @@
 import os
+import sys
 
-import numpy as np
-import pytest
-import torch
+# The tests start some 70 Python processes (commands, pool workers); without bytecode each one compiles the package
+# again, about 3.5 s of a core. Bytecode goes where Python puts it by default (__pycache__, ignored by git), also
+# where the environment sets PYTHONDONTWRITEBYTECODE.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist: the cores shared among the workers, none oversubscribed
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
@@ -31,7 +38,6 @@ def randomize_(model: torch.nn.Module, scale: float = 0.05, seed: int = 0) -> to
 
 # The toy adapter and its task specs are installed as a plugin: a .dist-info on the path is all
 # importlib.metadata needs, exactly as for a pip-installed package.
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 PLUGINS = str(Path(__file__).parent / "plugins")

@@ -132,6 +132,22 @@ def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep
     assert len(order) == CELLS and order.index("final") < len(order) - 1 - order[::-1].index("select")
 
 
+def test_each_pool_run_forks_from_a_server_of_its_own_time(tmp_path, monkeypatch):
+    """Workers fork from a server that imported the compute path once. Each run starts its own server and stops it
+    when it ends, and workers get the driver's environment as the run starts: a second run in this process, after
+    the environment changed, computes with the new one (its log gets every cell) and leaves no server behind."""
+    from multiprocessing import forkserver
+
+    before = list(forkserver._forkserver._preload_modules)
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    for i, log in enumerate(logs):
+        monkeypatch.setenv("TOY_LOG", str(log))
+        assert run(tmp_path / f"out{i}", PoolExecutor(2)).ok == CELLS
+        assert forkserver._forkserver._forkserver_pid is None  # stopped with its run
+        assert forkserver._forkserver._preload_modules == before  # and the preload of the process put back
+    assert [len(log.read_text().split()) for log in logs] == [CELLS, CELLS]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("retries", [1, 0])
 def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, monkeypatch, retries):

@@ -122,9 +122,12 @@ def gpu_slots(jobs: int, gpus: list[str]) -> list[tuple[str | None, float]]:
     return [(g, 1.0 / assigned.count(g)) for g in assigned]
 
 
-def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.0) -> None:
+def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.0, env: dict | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle workers ignore Ctrl-C; a computing one stops its cell
     _die_with_parent()
+    if env is not None:  # the driver's environment when the run started (a fork server keeps its own otherwise)
+        os.environ.clear()
+        os.environ.update(env)
     if gpu is not None:  # before CUDA is initialised: the worker sees one GPU, as cuda:0
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
@@ -147,12 +150,46 @@ def _compute_in_worker(adapter, cell, ctx) -> dict:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# what every pool worker imports: the fork server imports it once, and workers fork from it
+PRELOAD = ("transferbench.engine.compute", "transferbench.adapters")
+
+
+def _fork_server(preload: list[str]):
+    """The multiprocessing context of a run's workers: they fork from a server that imported `preload` (torch,
+    timm, torchvision and the adapters: 6 to 10 s of a core) once, so that a worker, and a worker replacing a
+    killed one, starts in milliseconds. The server is started afresh for each run, from this process's code,
+    path and environment as they are now (it starts importing at once, while the run plans), and stopped when the
+    run ends (`_stop_fork_server`): no worker runs code older than its run. Nothing of the driver's own state
+    is shared, as with spawn. Returns (context, the preload list to put back)."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if not hasattr(server, "_stop"):  # another Python's internals: spawn, which imports per worker
+        return multiprocessing.get_context("spawn"), None
+    ctx = multiprocessing.get_context("forkserver")
+    previous = list(server._preload_modules)
+    server._stop()  # one that another pool of this process started holds the code and environment of its time
+    ctx.set_forkserver_preload(list(preload))
+    server.ensure_running()
+    return ctx, previous
+
+
+def _stop_fork_server(previous: list[str] | None) -> None:
+    from multiprocessing import forkserver
+
+    if previous is not None:
+        forkserver._forkserver._stop()  # its workers are gone; a later pool starts its own
+        forkserver.set_forkserver_preload(previous)
+
+
 class PoolExecutor:
-    """`jobs` worker processes (spawned: nothing of the driver's state is shared), each a one-process
-    `concurrent.futures.ProcessPoolExecutor`, so that a worker's death breaks its own cell only: the slot
-    gets a fresh process and the cells beside it go on. Workers live for the whole run, keeping what they
-    cached in memory from cell to cell. Each gets `cores // jobs` threads (torch and BLAS) and, when several
-    GPUs are visible and the device is CUDA, GPU number `slot % GPUs`."""
+    """`jobs` worker processes, each a one-process `concurrent.futures.ProcessPoolExecutor`, so that a worker's
+    death breaks its own cell only: the slot gets a fresh process and the cells beside it go on. Workers fork from
+    a server that imported the compute path once (`_fork_server`): nothing of the driver's state is shared, and
+    each gets the driver's environment. Workers live for the whole run, keeping what they cached in memory from
+    cell to cell. Each gets `cores // jobs` threads (torch and BLAS) and, when several GPUs are visible and the
+    device is CUDA, GPU number `slot % GPUs`."""
 
     def __init__(self, jobs: int, threads: int | None = None):
         if jobs < 1:
@@ -162,11 +199,11 @@ class PoolExecutor:
         self._pools: list = [None] * jobs
         self._busy: list[bool] = [False] * jobs
         self._lock = threading.Lock()
+        self._preload_before = None
 
     def start(self, adapter, ctx) -> None:
-        import multiprocessing
-
-        self._mp = multiprocessing.get_context("spawn")
+        self._env = dict(os.environ)
+        self._mp, self._preload_before = _fork_server([*PRELOAD, type(adapter).__module__])
         self.adapter = adapter
         self.ctx = dataclasses.replace(ctx, show_progress=False)  # the driver's bar counts cells; workers stay quiet
         gpus = visible_gpus() if ctx.device is None or ctx.device == "cuda" else []
@@ -182,7 +219,7 @@ class PoolExecutor:
                 1,
                 mp_context=self._mp,
                 initializer=_init_worker,
-                initargs=(self.threads, gpu, self._pids[slot], fraction),
+                initargs=(self.threads, gpu, self._pids[slot], fraction, self._env),
             )
         return self._pools[slot]
 
@@ -226,6 +263,7 @@ class PoolExecutor:
         if interrupted:
             watchdog.cancel()
         self._pools = [None] * self.slots
+        _stop_fork_server(self._preload_before)
 
 
 def _signal(pid: int, sig) -> None:

@@ -148,6 +148,27 @@ def test_each_pool_run_forks_from_a_server_of_its_own_time(tmp_path, monkeypatch
     assert [len(log.read_text().split()) for log in logs] == [CELLS, CELLS]
 
 
+def test_a_pool_beside_another_fork_server_spawns_its_workers_and_leaves_that_server_be(tmp_path, monkeypatch):
+    """A process that already runs a fork server for other work (the corruption generator's pool, whose live workers
+    keep it alive) keeps it: the run's workers are spawned, the run finishes, and that server and its worker go on."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import forkserver, get_context
+
+    other = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
+    try:
+        worker = other.submit(os.getpid).result()
+        server = forkserver._forkserver._forkserver_pid
+        monkeypatch.setenv("TOY_LOG", str(tmp_path / "log"))
+        done = []
+        t = threading.Thread(target=lambda: done.append(run(tmp_path / "out", PoolExecutor(2))), daemon=True)
+        t.start()
+        t.join(300)
+        assert done and done[0].ok == CELLS  # finished, every cell computed
+        assert forkserver._forkserver._forkserver_pid == server and other.submit(os.getpid).result() == worker
+    finally:
+        other.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("retries", [1, 0])
 def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, monkeypatch, retries):

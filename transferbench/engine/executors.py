@@ -16,6 +16,7 @@ may be in flight at once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -157,30 +158,50 @@ PRELOAD = ("transferbench.engine.compute", "transferbench.adapters")
 def _fork_server(preload: list[str]):
     """The multiprocessing context of a run's workers: they fork from a server that imported `preload` (torch,
     timm, torchvision and the adapters: 6 to 10 s of a core) once, so that a worker, and a worker replacing a
-    killed one, starts in milliseconds. The server is started afresh for each run, from this process's code,
-    path and environment as they are now (it starts importing at once, while the run plans), and stopped when the
-    run ends (`_stop_fork_server`): no worker runs code older than its run. Nothing of the driver's own state
-    is shared, as with spawn. Returns (context, the preload list to put back)."""
+    killed one, starts in milliseconds. The server is started for this run, from this process's code, path and
+    environment as they are now (it starts importing at once, while the run plans), and let go when the run ends
+    (`_release_fork_server`): no worker runs code older than its run. Nothing of the driver's own state is
+    shared, as with spawn. Where this process already runs a fork server for other work (the corruption
+    generator's pool), with code and an environment of its own time, the workers are spawned instead, each
+    importing for itself. Returns (context, the preload list to put back, or None where spawned)."""
     import multiprocessing
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
-    if not hasattr(server, "_stop"):  # another Python's internals: spawn, which imports per worker
-        return multiprocessing.get_context("spawn"), None
-    ctx = multiprocessing.get_context("forkserver")
-    previous = list(server._preload_modules)
-    server._stop()  # one that another pool of this process started holds the code and environment of its time
-    ctx.set_forkserver_preload(list(preload))
-    server.ensure_running()
-    return ctx, previous
+    held = getattr(server, "_forkserver_pid", 0)
+    if held is None and hasattr(server, "_preload_modules"):  # none running (and the internals this reads exist)
+        ctx = multiprocessing.get_context("forkserver")
+        previous = list(server._preload_modules)
+        ctx.set_forkserver_preload(list(preload))
+        forkserver.ensure_running()
+        return ctx, previous
+    return multiprocessing.get_context("spawn"), None
 
 
-def _stop_fork_server(previous: list[str] | None) -> None:
+def _release_fork_server(previous: list[str] | None) -> None:
+    """Let this run's fork server go: it exits once no process forked from it is left (its workers are shut down
+    by now), reaped by a thread of its own, so that a later run starts a server of its own time. Never waits."""
     from multiprocessing import forkserver
 
-    if previous is not None:
-        forkserver._forkserver._stop()  # its workers are gone; a later pool starts its own
-        forkserver.set_forkserver_preload(previous)
+    if previous is None:
+        return
+    server = forkserver._forkserver
+    with server._lock:
+        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
+        if pid is not None:
+            os.close(alive)  # the server's end-of-life signal (multiprocessing.forkserver.main)
+            address = server._forkserver_address
+            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+            if isinstance(address, str) and not address.startswith("\0"):  # a file, not an abstract socket
+                with contextlib.suppress(OSError):
+                    os.unlink(address)
+            threading.Thread(target=_reap, args=(pid,), daemon=True).start()
+    forkserver.set_forkserver_preload(previous)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 class PoolExecutor:
@@ -263,7 +284,7 @@ class PoolExecutor:
         if interrupted:
             watchdog.cancel()
         self._pools = [None] * self.slots
-        _stop_fork_server(self._preload_before)
+        _release_fork_server(self._preload_before)
 
 
 def _signal(pid: int, sig) -> None:

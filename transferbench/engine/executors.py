@@ -158,12 +158,12 @@ PRELOAD = ("transferbench.engine.compute", "transferbench.adapters")
 def _fork_server(preload: list[str]):
     """The multiprocessing context of a run's workers: they fork from a server that imported `preload` (torch,
     timm, torchvision and the adapters: 6 to 10 s of a core) once, so that a worker, and a worker replacing a
-    killed one, starts in milliseconds. The server is started for this run, from this process's code, path and
-    environment as they are now (it starts importing at once, while the run plans), and let go when the run ends
-    (`_release_fork_server`): no worker runs code older than its run. Nothing of the driver's own state is
-    shared, as with spawn. Where this process already runs a fork server for other work (the corruption
-    generator's pool), with code and an environment of its own time, the workers are spawned instead, each
-    importing for itself. Returns (context, the preload list to put back, or None where spawned)."""
+    killed one, starts in milliseconds. The server is this run's: started with the first worker (a run that
+    computes nothing starts none), from this process's code, path and environment as they are then, and let go
+    when the run ends (`_release_fork_server`): no worker runs code older than its run. Nothing of the driver's
+    own state is shared, as with spawn. Where this process already runs a fork server for other work (the
+    corruption generator's pool), with code and an environment of its own time, the workers are spawned instead,
+    each importing for itself. Returns (context, the preload list to put back, or None where spawned)."""
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -173,7 +173,6 @@ def _fork_server(preload: list[str]):
         ctx = multiprocessing.get_context("forkserver")
         previous = list(server._preload_modules)
         ctx.set_forkserver_preload(list(preload))
-        forkserver.ensure_running()
         return ctx, previous
     return multiprocessing.get_context("spawn"), None
 

@@ -132,58 +132,6 @@ def test_pool_gives_the_inline_records_and_starts_a_final_stage_before_the_sweep
     assert len(order) == CELLS and order.index("final") < len(order) - 1 - order[::-1].index("select")
 
 
-def test_each_pool_run_forks_from_a_server_of_its_own_time(tmp_path):
-    """Workers fork from a server that imported the compute path once. In a fresh process (no fork server of other
-    work): each run starts its own server and lets it go when it ends, and workers get the driver's environment as
-    the run starts, so a second run after the environment changed computes with the new one (its log gets every
-    cell) and leaves no server behind."""
-    import subprocess
-    import sys
-
-    script = f"""
-import os, sys
-from multiprocessing import forkserver
-import transferbench.engine.executors as ex
-from transferbench.cli import main
-used, real = [], ex._fork_server
-ex._fork_server = lambda p: (lambda got: used.append(got[0].get_start_method()) or got)(real(p))
-before = list(forkserver._forkserver._preload_modules)
-for i in (0, 1):
-    os.environ["TOY_LOG"] = os.path.join({str(tmp_path)!r}, f"log{{i}}")
-    argv = ["run", "toy", "--backbone", {",".join(BACKBONES)!r}, "--seeds", "0,1", "--jobs", "2", "--no-progress"]
-    argv += [*(a for s in {SETS!r} for a in ("--set", s)), "--out", os.path.join({str(tmp_path)!r}, f"out{{i}}")]
-    assert main(argv) == 0
-    print("SERVER", forkserver._forkserver._forkserver_pid, forkserver._forkserver._preload_modules == before)
-print("USED", used)
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = [line for line in done.stdout.splitlines() if line.startswith(("SERVER", "USED"))]
-    assert said == ["SERVER None True", "SERVER None True", "USED ['forkserver', 'forkserver']"], done.stdout
-    assert [len((tmp_path / f"log{i}").read_text().split()) for i in (0, 1)] == [CELLS, CELLS]
-
-
-def test_a_pool_beside_another_fork_server_spawns_its_workers_and_leaves_that_server_be(tmp_path, monkeypatch):
-    """A process that already runs a fork server for other work (the corruption generator's pool, whose live workers
-    keep it alive) keeps it: the run's workers are spawned, the run finishes, and that server and its worker go on."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import forkserver, get_context
-
-    other = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
-    try:
-        worker = other.submit(os.getpid).result()
-        server = forkserver._forkserver._forkserver_pid
-        monkeypatch.setenv("TOY_LOG", str(tmp_path / "log"))
-        done = []
-        t = threading.Thread(target=lambda: done.append(run(tmp_path / "out", PoolExecutor(2))), daemon=True)
-        t.start()
-        t.join(300)
-        assert done and done[0].ok == CELLS  # finished, every cell computed
-        assert forkserver._forkserver._forkserver_pid == server and other.submit(os.getpid).result() == worker
-    finally:
-        other.shutdown()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("retries", [1, 0])
 def test_pool_worker_killed_mid_cell_is_retried_or_recorded_failed(tmp_path, monkeypatch, retries):

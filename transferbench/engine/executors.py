@@ -16,7 +16,6 @@ may be in flight at once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -123,12 +122,9 @@ def gpu_slots(jobs: int, gpus: list[str]) -> list[tuple[str | None, float]]:
     return [(g, 1.0 / assigned.count(g)) for g in assigned]
 
 
-def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.0, env: dict | None = None) -> None:
+def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle workers ignore Ctrl-C; a computing one stops its cell
     _die_with_parent()
-    if env is not None:  # the driver's environment when the run started (a fork server keeps its own otherwise)
-        os.environ.clear()
-        os.environ.update(env)
     if gpu is not None:  # before CUDA is initialised: the worker sees one GPU, as cuda:0
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
@@ -151,65 +147,12 @@ def _compute_in_worker(adapter, cell, ctx) -> dict:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-# what every pool worker imports: the fork server imports it once, and workers fork from it
-PRELOAD = ("transferbench.engine.compute", "transferbench.adapters")
-
-
-def _fork_server(preload: list[str]):
-    """The multiprocessing context of a run's workers: they fork from a server that imported `preload` (torch,
-    timm, torchvision and the adapters: 6 to 10 s of a core) once, so that a worker, and a worker replacing a
-    killed one, starts in milliseconds. The server is this run's: started with the first worker (a run that
-    computes nothing starts none), from this process's code, path and environment as they are then, and let go
-    when the run ends (`_release_fork_server`): no worker runs code older than its run. Nothing of the driver's
-    own state is shared, as with spawn. Where this process already runs a fork server for other work (the
-    corruption generator's pool), with code and an environment of its own time, the workers are spawned instead,
-    each importing for itself. Returns (context, the preload list to put back, or None where spawned)."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
-    held = getattr(server, "_forkserver_pid", 0)
-    if held is None and hasattr(server, "_preload_modules"):  # none running (and the internals this reads exist)
-        ctx = multiprocessing.get_context("forkserver")
-        previous = list(server._preload_modules)
-        ctx.set_forkserver_preload(list(preload))
-        return ctx, previous
-    return multiprocessing.get_context("spawn"), None
-
-
-def _release_fork_server(previous: list[str] | None) -> None:
-    """Let this run's fork server go: it exits once no process forked from it is left (its workers are shut down
-    by now), reaped by a thread of its own, so that a later run starts a server of its own time. Never waits."""
-    from multiprocessing import forkserver
-
-    if previous is None:
-        return
-    server = forkserver._forkserver
-    with server._lock:
-        pid, alive = server._forkserver_pid, server._forkserver_alive_fd
-        if pid is not None:
-            os.close(alive)  # the server's end-of-life signal (multiprocessing.forkserver.main)
-            address = server._forkserver_address
-            server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
-            if isinstance(address, str) and not address.startswith("\0"):  # a file, not an abstract socket
-                with contextlib.suppress(OSError):
-                    os.unlink(address)
-            threading.Thread(target=_reap, args=(pid,), daemon=True).start()
-    forkserver.set_forkserver_preload(previous)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
 class PoolExecutor:
-    """`jobs` worker processes, each a one-process `concurrent.futures.ProcessPoolExecutor`, so that a worker's
-    death breaks its own cell only: the slot gets a fresh process and the cells beside it go on. Workers fork from
-    a server that imported the compute path once (`_fork_server`): nothing of the driver's state is shared, and
-    each gets the driver's environment. Workers live for the whole run, keeping what they cached in memory from
-    cell to cell. Each gets `cores // jobs` threads (torch and BLAS) and, when several GPUs are visible and the
-    device is CUDA, GPU number `slot % GPUs`."""
+    """`jobs` worker processes (spawned: nothing of the driver's state is shared), each a one-process
+    `concurrent.futures.ProcessPoolExecutor`, so that a worker's death breaks its own cell only: the slot
+    gets a fresh process and the cells beside it go on. Workers live for the whole run, keeping what they
+    cached in memory from cell to cell. Each gets `cores // jobs` threads (torch and BLAS) and, when several
+    GPUs are visible and the device is CUDA, GPU number `slot % GPUs`."""
 
     def __init__(self, jobs: int, threads: int | None = None):
         if jobs < 1:
@@ -219,11 +162,11 @@ class PoolExecutor:
         self._pools: list = [None] * jobs
         self._busy: list[bool] = [False] * jobs
         self._lock = threading.Lock()
-        self._preload_before = None
 
     def start(self, adapter, ctx) -> None:
-        self._env = dict(os.environ)
-        self._mp, self._preload_before = _fork_server([*PRELOAD, type(adapter).__module__])
+        import multiprocessing
+
+        self._mp = multiprocessing.get_context("spawn")
         self.adapter = adapter
         self.ctx = dataclasses.replace(ctx, show_progress=False)  # the driver's bar counts cells; workers stay quiet
         gpus = visible_gpus() if ctx.device is None or ctx.device == "cuda" else []
@@ -239,7 +182,7 @@ class PoolExecutor:
                 1,
                 mp_context=self._mp,
                 initializer=_init_worker,
-                initargs=(self.threads, gpu, self._pids[slot], fraction, self._env),
+                initargs=(self.threads, gpu, self._pids[slot], fraction),
             )
         return self._pools[slot]
 
@@ -283,7 +226,6 @@ class PoolExecutor:
         if interrupted:
             watchdog.cancel()
         self._pools = [None] * self.slots
-        _release_fork_server(self._preload_before)
 
 
 def _signal(pid: int, sig) -> None:

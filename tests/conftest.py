@@ -52,7 +52,7 @@ def suite_home(tmp_path_factory):
     test run where pytest-xdist's workers share it, so that each worker's own cache folders stay its own. The workers
     generate it together, from opposite ends of the list (`embedded.ensure` locks each generator: a worker skips the
     sets another made, and waits for one that another is making)."""
-    import shutil
+    import kit
 
     from transferbench.data import embedded
 
@@ -64,8 +64,7 @@ def suite_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRANSFERBENCH_HOME", str(shared))
         embedded.ensure(order)
-    links = {"copy_function": os.link, "ignore": shutil.ignore_patterns("*.lock")}  # read-only use: links
-    shutil.copytree(shared / "embedded", home / "embedded", **links)
+    kit.embedded_home(shared, home)  # read-only use: links
     mp = pytest.MonkeyPatch()
     mp.setenv("TRANSFERBENCH_HOME", str(home))
     embedded.ensure()  # checks what was copied (the manifests), generates nothing

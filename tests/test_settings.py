@@ -259,8 +259,9 @@ def test_each_adapter_registers_the_settings_it_runs_with():
 
 
 def test_the_settings_choices_name_what_the_code_implements():
-    """transferbench.settings.choices holds the values as names, for torch-free settings; each name must be one the
-    implementing module takes, and each implementation must have its name."""
+    """transferbench.settings.choices holds the values as names, for torch-free settings: the losses registry has
+    exactly the loss names, App. C's per-size strengths are named strengths, and the strengths' table is
+    big_vision's."""
     from transferbench.engine import augreg, losses
     from transferbench.settings import choices
 

@@ -38,6 +38,7 @@ from ..fingerprint import for_cache
 from ..hashing import file_sha256
 from ..paths import atomic_path, cache, damage, expand, portable, quarantine
 from ..records.store import RecordStore
+from ..settings.choices import MIXUP, RANDAUG
 from ..settings.pretrain import PretrainSettings
 from .base import Adapter, plan_select_then_final, prepare_task
 
@@ -81,7 +82,7 @@ def recipe(name: str, hp: PretrainSettings) -> dict:
         if size not in augreg.AUG:
             raise UserError(
                 f"aug=auto: DPN App. C gives no augmentation for {name!r} (it covers "
-                f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(augreg.RANDAUG)}"
+                f"{', '.join(augreg.AUG)}); set --set aug={'|'.join(RANDAUG)}"
             )
         aug = augreg.AUG[size]
     rep = hp.rep_size
@@ -92,8 +93,8 @@ def recipe(name: str, hp: PretrainSettings) -> dict:
     big = bool(parsed) and size[0] in augreg.BIG
     return {
         "aug": aug,
-        "randaug": augreg.RANDAUG[aug],
-        "mixup": augreg.MIXUP[aug],
+        "randaug": RANDAUG[aug],
+        "mixup": MIXUP[aug],
         "rep_size": (parsed["embed_dim"] if parsed else 0) if rep else 0,
         "dropout": hp.dropout_b_l if big else 0.0,
     }

@@ -1,7 +1,8 @@
 """The AugReg pretraining recipe's pieces that are not the training loop (DPN App. C; big_vision
 `configs/vit_i1k.py`, `utils.mixup`, `optax.py`) and the reference codebases' weight-decay rules:
 
-- `AUG` / `RANDAUG` / `MIXUP`: the named augmentation strengths and, per model size, the one App. C uses;
+- `AUG`: per model size, the named augmentation strength App. C uses (the strengths themselves, `RANDAUG` and
+  `MIXUP`, are settings' values: `settings.choices`);
 - `mixup`: big_vision's mixup of a batch (one Dirichlet(p, p) draw per batch, sorted so that the first image
   dominates, each image mixed with its neighbour `roll(batch, 1)`, labels alike);
 - `decoupled_wd`: big_vision's weight decay as torch AdamW's. big_vision's update is
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..settings.choices import MIXUP, RANDAUG  # noqa: F401 (the recipe's names, public here too)
+from ..settings.choices import RANDAUG
 
 # DPN App. C's table: the augmentation strength per model (big_vision's vit_i1k.py default differs for S/32:
 # light2 there, medium1 in the paper; the paper wins)

@@ -10,7 +10,8 @@ arithmetic*: everything that can change a number's bits while the code stays the
   of every library a code fingerprint may name, torch's determinism and matmul-precision flags and, on CUDA, the
   device, driver, cuDNN, TF32 flags and `CUBLAS_WORKSPACE_CONFIG`.
 - **cell** (one per cell): the precision each step actually ran in (bf16 or fp32, in the order the cell resolved
-  them), the micro-batch training really used, torch.compile, the data workers and the device.
+  them), the micro-batch training really used, torch.compile, the data workers, the device and the cell's execution
+  settings (an evaluation batch size), where it has any.
 - **caches**: the machine digests of cache entries the cell read that were computed under another machine's
   arithmetic (every cache entry's digest file records the arithmetic that wrote it, `paths.sealed`).
 
@@ -303,9 +304,12 @@ def output(name: str, value) -> None:
     h.update(a.tobytes() if a.dtype != object else canon(a.tolist()).encode())
 
 
-def finish(metrics: dict, *, device: str, workers: int, compile: bool, micro_batch) -> tuple[dict, str]:
+def finish(
+    metrics: dict, *, device: str, workers: int, compile: bool, micro_batch, execution: dict | None = None
+) -> tuple[dict, str]:
     """(the record's `arithmetic`, its `outputs` digest) for the cell whose trace `begin` started; the metrics at
-    full precision end the outputs."""
+    full precision end the outputs. The cell's execution settings (an evaluation batch size: no part of its key,
+    but a batch size can move the last bits of a sum) are part of its arithmetic where it has any."""
     output("metrics", {s: {k: float(v) for k, v in m.items()} for s, m in metrics.items()})
     m = machine()
     cell = {
@@ -315,6 +319,8 @@ def finish(metrics: dict, *, device: str, workers: int, compile: bool, micro_bat
         "compile": bool(compile),
         "workers": int(workers),
     }
+    if execution:
+        cell["execution"] = {k: execution[k] for k in sorted(execution)}
     caches = {k: sorted(v) for k, v in sorted(_TRACE.caches.items())}
     record = {"digest": digest({"machine": m["digest"], "cell": cell, "caches": caches}, 16), "machine": m}
     record.update(cell=cell, caches=caches)

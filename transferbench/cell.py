@@ -48,6 +48,8 @@ class Cell:
     suite: str = ""
     report: str = ""  # a report of its own for the task's records ('corruption': reporting.robustness); '' = tables
     checkpoint: str | None = field(default=None, compare=False)
+    # the execution settings it runs with (settings.EXECUTION: how many images a forward takes): recorded, not keyed
+    execution: dict = field(default_factory=dict, compare=False)
     # the hyper-parameters validated into the adapter's settings model (make_cell): what `run` reads, never re-parsed
     settings: object = field(default=None, compare=False, repr=False)
 
@@ -101,7 +103,8 @@ def make_cell(
     """A cell of resolved `task` (spec.Task) with the report fields filled in from its spec; a stage with its own
     metric (and direction) and a task with a report of its own (reporting.kinds.Report) say so here. A `pixels`
     hyper-parameter of 'auto' becomes the backbone's stated normalisation (DEFAULT_PIXELS where none); `posemb`
-    becomes the backbone's own resampling where it states one (timm: and py: models resample their own)."""
+    becomes the backbone's own resampling where it states one (timm: and py: models resample their own). The
+    execution settings (settings.EXECUTION) leave the hyper-parameters for the cell's `execution`."""
     spec = task.spec
     hparams = dict(hparams)
     if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
@@ -111,6 +114,7 @@ def make_cell(
         if "posemb" in hparams and "posemb" in hparams["backbone_preprocess"]:
             hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
     model = getattr(task.adapter, "settings", None)
+    execution = {k: hparams.pop(k) for k in (model.execution_names() if model else ()) if k in hparams}
     return Cell(
         task=spec.task,
         dataset=dataset.name,
@@ -130,5 +134,6 @@ def make_cell(
         suite=task.suite,
         report=report,
         checkpoint=backbone.checkpoint,
-        settings=model.of(hparams, spec.task) if model is not None else None,
+        execution=execution,
+        settings=model.of({**hparams, **execution}, spec.task) if model is not None else None,
     )

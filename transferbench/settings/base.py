@@ -7,6 +7,10 @@ adapter's defaults, so a spec that leaves a setting out runs the paper's value, 
 A field declared with `keyed=False` enters a cell's hyper-parameters (and so its key) only where a spec, a suite
 or `--set` gives it: a setting that did not exist when records were made keeps their keys.
 
+A setting whose source is `EXECUTION` (how many images a forward pass takes, say) is no part of a cell's identity:
+`cell.make_cell` keeps it out of the hyper-parameters the key hashes and records it as the cell's `execution`, which
+the cell's arithmetic digest holds (a batch size can move the last bits of a sum; transferbench.arithmetic).
+
 A setting whose paper value is a rule of other settings (LiT's warm-up: max(int(3% of steps), 100)) is stored as the
 rule (`Settings.rules`): its default is null, and a task's grid resolves it from the cell's own values, so
 `--set steps=1000` moves the warm-up with it and the cell key holds the number it ran.
@@ -58,6 +62,11 @@ class Settings(BaseModel):
         return {n: f.default for n, f in cls.model_fields.items() if _extra(f).get("keyed", True)}
 
     @classmethod
+    def execution_names(cls) -> tuple[str, ...]:
+        """The settings that say how a cell is executed, not what it computes: never part of its key."""
+        return tuple(n for n, f in cls.model_fields.items() if _extra(f).get("source") == EXECUTION)
+
+    @classmethod
     def choices(cls, name: str) -> tuple | None:
         """The allowed values of a field whose type is a Literal (None where any value of its type is)."""
         return _literal_values(cls.model_fields[name].annotation)
@@ -97,7 +106,7 @@ class Settings(BaseModel):
     @classmethod
     def of_cell(cls, cell) -> Settings:
         """A cell's validated settings: those it carries (cell.make_cell), else its hparams validated."""
-        return cell.settings if isinstance(cell.settings, cls) else cls.of(cell.hparams)
+        return cell.settings if isinstance(cell.settings, cls) else cls.of({**cell.hparams, **cell.execution})
 
     def __getitem__(self, key: str):
         return getattr(self, key)

@@ -94,12 +94,6 @@ class DiagnoseSettings(FinetuneSettings):
     steps: int = setting(100, DIAG, "fine-tuning steps", ge=1)
     warmup_steps: int = setting(10, DIAG, "linear warm-up steps, then cosine to 0", ge=0)
     grad_last: int = setting(50, DIAG, "per-layer gradient norms: mean over the last k steps", ge=1)
-    loss: Literal["sigmoid", "softmax"] = setting(
-        "softmax",
-        "the fine-tuning's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
-        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
-        keyed=False,
-    )
 
 
 CLASSIFIER = "App. E's fine-tuning recipe for the classifier under test (docs/robustness.md)"
@@ -113,12 +107,6 @@ class CorruptionSettings(FinetuneSettings):
         "auto",
         CLASSIFIER,
         "auto: the checkpoint's head where it has the classes, else fine-tune | finetune | checkpoint",
-    )
-    loss: Literal["sigmoid", "softmax"] = setting(
-        "softmax",
-        "the classifier's loss as every record of this task ran it; App. E's sigmoid_xent is --set loss=sigmoid",
-        "sigmoid: big_vision's sigmoid_xent | softmax: softmax cross-entropy",
-        keyed=False,
     )
     lr: float = setting(0.01, CLASSIFIER, "learning rate of the classifier's fine-tuning", gt=0)
     eval_batch: int = setting(256, EXECUTION, "images per evaluation batch", ge=1)

@@ -41,6 +41,9 @@ VARIANTS = {  # name -> --set overrides of the embedded pretraining profile
     "wd0_sigmoid": WD0 + ("loss=sigmoid",),
     "wd0_2400_sigmoid": WD0 + LONG + ("loss=sigmoid",),
     "wd0_2400_light2": WD0 + LONG + ("aug=light2",),  # randaug(2, 0) and mixup 0.2
+    # DTN's mixing logits and positional weights at 10x and 30x the learning rate (mu4_dtn)
+    "wd0_2400_dtnlr10": WD0 + LONG + ("dtn_lr_mult=10",),
+    "wd0_2400_dtnlr30": WD0 + LONG + ("dtn_lr_mult=30",),
 }
 VARIED = sorted({s.split("=", 1)[0] for sets in VARIANTS.values() for s in sets})  # what tells variants apart
 
@@ -93,7 +96,7 @@ def main() -> None:
         (rec,) = [
             r
             for r in load_records([home / "pretrain"])
-            if r["backbone"] == args.backbone and all(r["hparams"][k] == hp[k] for k in VARIED)
+            if r["backbone"] == args.backbone and all(r["hparams"].get(k) == hp.get(k) for k in VARIED)
         ]
         ckpt = expand(rec["info"]["checkpoint"])
         cli(["run", "fewshot", "--suite", "embedded", "--backbone", f"{args.backbone}@{ckpt},{args.backbone}",

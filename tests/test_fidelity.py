@@ -293,6 +293,57 @@ def test_weight_decay_per_step_is_big_vision_s():
     assert not {"pos_embed", "cls_token", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias"} & names
 
 
+def test_dtn_lr_mult_scales_only_dtns_own_parameters_and_keeps_the_decay():
+    """Adam's first step moves a parameter by lr * g / (|g| + eps), about lr: with `dtn_lr_mult` 10 DTN's mixing
+    logits and positional weights move 10 times as far and every other parameter exactly as far as without it;
+    with zero gradients the kernels decay by the same sched(t) * wd (big_vision's), whatever the multiplier."""
+    from transferbench.engine.train import fit
+
+    names = augreg.dtn_parameter_names(create_backbone("mu4_dtn", num_classes=3, img_size=16))
+    assert names[:3] == ["blocks.0.norm1.mix_mean", "blocks.0.norm1.mix_var", "blocks.0.norm1.pos_weight"]
+    assert len(names) == 3 * 2 * 4  # 3 parameters x 2 norms x the first depth - 2 = 4 blocks of mu4_dtn
+
+    def moved(mult, grads, wd=1e-4):
+        torch.manual_seed(0)
+        model = randomize_(create_backbone("mu4_dtn", num_classes=3, img_size=16))
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt = augreg.adamw(model, lr=1e-3, wd=wd, betas=(0.9, 0.999), dtn_lr_mult=mult)
+        x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 0])
+        loss = (lambda out, t: out.sum() * 0) if not grads else torch.nn.functional.cross_entropy
+        fit(model, iter([(x, y)]), opt, steps=1, base_lr=1e-3, warmup=0, clip=0, loss_fn=loss, device="cpu", bf16=False)
+        return {n: (p.detach() - before[n]) for n, p in model.named_parameters()}, before
+
+    plain, _ = moved(1.0, True, wd=0.0)
+    ten, _ = moved(10.0, True, wd=0.0)
+    for n in plain:
+        if n in names:
+            torch.testing.assert_close(ten[n], 10 * plain[n], rtol=1e-4, atol=1e-9)
+            assert plain[n].abs().max() > 0.5e-3  # it moved by about lr
+        else:
+            torch.testing.assert_close(ten[n], plain[n], rtol=0, atol=0)
+    still, before = moved(10.0, False)  # zero gradients: only big_vision's decay acts (sched(0) = 1 at step 0)
+    kernels = set(augreg.kernel_names(create_backbone("mu4_dtn", num_classes=3, img_size=16)))
+    for n, d in still.items():
+        factor = 1 - 1e-4 if n in kernels else 1.0
+        torch.testing.assert_close(before[n] + d, before[n] * factor, rtol=0, atol=1e-9)
+    assert set(names) & kernels == {n for n in names if n.endswith("pos_weight")}
+
+
+def test_dtn_decays_its_positional_weights_as_the_papers_deit_recipe_does():
+    """DTN trains in DeiT's framework: timm's `param_groups_weight_decay` decays every parameter of 2 or more
+    dimensions but biases. Of DTN's own parameters that is `pos_weight` (H, 3), the reference's dense layer from R
+    to the heads, and not the mixing logits (H): our big_vision mask decays the same ones."""
+    from timm.optim import param_groups_weight_decay
+
+    model = create_backbone("mu4_dtn", num_classes=3, img_size=16)
+    groups = param_groups_weight_decay(model, weight_decay=0.05)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    timm_decayed = {by_id[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    own = set(augreg.dtn_parameter_names(model))
+    ours = set(augreg.kernel_names(model))
+    assert own & timm_decayed == own & ours == {n for n in own if n.endswith("pos_weight")} != set()
+
+
 # --- timm's loader ------------------------------------------------------------------------------------
 
 

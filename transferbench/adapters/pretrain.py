@@ -129,7 +129,9 @@ class PretrainAdapter(Adapter):
         )
         model.reset_classifier(train.num_classes, bias=hp.init_head_bias)
         model.to(ctx.device)
-        opt = augreg.adamw(model, lr=hp.lr, wd=hp.wd, betas=(hp.beta1, hp.beta2), device=ctx.device)
+        opt = augreg.adamw(
+            model, lr=hp.lr, wd=hp.wd, betas=(hp.beta1, hp.beta2), device=ctx.device, dtn_lr_mult=hp.dtn_lr_mult
+        )
         px = hp.pixels
         transform = train_transform(hp.resolution, hp.augment, pixels=px, randaug=augreg.randaugment(r["aug"]))
         mixup = (lambda b: augreg.mixup_batches(b, r["mixup"], train.num_classes, cell.seed)) if r["mixup"] else None

@@ -11,7 +11,8 @@
 - `scale_and_bias`, `scenic_adamw`: scenic's decay mask (`skip_scale_and_bias_regularization`), used by the
   segmentation protocol;
 - `kernel_names` / `kernels`: which parameters are decayed: big_vision's default mask `.*/kernel$`, the weights
-  of dense and conv layers (not biases, norms, position embeddings, the cls token or DTN's mixing logits);
+  of dense and conv layers and DTN's positional weights, which the DTN reference computes with a dense layer (not
+  biases, norms, position embeddings, the cls token or DTN's mixing logits);
 - `decay_groups`: the two AdamW parameter groups (decayed, not) that every rule above feeds.
 """
 
@@ -106,14 +107,21 @@ def decayed_norm(model: nn.Module) -> float:
 
 
 def kernel_names(model: nn.Module) -> list[str]:
-    """big_vision's `.*/kernel$` on torch modules: the weight of every dense (nn.Linear) and conv layer, and
+    """big_vision's `.*/kernel$` on torch modules: the weight of every dense (nn.Linear) and conv layer,
     nn.MultiheadAttention's q/k/v projection (`in_proj_weight`, or the separate `q/k/v_proj_weight`), which
-    flax's attention keeps as dense kernels."""
+    flax's attention keeps as dense kernels, and DTN's positional weights `pos_weight` (H, 3): the DTN reference
+    computes R . a^h with a dense layer from R's 3 features to the heads, and the paper's DeiT recipe decays every
+    parameter of 2 or more dimensions (timm's `param_groups_weight_decay`); its mixing logits (H) stay undecayed
+    in both."""
+    from ..backbones.dtn import DynamicTokenNorm
+
     names = []
     for prefix, m in model.named_modules():
         dot = f"{prefix}." if prefix else ""
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             names.append(f"{dot}weight")
+        elif isinstance(m, DynamicTokenNorm):
+            names.append(f"{dot}pos_weight")
         elif isinstance(m, nn.MultiheadAttention):
             names += [
                 f"{dot}{k}"
@@ -174,11 +182,47 @@ def decoupled_wd(wd: float, lr: float) -> float:
 
 
 def adamw(
-    model: nn.Module, *, lr: float, wd: float, betas: tuple[float, float], device: str = "cpu"
+    model: nn.Module,
+    *,
+    lr: float,
+    wd: float,
+    betas: tuple[float, float],
+    device: str = "cpu",
+    dtn_lr_mult: float = 1.0,
 ) -> torch.optim.AdamW:
     """AdamW decaying the kernels only, by sched(t) * wd per step as big_vision does (engine.train.fit sets each
-    step's lr = lr * sched(t))."""
+    step's lr = lr * sched(t)). `dtn_lr_mult` != 1 moves DTN's own parameters (`dtn_parameter_names`) into groups
+    of their own whose `lr_mult` fit applies."""
     from .train import optimizer_options
 
     groups = decay_groups(model, kernel_names(model), decoupled_wd(wd, lr))
+    if dtn_lr_mult != 1.0:
+        dtn = {id(p) for n, p in model.named_parameters() if n in set(dtn_parameter_names(model))}
+        split = []
+        for g in groups:
+            own = [p for p in g["params"] if id(p) in dtn]
+            rest = [p for p in g["params"] if id(p) not in dtn]
+            # AdamW's decay is lr_t * weight_decay: the multiplied lr keeps big_vision's sched(t) * wd
+            split += [
+                {**g, "params": rest},
+                {
+                    **g,
+                    "params": own,
+                    "lr_mult": float(dtn_lr_mult),
+                    "weight_decay": g["weight_decay"] / float(dtn_lr_mult),
+                },
+            ]
+        groups = [g for g in split if g["params"]]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, **optimizer_options(device))
+
+
+def dtn_parameter_names(model: nn.Module) -> list[str]:
+    """The mixing logits and positional weights of every DynamicTokenNorm (backbones.dtn), in
+    `named_parameters` order: the parameters DTN adds to a ViT besides its affine scale and bias."""
+    from ..backbones.dtn import DynamicTokenNorm
+
+    names = []
+    for prefix, m in model.named_modules():
+        if isinstance(m, DynamicTokenNorm):
+            names += [f"{prefix}.{k}" for k in ("mix_mean", "mix_var", "pos_weight")]
+    return names

@@ -117,7 +117,7 @@ def fit(
         x, y = next(batches)
         lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_mult"] if "lr_mult" in group else lr
         total, micro = _accumulate(step_model, optimizer, x, y, loss_fn, device, bf16, micro, splittable)
         first = (bad_step < 0) & ~torch.isfinite(total)
         bad_step = torch.where(first, at, bad_step)

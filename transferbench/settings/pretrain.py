@@ -51,4 +51,11 @@ class PretrainSettings(Settings):
     eval_resize_small: int | None = setting(
         256, f"{APP_C}: resize_small(256)|central_crop(224)", "resize-small before the centre crop (null: none)"
     )
+    dtn_lr_mult: float = setting(
+        1.0,
+        "DTN (Shao et al.) trains its norms' parameters at the network's learning rate",
+        "learning-rate multiplier of DTN's mixing logits and positional weights (mix_mean, mix_var, pos_weight)",
+        keyed=False,
+        gt=0,
+    )
     bf16: BF16 = setting("auto", BF16_SOURCE, BF16_HELP)

@@ -416,3 +416,24 @@ def test_the_committed_embedded_results_rise_with_severity():
         ]
         assert len([r for r in mine if r["stage"] == "corruption"]) == 3 * 3 * 15, b
         assert clean < sev[0] and all(np.diff(sev) > 0), (b, clean, sev)
+
+
+@pytest.mark.parametrize("setting", ["loss=sigmoid", "pixels=imagenet", "lr=0.01", "steps=20"])
+def test_a_classifier_trained_under_other_settings_is_never_reused(setting):
+    """The classifier cache is keyed by every setting the fine-tuning reads (App. E's recipe, the loss and the pixel
+    normalisation among them): a cell that changes one gets another classifier, and one that changes only how the
+    corrupted images are made (render) shares it."""
+    from transferbench.adapters import prepare_task, resolve_backbone
+    from transferbench.adapters.corruption.classifier import classifier_key
+    from transferbench.adapters.corruption.dataset import TRAIN_KEYS
+    from transferbench.cell import make_cell
+    from transferbench.settings.finetune import FinetuneSettings
+
+    backbone = resolve_backbone("mu4")
+
+    def key(sets):
+        task = prepare_task("imagenet_c", suite="embedded", datasets=["mini_digits"], sets=sets)
+        return classifier_key(make_cell(task, task.datasets[0], backbone, task.grid()[0], 0, "classifier"))
+
+    assert key([setting]) != key([]) == key(["render=48"])
+    assert set(FinetuneSettings.model_fields) - set(TRAIN_KEYS) == {"backbone_preprocess"}

@@ -155,11 +155,14 @@ def test_metrics_are_stored_without_float_noise():
 
 
 def test_committed_records_of_schema_1_stay_readable():
+    """results/runs holds records of schema 1 (no schema_version, absolute checkpoint paths) beside schema 2 ones;
+    both read strictly and report together."""
     from transferbench.records.aggregate import aggregate
     from transferbench.records.store import load_records, schema_version
     from transferbench.reporting.formats import render
     from transferbench.reporting.kinds import report_tables
 
     records = load_records([ROOT / "results" / "runs"], strict=True)
-    assert len(records) > 1000 and {schema_version(r) for r in records} == {1}
+    versions = [schema_version(r) for r in records]
+    assert len(records) > 1000 and versions.count(1) > 800 and set(versions) == {1, 2}
     assert aggregate(records) and "mu4_dpn@embedded" in render(report_tables(records))

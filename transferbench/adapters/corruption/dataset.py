@@ -9,19 +9,11 @@ from ...data.corruptions import check_name
 from ...data.imagenet_c import CORRUPTIONS
 from ...data.sources import DatasetEntry
 from ...settings.choices import AUGMENTATIONS
+from ...settings.finetune import FinetuneSettings
 
-TRAIN_KEYS = (
-    "optimizer",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "clip",
-    "batch",
-    "steps",
-    "warmup_steps",
-    "resolution",
-    "bf16",
-)
+# what the classifier's fine-tuning reads: every setting of App. E's recipe (the loss and the pixels among them), so
+# that a classifier trained under other settings is never reused
+TRAIN_KEYS = tuple(n for n in FinetuneSettings.model_fields if n != "backbone_preprocess")
 
 
 class CorruptionDataset(DatasetEntry):

@@ -197,7 +197,8 @@ def adamw(
 
     groups = decay_groups(model, kernel_names(model), decoupled_wd(wd, lr))
     if dtn_lr_mult != 1.0:
-        dtn = {id(p) for n, p in model.named_parameters() if n in set(dtn_parameter_names(model))}
+        params = dict(model.named_parameters())
+        dtn = {id(params[n]) for n in dtn_parameter_names(model)}
         split = []
         for g in groups:
             own = [p for p in g["params"] if id(p) in dtn]

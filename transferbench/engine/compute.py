@@ -202,8 +202,7 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
     how = {"device": ctx.device, "workers": ctx.workers, "compile": ctx.compile, "micro_batch": ctx.micro_batch}
-    how["execution"] = getattr(cell, "execution", None) or {}
-    arith, outputs = arithmetic.finish(metrics, **how)
+    arith, outputs = arithmetic.finish(metrics, **how, execution=getattr(cell, "execution", None))
     return {
         "status": status,
         "reason": reason,

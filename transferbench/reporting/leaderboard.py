@@ -113,6 +113,7 @@ def write_leaderboard(
         "",
     ]
     lines += overview(records, reference, correct, per_task)
+    lines += targets_section(records, per_task)
     for task, (tables, report, ents) in per_task.items():
         lines += task_section(
             task, titles[task], [r for r in records if r["task"] == task], tables, report, ents, out, reference
@@ -122,6 +123,41 @@ def write_leaderboard(
 
 
 __all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]
+
+
+def targets_section(records: list[dict], per_task: dict) -> list[str]:
+    """The sanity targets (`reporting.targets`): each checkpoint's gain over random init of its architecture on
+    each target measure, and every set significantly worse than random init; nothing where no checkpoint has its
+    random init beside it."""
+    from .targets import sanity_targets, targets_markdown
+
+    checks, worse = sanity_targets(records, per_task=per_task)
+    if not checks:
+        return []
+    lines = [
+        "### Sanity targets",
+        "",
+        "Each checkpoint against random init of its own architecture: the paired mean difference ± its 95% "
+        "half-width over the shared seeds, as in each task's sanity table, and the target it must reach "
+        "(`transferbench.reporting.targets`).",
+        "",
+        targets_markdown(checks),
+        "",
+    ]
+    if worse:
+        lines += [
+            "Sets significantly worse than random init (95% interval below 0): "
+            + "; ".join(
+                f"{w.task}{' ' + w.setting if w.setting else ''} {w.column} {w.backbone} {w.gain:+.1f} ± "
+                f"{w.half_width:.1f}"
+                for w in worse
+            )
+            + ".",
+            "",
+        ]
+    else:
+        lines += ["No set of any sanity table is significantly worse than random init.", ""]
+    return lines
 
 
 def task_section(task: str, title: str, recs: list, tables: list, report, ents, out: Path, reference) -> list[str]:

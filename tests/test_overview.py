@@ -180,10 +180,11 @@ def test_sanity_targets_read_the_sanity_tables_gains_and_name_every_worse_set():
     """The targets table over hand-made records: `records()` as vtab, with a target on its overall mean and one on
     dataset a. mu4@embedded - mu4: a 20, 16, 21 (mean 19), b 0, -2, 2 (mean 0), suite mean 9.5; mu4_dpn@embedded -
     mu4_dpn: a 22, 20, 21 (21), b -7, -1, -5 (-13/3, every difference below 0: significantly worse, t on 2 df)."""
+    from transferbench.reporting.leaderboard import task_tables
     from transferbench.reporting.targets import Target, sanity_targets, targets_markdown
 
     targets = (Target("mean", "vtab", "", "mean", 9.0), Target("a", "vtab", "", "a", 20.0))
-    checks, worse = sanity_targets(records(), targets)
+    checks, worse = sanity_targets(task_tables(records()), targets)
     by = {(c.measure, c.backbone): c for c in checks}
     assert by[("mean", "mu4@embedded")].gain == pytest.approx(9.5) and by[("mean", "mu4@embedded")].ok
     assert by[("mean", "mu4_dpn@embedded")].gain == pytest.approx((21 - 13 / 3) / 2)  # 8.33 < 9
@@ -194,9 +195,9 @@ def test_sanity_targets_read_the_sanity_tables_gains_and_name_every_worse_set():
     # b of mu4_dpn@embedded: -7, -1, -5: sd 3.06, half-width 4.303 * 3.06 / sqrt 3 = 7.6 > 4.33, so not significant;
     # no set is worse, and a missing task fails its target rather than passing it
     assert worse == []
-    checks, _ = sanity_targets(records(), (Target("LiT", "lit", "", "zeroshot", 10.0),))
+    checks, _ = sanity_targets(task_tables(records()), (Target("LiT", "lit", "", "zeroshot", 10.0),))
     assert [c.gain for c in checks] == [None, None] and not any(c.ok for c in checks)
-    md = targets_markdown(sanity_targets(records(), targets)[0])
+    md = targets_markdown(sanity_targets(task_tables(records()), targets)[0])
     assert "| mean | ≥ +9 | +9.5 ± " in md and "no records ✗" not in md
     # a set significantly worse: b of mu4@embedded lowered by 10 on every seed
     lowered = [
@@ -205,5 +206,5 @@ def test_sanity_targets_read_the_sanity_tables_gains_and_name_every_worse_set():
         else r
         for r in records()
     ]
-    _, worse = sanity_targets(lowered, targets)
+    _, worse = sanity_targets(task_tables(lowered), targets)
     assert [(w.backbone, w.column, round(w.gain, 3)) for w in worse] == [("mu4@embedded", "b", -10.0)]

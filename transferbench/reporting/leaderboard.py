@@ -17,6 +17,7 @@ from .kinds import report_kinds
 from .overview import overview_markdown, task_order
 from .provenance import code_line, code_summary
 from .tables import build_tables, sanity_table, stem_references
+from .targets import sanity_targets, targets_markdown
 
 TITLES = {
     "vtab": "VTAB-1k",
@@ -113,7 +114,7 @@ def write_leaderboard(
         "",
     ]
     lines += overview(records, reference, correct, per_task)
-    lines += targets_section(records, per_task)
+    lines += targets_section(per_task)
     for task, (tables, report, ents) in per_task.items():
         lines += task_section(
             task, titles[task], [r for r in records if r["task"] == task], tables, report, ents, out, reference
@@ -125,13 +126,11 @@ def write_leaderboard(
 __all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]
 
 
-def targets_section(records: list[dict], per_task: dict) -> list[str]:
+def targets_section(per_task: dict) -> list[str]:
     """The sanity targets (`reporting.targets`): each checkpoint's gain over random init of its architecture on
     each target measure, and every set significantly worse than random init; nothing where no checkpoint has its
     random init beside it."""
-    from .targets import sanity_targets, targets_markdown
-
-    checks, worse = sanity_targets(records, per_task=per_task)
+    checks, worse = sanity_targets(per_task)
     if not checks:
         return []
     lines = [

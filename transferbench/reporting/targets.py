@@ -1,10 +1,10 @@
 """The sanity targets of the embedded world: each shipped checkpoint against random init of its own architecture.
 
 The embedded suites are the one world that CI, the nightly and a newcomer can run, so they must answer the sanity
-question as paper scale does: pretraining matters. `sanity_targets(records)` reads the leaderboard's sanity tables
-(the same paired differences over the shared seeds, the same 95% intervals) and checks each measure of `TARGETS`
-for every checkpoint that has its random init beside it, and that no set of any sanity table is significantly
-worse than random init. Text only: it never imports torch.
+question as paper scale does: pretraining matters. `sanity_targets(task_tables(records))` reads the leaderboard's
+sanity tables (the same paired differences over the shared seeds, the same 95% intervals) and checks each measure
+of `TARGETS` for every checkpoint that has its random init beside it, and that no set of any sanity table is
+significantly worse than random init. Text only: it never imports torch.
 """
 
 from __future__ import annotations
@@ -67,16 +67,10 @@ def _sanity_tables(per_task: dict) -> dict[tuple[str, str], TaskTable]:
     return out
 
 
-def sanity_targets(
-    records: list[dict], targets=TARGETS, per_task: dict | None = None
-) -> tuple[list[Check], list[Worse]]:
-    """(each target for each checkpoint, every set significantly worse than random init in any sanity table): the
-    checkpoints are those with their random init beside them in any task; one without a cell for a target gets
-    `gain=None`, which fails it. `per_task`: the records' `leaderboard.task_tables`, where the caller has them."""
-    if per_task is None:
-        from .leaderboard import task_tables
-
-        per_task = task_tables(records)
+def sanity_targets(per_task: dict, targets=TARGETS) -> tuple[list[Check], list[Worse]]:
+    """(each target for each checkpoint, every set significantly worse than random init in any sanity table), from
+    the records' tables `per_task` (`leaderboard.task_tables(records)`). The checkpoints are those with their random
+    init beside them in any task; one without a cell for a target gets `gain=None`, which fails it."""
     tables = _sanity_tables(per_task)
     checkpoints: dict[str, str] = {}
     for s in tables.values():

@@ -58,8 +58,12 @@ class Worse:
 
 
 def _sanity_tables(per_task: dict) -> dict[tuple[str, str], TaskTable]:
+    """(task, setting) -> its sanity table, for the tasks whose sections print one (as `leaderboard.task_section`:
+    tables of a report kind that pairs no reference, the diagnostics', have none)."""
     out = {}
-    for task, (tables, _, _) in per_task.items():
+    for task, (tables, report, _) in per_task.items():
+        if report is not None and not report.uses_reference:
+            continue
         for t in tables:
             s = sanity_table(t) if isinstance(t, TaskTable) else None
             if s is not None and s.refs and (task, t.setting) not in out:  # the newest protocol's table first

@@ -146,7 +146,12 @@ def test_leaderboard_writes_each_task_with_its_figure_and_provenance(toy_runs, t
     assert "| alpha (shots=1)" in text.split("<details>")[1] and "![Δ vs each row's reference at shots=5]" in text
     png = out.parent / "LEADERBOARD_toy.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert (out.parent / "LEADERBOARD_toy.svg").read_text().lstrip().startswith("<?xml")  # the vector twin
+    svg = out.parent / "LEADERBOARD_toy.svg"
+    assert svg.read_text().lstrip().startswith("<?xml")  # the vector twin
+    # the same records give the same bytes (matplotlib's default stamps a date and draws random element ids)
+    first, first_png = svg.read_bytes(), png.read_bytes()
+    assert cli(f"leaderboard {toy_runs} -o {out}") == 0
+    assert svg.read_bytes() == first and png.read_bytes() == first_png and b"<dc:date>" not in first
 
 
 def test_each_backbone_is_paired_with_the_plain_backbone_of_its_weights_source():

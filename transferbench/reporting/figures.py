@@ -52,7 +52,9 @@ def finish(
     if tight:
         fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches="tight")  # the saved area grows to hold titles and outside legends
-    fig.savefig(Path(path).with_suffix(VECTOR), bbox_inches="tight")
+    # the same figure gives the same bytes: no date in the SVG, and its element ids from a fixed salt
+    with pyplot().rc_context({"svg.hashsalt": "transferbench"}):
+        fig.savefig(Path(path).with_suffix(VECTOR), bbox_inches="tight", metadata={"Date": None})
     pyplot().close(fig)
     return path
 

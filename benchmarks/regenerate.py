@@ -81,28 +81,40 @@ def minutes(seconds: float) -> str:
 
 
 def ship(home: Path, backbone: str) -> Path:
-    """Copy the checkpoint that `transferbench pretrain --backbone B` left under `home`, with its log, into
-    transferbench/weights under the name `NAME@embedded` looks for, write its digest, and remove the files of
-    `backbone` that it replaces."""
-    sys.path.insert(0, str(ROOT))
+    """Copy the checkpoint that `transferbench pretrain --backbone B` left under `home`, with its training log, to
+    where `NAME@embedded` looks for it in transferbench/weights, write its digest, and remove the files of
+    `backbone` it replaces."""
     from transferbench.adapters.pretrain import SHIPPED as WEIGHTS
+    from transferbench.adapters.pretrain import shipped_checkpoint
     from transferbench.paths import write_digest
 
+    os.environ["TRANSFERBENCH_HOME"] = str(home)
     made = sorted((home / "checkpoints").glob(f"{backbone}-upstream-*.safetensors"))
     if len(made) != 1:
         fail(f"expected one checkpoint of {backbone} under {home / 'checkpoints'}, found {len(made)}")
-    src = made[0]
-    # the home's name ends in the code digest; the shipped one is {backbone}-{dataset}-{cell key}
-    name = src.stem.rsplit("-", 1)[0]
+    src, dst = made[0], shipped_checkpoint(backbone)
     for old in WEIGHTS.glob(f"{backbone}-upstream-*"):
         old.unlink()
-    dst = WEIGHTS / f"{name}.safetensors"
     shutil.copyfile(src, dst)
     log = src.with_name(src.stem + ".log.json")
     if log.is_file():
-        shutil.copyfile(log, WEIGHTS / f"{name}.log.json")
+        shutil.copyfile(log, dst.with_name(dst.stem + ".log.json"))
     write_digest(dst)
     return dst
+
+
+def check_shipped() -> None:
+    """Every shipped checkpoint matches the current pretraining profile: otherwise `NAME@embedded` would pretrain
+    on demand inside the runs, and their times and weights would not be the committed ones."""
+    from transferbench.adapters.pretrain import shipped_checkpoint
+
+    for b in SHIPPED:
+        path = shipped_checkpoint(b)
+        if not path.is_file():
+            fail(
+                f"no shipped checkpoint of {b} for the current pretraining profile ({path.name}): run "
+                "`python -m benchmarks.regenerate pretrain` and commit transferbench/weights first"
+            )
 
 
 def main(argv=None) -> None:
@@ -131,6 +143,7 @@ def main(argv=None) -> None:
     out = ROOT / "results" / ("nightly" if args.phase == "nightly" else "runs")
     if args.phase in ("runs", "nightly"):
         clean_tree()
+        check_shipped()
         for t in names:
             empty_folder(out / t, "records")
     if args.home is not None:

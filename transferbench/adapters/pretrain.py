@@ -228,6 +228,22 @@ def embedded_checkpoint(name: str) -> Path:
     return pretrained_checkpoint(name, "embedded")
 
 
+def _pretrain_cell(name: str, source: str):
+    """(task, backbone ref, final cell, records folder) of the pretraining that makes `name`@`source`."""
+    task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
+    out = cache("pretrain")
+    ref = BackboneRef(name, name, None, RANDOM_INIT)
+    (cell,) = [c for c in task.adapter.plan(task, ref, Results(RecordStore(out))) if c.stage == "final"]
+    return task, ref, cell, out
+
+
+def shipped_checkpoint(name: str, source: str = "embedded") -> Path:
+    """Where the shipped checkpoint of `name`@`source` for the current profile lies (it may not exist): the name
+    holds the pretraining cell's key, which covers the profile, the data generator's version and the protocol."""
+    _, _, cell, _ = _pretrain_cell(name, source)
+    return SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
+
+
 def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True) -> Path | None:
     """The checkpoint of task `pretrain` (suite `source`) for backbone `name`, or None when `source` is
     not a pretraining suite (a file path, then): the one shipped in transferbench/weights when its cell
@@ -236,11 +252,7 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
 
     if source not in PRETRAINED:
         return None
-    task = prepare_task("pretrain", suite=PRETRAINED[source], sets=PRETRAIN_SETS)
-    out = cache("pretrain")
-    ref = BackboneRef(name, name, None, RANDOM_INIT)
-    store = RecordStore(out)
-    (cell,) = [c for c in task.adapter.plan(task, ref, Results(store)) if c.stage == "final"]
+    task, ref, cell, out = _pretrain_cell(name, source)
     shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
     if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
         why = damage(shipped)  # its size and checksum ship beside it (NAME.digest)

@@ -51,7 +51,7 @@ def clean_tree() -> None:
         fail(f"not a git checkout ({ROOT}): the records must name the commit that made them")
     if dirty.stdout.strip():
         first = dirty.stdout.splitlines()[0]
-        fail(f"uncommitted changes ({first.strip()} ...): commit them first, so the records name the code that made them")
+        fail(f"uncommitted changes ({first.strip()} ...): commit them, so the records name the code that made them")
 
 
 def empty_folder(path: Path, what: str) -> None:

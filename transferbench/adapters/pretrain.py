@@ -241,6 +241,10 @@ def shipped_checkpoint(name: str, source: str = "embedded") -> Path:
     """Where the shipped checkpoint of `name`@`source` for the current profile lies (it may not exist): the name
     holds the pretraining cell's key, which covers the profile, the data generator's version and the protocol."""
     _, _, cell, _ = _pretrain_cell(name, source)
+    return _shipped_path(name, cell)
+
+
+def _shipped_path(name: str, cell) -> Path:
     return SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
 
 
@@ -253,7 +257,7 @@ def pretrained_checkpoint(name: str, source: str, *, show_progress: bool = True)
     if source not in PRETRAINED:
         return None
     task, ref, cell, out = _pretrain_cell(name, source)
-    shipped = SHIPPED / f"{name}-{cell.dataset}-{cell.key}.safetensors"
+    shipped = _shipped_path(name, cell)
     if shipped.is_file():  # made by exactly this cell (same profile, data version and code protocol)
         why = damage(shipped)  # its size and checksum ship beside it (NAME.digest)
         if why:

@@ -22,13 +22,14 @@ Image-text set (webdataset shards pairs-00000.tar ... of PNG + txt, 11 x 1,024 p
                 scenes (object count, colours, spheres and cubes), patches from the training strip of the
                 `photos` photographs (what they show); shuffled, the last 1,024 held out
 Upstream set, for pretraining:
-  upstream      96 classes (32x32): 32 procedural glyph classes (random strokes under random affine
+  upstream      144 classes (32x32): 32 procedural glyph classes (random strokes under random affine
                 jitter and stroke width, light tinted strokes on a dark tinted ground), 32 procedural
                 texture classes (a two-colour palette and a pattern: stripes, checks, blobs or dots at a
-                class frequency, under jitter of phase, angle, scale and colour), 16 photograph classes
-                (which of 16 photographs that scikit-learn, matplotlib and scikit-image ship, none of
-                them a `photos` one, a random patch comes from) and 16 position classes (in which cell
-                of a 4 x 4 grid a small glyph of any class lies)
+                class frequency, under jitter of phase, angle, scale and colour), 64 photograph classes
+                (which column quarter of which of 16 photographs that scikit-learn, matplotlib and
+                scikit-image ship, none of them a `photos` one, a random patch comes from; patches from
+                the top 65% of each photograph's rows, whose rest `scenes` uses) and 16 position classes
+                (in which cell of a 4 x 4 grid a small glyph of any class lies)
 
 A set's info.json holds the fingerprint of the code and libraries that generated it (common.generator_code); a set
 made by other code is generated again. A generator's version is part of every cell key that uses the set: bumping
@@ -55,12 +56,14 @@ from .common import (
     IMAGE_TEXT,
     N_GLYPHS,
     N_PHOTOS,
+    N_QUARTERS,
     N_TEXTURES,
     N_UPSTREAM,
     N_UPSTREAM_TEST,
     PHOTOS,
     SEGMENTATION,
     UPSTREAM_PHOTOS,
+    UPSTREAM_ROWS,
     VERSIONS,
     embedded_root,
     generator_code,
@@ -73,10 +76,12 @@ from .photos import gen_photos
 from .scenes import SCENE_CLASSES, gen_scenes, render_segmentation_scene
 from .sprites import gen_dsprites, render_sprite
 from .upstream import (
+    N_PHOTO_CLASSES,
     N_POSITIONS,
     N_UPSTREAM_CLASSES,
     POSITION_GRID,
     gen_upstream,
+    photo_class_region,
     position_centre,
     render_glyph,
     render_texture,
@@ -164,7 +169,9 @@ __all__ = [
     "IMAGE_TEXT",
     "N_GLYPHS",
     "N_PHOTOS",
+    "N_PHOTO_CLASSES",
     "N_POSITIONS",
+    "N_QUARTERS",
     "N_TEXTURES",
     "N_UPSTREAM",
     "N_UPSTREAM_CLASSES",
@@ -174,6 +181,7 @@ __all__ = [
     "SCENE_CLASSES",
     "SEGMENTATION",
     "UPSTREAM_PHOTOS",
+    "UPSTREAM_ROWS",
     "VERSIONS",
     "embedded_pairs",
     "embedded_root",
@@ -181,6 +189,7 @@ __all__ = [
     "generator_code",
     "open_set",
     "load_photo",
+    "photo_class_region",
     "photo_patch",
     "position_centre",
     "render_glyph",

@@ -19,8 +19,8 @@ VERSIONS = {
     "clevr_count": "1",
     "clevr_dist": "1",
     "photos": "1",
-    "upstream": "5",
-    "scenes": "1",
+    "upstream": "6",
+    "scenes": "3",
     "captions": "1",
 }
 # the module of each set's generator: its code (import closure) and the data packages are the set's fingerprint,
@@ -118,6 +118,8 @@ UPSTREAM_PHOTOS = (
     ("skimage", "microaneurysms"),
 )
 N_PHOTOS = len(UPSTREAM_PHOTOS)
+N_QUARTERS = 4  # each upstream photograph gives one class per column quarter
+UPSTREAM_ROWS = 0.65  # the upstream set cuts its photograph classes from the top 65% of the rows; `scenes` the rest
 
 
 def load_photo(package: str, name: str) -> np.ndarray:
@@ -146,12 +148,19 @@ def load_photo(package: str, name: str) -> np.ndarray:
 
 
 def photo_patch(
-    im: np.ndarray, rng: np.random.Generator, lo: float = 0.12, hi: float = 0.3, x_range=(0.0, 1.0), out: int = 32
+    im: np.ndarray,
+    rng: np.random.Generator,
+    lo: float = 0.12,
+    hi: float = 0.3,
+    x_range=(0.0, 1.0),
+    out: int = 32,
+    y_range=(0.0, 1.0),
 ) -> np.ndarray:
-    """A random square patch of lo..hi of the photograph's shorter side, inside the column range x_range
-    (fractions of the width), resized to out x out."""
+    """A random square patch of lo..hi of the photograph's shorter side, inside the column range x_range and the
+    row range y_range (fractions of the width and height), resized to out x out."""
     h, w = im.shape[:2]
     x0, x1 = int(w * x_range[0]), int(w * x_range[1])
-    c = min(int(rng.uniform(lo, hi) * min(h, w)), x1 - x0)
-    x, y = rng.integers(x0, x1 - c + 1), rng.integers(0, h - c + 1)
+    y0, y1 = int(h * y_range[0]), int(h * y_range[1])
+    c = min(int(rng.uniform(lo, hi) * min(h, w)), x1 - x0, y1 - y0)
+    x, y = rng.integers(x0, x1 - c + 1), rng.integers(y0, y1 - c + 1)
     return np.asarray(Image.fromarray(im[y : y + c, x : x + c]).resize((out, out), Image.BILINEAR))

@@ -184,7 +184,7 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
         x, _ = ds[0]
         assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and -1 <= x.min() and x.max() <= 1
     up = FolderDataset(root, "upstream", "train", verify=False)
-    assert len(up) == embedded.N_UPSTREAM and up.num_classes == embedded.N_UPSTREAM_CLASSES == 32 + 32 + 16 + 16
+    assert len(up) == embedded.N_UPSTREAM and up.num_classes == embedded.N_UPSTREAM_CLASSES == 32 + 32 + 64 + 16
     images, labels = up.array().astype(np.float64), up.labels
     assert set(labels.tolist()) == set(range(embedded.N_UPSTREAM_CLASSES))
     # glyphs: light strokes on a dark ground (the corners are ground: at most 60 + stroke bleed)
@@ -197,16 +197,20 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
         mean_colour = images[labels == embedded.N_GLYPHS + k].mean((1, 2))
         lo, hi = palettes[k]["colours"].min(0) - 22, palettes[k]["colours"].max(0) + 22
         assert len(mean_colour) > 100 and ((mean_colour >= lo) & (mean_colour <= hi)).all()
-    # photographs: class k's patches come from photograph k, so the grey ones give grey patches only
+    # photographs: classes 4k..4k+3 come from photograph k's four column quarters, so the grey photographs give
+    # grey patches only
     first_photo = embedded.N_GLYPHS + embedded.N_TEXTURES
     for k, source in enumerate(embedded.UPSTREAM_PHOTOS):
-        patches = images[labels == first_photo + k]
-        grey = np.abs(patches - patches[..., :1]).max() == 0
-        assert grey == (
-            source[1] in ("clock", "gravel", "moon", "page", "text", "cell", "topobathy.npz", "microaneurysms")
-        ), source
+        for q in range(embedded.N_QUARTERS):
+            j = embedded.N_QUARTERS * k + q
+            assert embedded.photo_class_region(j) == (k, (q / 4, (q + 1) / 4), (0.0, 0.65))
+            patches = images[labels == first_photo + j]
+            grey = np.abs(patches - patches[..., :1]).max() == 0
+            assert grey == (
+                source[1] in ("clock", "gravel", "moon", "page", "text", "cell", "topobathy.npz", "microaneurysms")
+            ), source
     # positions: over a class's images the ink's centroid lies in the class's cell of the 4 x 4 grid
-    first_position = first_photo + embedded.N_PHOTOS
+    first_position = first_photo + embedded.N_PHOTO_CLASSES
     for k in (0, 5, 10, 15):
         ims = images[labels == first_position + k].mean(-1)
         ink = np.clip(ims - np.median(ims, axis=(1, 2), keepdims=True), 0, None)
@@ -221,6 +225,9 @@ def test_photo_patches_stay_in_their_strip():
     for _ in range(20):  # a patch of the right strip holds only the right strip's columns (values)
         patch = embedded.photo_patch(ramp, rng, x_range=(0.75, 1.0))
         assert patch.shape == (32, 32, 3) and patch.min() >= int(0.75 * 400 * 255 / 399) - 1
+    for _ in range(20):  # and a patch of the top 65% of the rows holds none of the rows below (a vertical ramp)
+        patch = embedded.photo_patch(ramp.transpose(1, 0, 2), rng, y_range=(0.0, 0.65))
+        assert patch.max() <= int(0.65 * 400 * 255 / 399) + 1
     assert embedded.position_centre(0) == (0.125, 0.125) and embedded.position_centre(6) == (0.625, 0.375)
 
 

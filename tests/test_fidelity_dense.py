@@ -87,9 +87,9 @@ def test_steps_do_not_depend_on_the_fraction(fraction):
     assert train_steps(hp, n, 20210) == 128 * 1263 == 161664
     # the option: passes over the fraction's own images
     assert train_steps(hp.model_copy(update={"epoch": "fraction"}), n, 20210) == math.ceil(128 * n / 16)
-    # the embedded profile: 2 epochs of 512 // 8 steps whatever the fraction
+    # the embedded profile: 8 epochs of 512 // 8 steps whatever the fraction
     emb = SegSettings.of(spec_hparams("ade20k", "embedded"))
-    assert train_steps(emb, len(subset(512, fraction, 0)), 512) == 128
+    assert train_steps(emb, len(subset(512, fraction, 0)), 512) == 512
 
 
 def test_decoder_reads_the_tokens_before_the_final_norm():

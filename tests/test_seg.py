@@ -338,14 +338,14 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     root = embedded.ensure(["scenes"])
     train = SegFolderDataset(root, "scenes", "training")
     val = SegFolderDataset(root, "scenes", "validation")
-    assert (len(train), len(val), train.num_classes) == (512, 128, 4)
+    assert (len(train), len(val), train.num_classes) == (512, 128, 13)
     # tfds slicing over the lists, as classification sets take it: a held-out part of training to select on
     held = SegFolderDataset(root, "scenes", "training[384:]+validation[:10]")
     assert held.paths == train.paths[384:] + val.paths[:10] and held.mask_paths[0] == train.mask_paths[384]
     with pytest.raises(UserError, match="outside a split of 512"):
         SegFolderDataset(root, "scenes", "training[:600]")
     raw = np.stack([train.raw_mask(i) for i in range(64)])
-    assert set(np.unique(raw)) == {0, 1, 2, 3, 4}
+    assert set(np.unique(raw)) == set(range(14))  # the boundary and all 13 classes
     # boundaries separate regions: two neighbouring labelled pixels (8-neighbourhood) never differ
     for a, b in (
         (raw[:, :, :-1], raw[:, :, 1:]),
@@ -357,7 +357,7 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
         assert np.array_equal(a[both], b[both])
     assert 0.03 < (raw == 0).mean() < 0.25
     image, mask = train[0]
-    assert image.shape == (3, 48, 72) and mask.shape == (48, 72) and mask.max() == 255 and mask[mask < 255].max() <= 3
+    assert image.shape == (3, 48, 72) and mask.shape == (48, 72) and mask.max() == 255 and mask[mask < 255].max() <= 12
     bad = root / "scenes" / train.mask_paths[5]
     data = bytearray(bad.read_bytes())
     data[-20] ^= 1
@@ -368,6 +368,33 @@ def test_embedded_scenes_masks_follow_the_generator(suite_home):
     (copy / "scenes" / train.mask_paths[5]).write_bytes(bytes(data))
     with pytest.raises(CorruptDataError, match="sha256"):
         SegFolderDataset(copy, "scenes", "training")
+
+
+def test_scene_stuff_comes_from_the_rows_the_upstream_set_leaves_out():
+    """Stuff class k is cut from the second column quarter of upstream photograph k, below the top 65% of its
+    rows that the upstream set's class for that quarter uses: with photographs that are 200 there and 0 everywhere
+    else, every stuff pixel stays at least 200 x 0.8 x 0.8 - 20 = 108 after the colour jitter, and would be at
+    most 20 had it come from anywhere else. Signs (classes 9..12) bear glyph classes 0..3 of the upstream set."""
+    from transferbench.data import embedded
+    from transferbench.data.embedded import scenes
+
+    assert scenes.SCENE_CLASSES[1:9] == (
+        "china", "flower", "grace_hopper", "minduka_present_blue_pack", "colorwheel", "retina", "stereo_motorcycle",
+        "logo",
+    )  # fmt: skip
+    assert scenes.STUFF_ROWS == (0.65, 1.0) and embedded.photo_class_region(4 * 3 + 1) == (3, (0.25, 0.5), (0, 0.65))
+    fake = np.zeros((200, 320, 3), np.uint8)
+    fake[130:, 80:160] = 200
+    photos = [np.full((100, 100, 3), 50, np.uint8)]
+    glyphs = embedded.upstream.glyph_strokes(embedded.N_GLYPHS, 0)[: scenes.N_THINGS]
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(40):
+        image, mask = scenes.render_segmentation_scene(rng, photos, [fake] * scenes.N_STUFF, glyphs)
+        stuff = (mask >= 2) & (mask <= 9)
+        assert image[stuff].min() >= 108
+        seen |= set(np.unique(mask).tolist())
+    assert seen == set(range(14))
 
 
 # --- the task -----------------------------------------------------------------------------------------------
@@ -386,7 +413,7 @@ def test_seg_alias_and_report_axis(suite_home, tmp_path):
     assert (s.ok, s.failed) == (2, 0), s.failures
     recs = {r["hparams"]["fraction"]: r for r in load_records([tmp_path])}
     assert recs[0.0625]["info"]["train_examples"] == 32 and recs[1.0]["info"]["train_examples"] == 512
-    assert recs[1.0]["info"]["steps"] == 2 and recs[1.0]["hparams"]["lr"] == 2e-3
+    assert recs[1.0]["info"]["steps"] == 2 and recs[1.0]["hparams"]["lr"] == 1e-3
     test = recs[1.0]["metrics"]["test"]
     ious = [v for v in recs[1.0]["info"]["iou_per_class"] if v is not None]
     assert test["miou"] == pytest.approx(np.mean(ious), abs=1e-3)

@@ -11,10 +11,12 @@ Downstream sets, each train800 / val200 / test:
   photos        which of 10 scikit-image photographs a random patch comes from (test patches from a
                 held-out strip of each photograph)
 Segmentation set (training 512 / validation 128, a mask per image):
-  scenes        72 x 48 scenes: a photograph patch as background and 1-4 overlapping objects (ellipses,
-                rectangles, triangles) each filled with one of 4 texture kinds in random colours; mask
-                classes background, stripes, checks, dots, blobs; 2-px object boundaries are labelled
-                0 and ignored (ADE20K's convention, reduce_zero_label)
+  scenes        72 x 48 scenes, 13 classes, a miniature of ADE20K's scene parsing: a photograph patch of
+                `photos` as background; 1-3 stuff regions, each cut from the second column quarter of one
+                of the first 8 upstream photographs below the rows the upstream set uses, colour-jittered
+                (8 classes); 1-2 signs bearing one of the first 4 upstream glyph classes on random dark
+                patterned plates (4 classes); laid down in random order, occluding one another; 2-px
+                region boundaries are labelled 0 and ignored (ADE20K's convention, reduce_zero_label)
 Image-text set (webdataset shards pairs-00000.tar ... of PNG + txt, 11 x 1,024 pairs):
   captions      images from the generators with captions that say what they show, several phrasings
                 each: scikit-learn digits and MNIST images outside the `digits` / `mnist` test splits

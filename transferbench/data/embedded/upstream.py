@@ -37,13 +37,11 @@ def glyph_strokes(num_classes: int, seed: int) -> list[np.ndarray]:
     return classes
 
 
-def render_glyph(
+def glyph_ink(
     segs: np.ndarray, rng: np.random.Generator, size: int = 32, scale=(0.6, 0.9), centre=(0.5, 0.5)
 ) -> np.ndarray:
-    """Light strokes on a dark ground (one polarity, as handwriting scans), random tints, under random
-    rotation, scale (a fraction of the image), shift (+-0.1 of the image around `centre`, fractions (x, y))
-    and stroke width. Version 2 also inverted the polarity and added shaded, noisy grounds; a mu ViT did
-    not leave chance level on it in 48k images (see issue 5's note)."""
+    """The ink (size x size, 0..1) of a glyph's strokes under random rotation, scale (a fraction of the image), shift
+    (+-0.1 of the image around `centre`, fractions (x, y)) and stroke width."""
     theta, scale = rng.uniform(-0.35, 0.35), rng.uniform(*scale) * size
     shift = (rng.uniform(-0.1, 0.1, 2) + np.asarray(centre)) * size
     c, s = math.cos(theta), math.sin(theta)
@@ -54,7 +52,16 @@ def render_glyph(
     ab = b - a
     t = np.clip(((p - a) * ab).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-6), 0, 1)
     dist = np.linalg.norm(p - (a + t[..., None] * ab), axis=-1).min(1).reshape(size, size)
-    ink = np.clip(rng.uniform(1.0, 2.0) * size / 32 - dist + 0.5, 0, 1)[..., None]
+    return np.clip(rng.uniform(1.0, 2.0) * size / 32 - dist + 0.5, 0, 1)
+
+
+def render_glyph(
+    segs: np.ndarray, rng: np.random.Generator, size: int = 32, scale=(0.6, 0.9), centre=(0.5, 0.5)
+) -> np.ndarray:
+    """Light strokes (`glyph_ink`) on a dark ground (one polarity, as handwriting scans), random tints. Version 2
+    also inverted the polarity and added shaded, noisy grounds; a mu ViT did not leave chance level on it in 48k
+    images."""
+    ink = glyph_ink(segs, rng, size, scale, centre)[..., None]
     ground, colour = rng.uniform(0, 60, 3), rng.uniform(170, 255, 3)
     return np.clip(ground * (1 - ink) + colour * ink, 0, 255).astype(np.uint8)
 
@@ -124,7 +131,7 @@ def photo_class_region(j: int) -> tuple[int, tuple[float, float], tuple[float, f
 
 def gen_upstream(root: Path, seed: int) -> None:
     """Each group keeps features that the frozen few-shot probe needs and the others would let the
-    network drop (issue 12): glyphs teach strokes and shapes; textures keep colour and frequency, which
+    network drop: glyphs teach strokes and shapes; textures keep colour and frequency, which
     tinted glyphs alone taught it to ignore (v3: `photos` fell to half of random init's accuracy);
     photographs keep natural colour statistics (v4, without them: `photos` 6 to 12 points below random
     init); positions keep where things lie, which shift-jittered classes teach it to discard (v4:

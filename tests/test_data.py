@@ -196,7 +196,7 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
     for k in (0, 1, 2, 3, 17):
         mean_colour = images[labels == embedded.N_GLYPHS + k].mean((1, 2))
         lo, hi = palettes[k]["colours"].min(0) - 22, palettes[k]["colours"].max(0) + 22
-        assert len(mean_colour) > 100 and ((mean_colour >= lo) & (mean_colour <= hi)).all()
+        assert len(mean_colour) > 60 and ((mean_colour >= lo) & (mean_colour <= hi)).all()
     # photographs: classes 4k..4k+3 come from photograph k's four column quarters, so the grey photographs give
     # grey patches only
     first_photo = embedded.N_GLYPHS + embedded.N_TEXTURES

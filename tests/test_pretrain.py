@@ -49,7 +49,7 @@ def test_name_at_embedded_pretrains_once_and_is_reused(suite_home, monkeypatch):
     # the embedded profile has no mixup: its targets are one-hot, of entropy 0
     assert train["target_entropy"] == 0.0 and train["decayed_norm"] > 0 and train["loss_heldout"] > 0
     assert pretrain.loss_points(100) == (25, 50, 75, 100) and pretrain.loss_points(3) == (1, 2, 3)
-    assert recs[0]["data_version"] == "upstream-v5"  # the generator's version joins the cell key
+    assert recs[0]["data_version"] == "upstream-v6"  # the generator's version joins the cell key
     again = resolve_backbone("mu8@embedded")  # the record exists: no second pretraining
     assert again == ref and [r["run_id"] for r in mu8()] == [recs[0]["run_id"]]
     m = create_backbone("mu8", checkpoint=ref.checkpoint, num_classes=10)

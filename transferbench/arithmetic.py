@@ -226,6 +226,45 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
     return out
 
 
+# a part of the machine that only one side records (a field that later code added) says nothing about the machine:
+# it is skipped, at the top level and among the libraries
+_OPTIONAL = ("libraries",)
+
+
+def machine_differences(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between two records' machines (`arithmetic.machine`), in words: empty where the two ran on
+    one kind of machine with one set of kernels, threads and libraries. Equal digests agree at once; otherwise
+    the parts both record are compared, so that a field a later version of this module added (the anchor's
+    records were made by older code) does not part two runs of one machine. ['no arithmetic recorded'] where one
+    side has none."""
+    if not a or not b or not a.get("digest") or not b.get("digest"):
+        return ["no arithmetic recorded"]
+    ma, mb = a.get("machine") or {}, b.get("machine") or {}
+    if not ma.get("digest") or not mb.get("digest"):  # no machine of its own: the whole digest decides
+        return [] if a["digest"] == b["digest"] else differences(a, b) or ["arithmetic differs"]
+    if ma["digest"] == mb["digest"]:
+        return []
+    shared = lambda x, y: {k: x[k] for k in x if k in y and k != "digest"}  # noqa: E731
+    xa, xb = shared(ma, mb), shared(mb, ma)
+    for part in _OPTIONAL:
+        if isinstance(xa.get(part), dict) and isinstance(xb.get(part), dict):
+            xa[part], xb[part] = shared(xa[part], xb[part]), shared(xb[part], xa[part])
+    return differences({"machine": xa}, {"machine": xb})
+
+
+def cell_differences(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between two records' cell arithmetic (the precision each step ran in, the micro-batch, compile,
+    data workers, the device, execution settings such as the evaluation batch), in words: 'cell.precision [bf16]
+    -> [fp32]'. These are chosen by the code and the command, not by the machine."""
+    return differences({"machine": {}, "cell": (a or {}).get("cell")}, {"machine": {}, "cell": (b or {}).get("cell")})
+
+
+def cache_differences(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between the cache entries of other arithmetic that two records read."""
+    ca, cb = (a or {}).get("caches") or {}, (b or {}).get("caches") or {}
+    return [] if canon(ca) == canon(cb) else [f"caches {_short(ca)} -> {_short(cb)}"]
+
+
 def _short(v) -> str:
     if v is None:
         return "(none)"
@@ -261,9 +300,17 @@ def note_precision(bf16: bool) -> None:
     _TRACE.precision.append("bf16" if bf16 else "fp32")
 
 
-def pinned() -> bool | None:
-    """The next precision pin of this cell, or None where it has none (then the probe decides)."""
+def pinned() -> bool | tuple | None:
+    """The next precision pin of this cell, or None where it has none (then the probe decides): a bool (the
+    baseline's choice), or (bool, who decided it) for a pin of another source (`pin_next`)."""
     return _TRACE.pins.pop(0) if _TRACE.pins else None
+
+
+def pin_next(bf16: bool, by: str) -> None:
+    """Pin the next precision this cell resolves to `bf16`, decided by `by` (in words, for the record), unless the
+    cell already carries a pin for it (the nightly's baseline choice wins)."""
+    if not _TRACE.pins:
+        _TRACE.pins.insert(0, (bf16, by))
 
 
 def note_micro_batch(micro: int) -> None:
@@ -354,3 +401,7 @@ def arithmetic_key(records: list[dict]) -> str:
     records were computed under."""
     machines = {((r.get("arithmetic") or {}).get("machine") or {}).get("digest") for r in records}
     return digest(sorted(m or "unrecorded" for m in machines), 16)
+
+
+if __name__ == "__main__":  # `python -m transferbench.arithmetic`: this machine's digest (the nightly's cache keys)
+    print(machine_digest())

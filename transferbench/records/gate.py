@@ -40,7 +40,7 @@ from functools import cache
 
 import numpy as np
 
-from ..arithmetic import differences as arithmetic_differences
+from ..arithmetic import cache_differences, cell_differences, machine_differences
 from ..errors import UserError
 from ..fingerprint import changed_modules
 from ..hashing import canon
@@ -64,6 +64,7 @@ SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard d
 SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change that counts, in arithmetic's rms
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
+ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
 NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
 PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
 
@@ -159,6 +160,7 @@ class ExactCell:
     causes: tuple  # the modules whose code changed between the two fingerprints; () if none
     change: float | None  # current - baseline of the main metric (> 0 better), None where unavailable
     accepted: bool = False
+    arithmetic: tuple = ()  # the cell's own arithmetic that the code changed ('cell.precision [bf16] -> [fp32]')
 
     @property
     def cell(self) -> str:
@@ -184,6 +186,17 @@ class Exact:
     @property
     def failing(self) -> list:
         return [x for x in self.changed if not x.accepted]
+
+    @property
+    def failing_arithmetic(self) -> list:
+        """Failing cells whose own arithmetic (precision, micro-batch, evaluation batch, workers, compile) the code
+        changed: a change of arithmetic made by code is a change of code."""
+        return [x for x in self.failing if x.arithmetic]
+
+    @property
+    def by_declaration(self) -> int:
+        """Cells sent to the statistical tier by an accepted protocol change (declared, not a change of machine)."""
+        return self.why.get(ACCEPTED_PROTOCOL, 0)
 
     @property
     def accepted(self) -> list:
@@ -446,7 +459,7 @@ def _match(
         if differs:  # accepted: judged statistically whatever the arithmetic
             tier.statistical += 1
             if tier.enabled:
-                tier.why["an accepted protocol change"] = tier.why.get("an accepted protocol change", 0) + 1
+                tier.why[ACCEPTED_PROTOCOL] = tier.why.get(ACCEPTED_PROTOCOL, 0) + 1
         elif _judged_exactly(rb, rc, key, ax, tier, accept_code):
             continue
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
@@ -695,16 +708,30 @@ def _judge(comparisons: list, alpha: float) -> None:
 
 def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accept_code) -> bool:
     """Judge one matched cell in the exact tier where both records are finished, read the same weights and data
-    and carry one arithmetic digest; False (the statistical tier's) otherwise, counting why. New weights are what a
-    comparison of two checkpoints is for: those cells are judged statistically."""
+    and ran on one machine (kernels, threads, libraries: `arithmetic.machine_differences`) with the same caches;
+    False (the statistical tier's) otherwise, counting why. New weights are what a comparison of two checkpoints
+    is for: those cells are judged statistically.
+
+    A cell's own arithmetic (the precision each step ran in, micro-batch, evaluation batch, workers, compile) is
+    chosen by the code and the command. Where it differs and the code differs too, the code changed it: the cell
+    fails as changed by code, naming the change (`cell.precision [bf16] -> [fp32]`), unless every changed module
+    is accepted. Where the code is the same, the command or a probe chose it: statistical tier, counted."""
     if rb["status"] != "ok" or rc["status"] != "ok":
         return False
     ab, ac = rb.get("arithmetic") or {}, rc.get("arithmetic") or {}
     inputs = [f"{what} differs" for what in ("checkpoint_sha256", "data_version") if rb.get(what) != rc.get(what)]
-    if not tier.enabled or inputs or not ab.get("digest") or ab.get("digest") != ac.get("digest"):
+    if ab.get("digest") and ab.get("digest") == ac.get("digest"):  # one arithmetic, machine and cell alike
+        apart, own = inputs, []
+    else:
+        apart = inputs or machine_differences(ab, ac) or cache_differences(ab, ac)
+        own = cell_differences(ab, ac)
+    fb = rb.get("fingerprint")
+    changed = changed_modules(fb, rc.get("fingerprint") or {}) if fb else [("code unrecorded", "changed")]
+    if not apart and own and not changed:
+        apart = [f"{own[0]} (same code: chosen by the command or a probe)"]
+    if not tier.enabled or apart:
         if tier.enabled:
-            why = inputs or arithmetic_differences(ab, ac) or ["arithmetic differs"]
-            reason = why[0] + (f" (and {len(why) - 1} more)" if len(why) > 1 else "")
+            reason = apart[0] + (f" (and {len(apart) - 1} more)" if len(apart) > 1 else "")
             tier.why[reason] = tier.why.get(reason, 0) + 1
         tier.statistical += 1
         return False
@@ -712,19 +739,24 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
         tier.identical += 1
         return True
     task, dataset, backbone, stage, seed, _ = key
-    fb = rb.get("fingerprint")
-    changed = changed_modules(fb, rc.get("fingerprint") or {}) if fb else [("code unrecorded", "changed")]
     causes = [m if how == "changed" else f"{m} ({how})" for m, how in changed]
     split = _main_split(rb)
     vb, vc = _value_of(rb, split), _value_of(rc, split)
     change = None if vb is None or vc is None else _direction(rb, rb["metric"]) * (vc - vb)
-    cell = ExactCell(task, dataset, backbone, stage, seed, ax, tuple(causes), change)
+    cell = ExactCell(task, dataset, backbone, stage, seed, ax, tuple(causes), change, arithmetic=tuple(own))
     if causes:
         cell.accepted = all(accepts_code(accept_code, m) for m in causes)
         tier.changed.append(cell)
     else:
         tier.irreproducible.append(cell)
     return True
+
+
+def _flip(difference: str) -> str:
+    """'cell.precision [bf16] -> [fp32]' as 'bf16 → fp32'; other settings keep their name."""
+    name, _, change = difference.partition(" ")
+    change = change.replace(" -> ", " → ").replace('"', "")
+    return change.replace("[", "").replace("]", "") if name == "cell.precision" else f"{name[5:]} {change}"
 
 
 def _outputs(r: dict) -> str:
@@ -795,8 +827,12 @@ def decide(
     absent = [(t, b) for t, b in g.absent if not allowed(t, b)]
     if absent:
         reasons.append(f"{len(absent)} tasks or backbones absent")
-    if g.exact.failing:
-        reasons.append(f"{len(g.exact.failing)} changed by code")
+    if g.exact.failing_arithmetic:
+        flips = sorted({_flip(a) for x in g.exact.failing_arithmetic for a in x.arithmetic})
+        reasons.append(f"{len(g.exact.failing_arithmetic)} arithmetic changed by code ({'; '.join(flips)})")
+    plain = len(g.exact.failing) - len(g.exact.failing_arithmetic)
+    if plain:
+        reasons.append(f"{plain} changed by code")
     if g.exact.irreproducible:
         reasons.append(f"{len(g.exact.irreproducible)} irreproducible")
     if g.regressed:

@@ -20,10 +20,25 @@ def bf16_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
 
 
-def sleeper(fp32_ms: float, bf16_ms: float, calls: list):
+def burn(ms: float) -> None:
+    """Work on the CPU for `ms` milliseconds of this process's CPU time."""
+    end = time.process_time() + ms / 1000
+    while time.process_time() < end:
+        pass
+
+
+def sleeper(fp32_ms: float, bf16_ms: float, calls: list, waits=(0.0, 0.0)):
+    """A step that works `fp32_ms` or `bf16_ms` of CPU time, then waits `waits` (fp32, bf16) ms on the wall clock
+    without working, as a step does while another program holds the cores."""
+
     def make_step():
         calls.append("built")
-        return lambda bf16: time.sleep((bf16_ms if bf16 else fp32_ms) / 1000)
+
+        def step(bf16):
+            burn(bf16_ms if bf16 else fp32_ms)
+            time.sleep(waits[bf16] / 1000)
+
+        return step
 
     return make_step
 
@@ -53,8 +68,19 @@ def test_auto_takes_the_faster_and_records_why(bf16_cpu):
     assert calls == ["built", "built"]
     info = slow_bf16.info
     assert info["decided_by"] == "probe" and info["probe_cached"] is False
-    assert 2 <= info["fp32_ms"] < info["bf16_ms"]  # medians of sleeps of 2 and 12 ms
-    assert info["bf16_ms"] >= 12
+    assert 2 <= info["fp32_ms"] < info["bf16_ms"]  # the fastest of steps of 2 and 12 ms of CPU time
+    assert info["bf16_ms"] >= 12 and info["clock"] == "cpu"
+
+
+def test_a_loaded_machine_decides_as_an_idle_one(bf16_cpu):
+    """Another program's load stretches the wall clock of a step, not the work it does: the probe times CPU time,
+    so a step that waits 40 ms for the cores on every bf16 run (by the wall clock bf16 is 3x slower) is still
+    judged by its 4 ms of work against fp32's 12, as it would be on an idle machine."""
+    calls = []
+    idle = precision.resolve("auto", "cpu", {"shape": 1}, sleeper(12, 4, calls))
+    loaded = precision.resolve("auto", "cpu", {"shape": 2}, sleeper(12, 4, calls, waits=(0.0, 40.0)))
+    assert idle.bf16 is loaded.bf16 is True
+    assert loaded.info["bf16_ms"] < 0.9 * loaded.info["fp32_ms"]
 
 
 def test_decision_is_cached_per_shape_and_a_damaged_entry_is_probed_again(bf16_cpu, tmp_path):

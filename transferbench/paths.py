@@ -408,6 +408,20 @@ def quarantine(path, why: str, what: str = "cache entry") -> Path | None:
     return dest
 
 
+# caches whose entries are numbers a model computed: an entry written under another machine's arithmetic is computed
+# again here, never read, so that it is never mixed into an exact judgment (docs/reliability.md)
+ARITHMETIC_CACHES = ("features", "classifiers", "lit", "corruptions", "decoded", "checkpoints")
+
+
+def foreign(path) -> str | None:
+    """The machine digest that computed the whole entry `path` where it is not this process's and the entry's
+    cache holds numbers (ARITHMETIC_CACHES); None where it may be read."""
+    if _kind(path) not in ARITHMETIC_CACHES:
+        return None
+    theirs = _COMPUTED_IN.get(str(path))
+    return None if theirs == _computing_arithmetic() else (theirs or "unrecorded")
+
+
 def verified(path, what: str = "cache entry", *, directory: bool = False) -> bool:
     """Whether the cache entry `path` (a file, or a folder with `directory`) is there and whole. A damaged one
     (a file of another size or checksum than its digest says, a file missing, no digest at all) is set aside
@@ -418,12 +432,20 @@ def verified(path, what: str = "cache entry", *, directory: bool = False) -> boo
     if not path.exists():
         return False
     if damage(path, directory=directory) is None:
+        other = foreign(path)
+        if other is not None:
+            log.info(
+                "transferbench: %s %s was computed in other arithmetic (%s): computing it again", what, path, other
+            )
+            return False
         _read(path)
         return True
     with entry_lock(path):
         if not path.exists():
             return False
         why = damage(path, directory=directory)
+        if why is None and foreign(path) is not None:
+            return False
         if why is None:
             _read(path)
             return True
@@ -464,8 +486,9 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
             digest[ARITHMETIC_KEY] = _computing_arithmetic()
         tally(path, "computed")
         with entry_lock(path):
-            if path.exists() and damage(path, directory=directory) is None:
+            if path.exists() and damage(path, directory=directory) is None and foreign(path) is None:
                 return  # another writer's whole entry stays; this one's temporary goes
+            _WHOLE.pop(str(path), None)  # an entry of other arithmetic is replaced
             if directory:
                 _remove(path)
             os.replace(tmp, path)

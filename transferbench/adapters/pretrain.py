@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from ..arithmetic import pin_next
 from ..backbones import create_backbone, parse_name, save_checkpoint
 from ..backbones.checkpoint import training_log_path
 from ..backbones.measures import TrainingLog
@@ -115,6 +116,9 @@ class PretrainAdapter(Adapter):
 
     def run(self, cell, ctx):
         hp = self.settings_of(cell)
+        pin = shipped_precision(cell, hp.bf16)
+        if pin is not None:
+            pin_next(pin, "the shipped profile: its checkpoints were trained in fp32")
         torch.manual_seed(cell.seed)
         train, test = load_split(cell, "train", ctx.data_dir), load_split(cell, "test", ctx.data_dir)
         name = cell.backbone_name  # the spec may name a checkpoint to continue from
@@ -242,6 +246,22 @@ def shipped_checkpoint(name: str, source: str = "embedded") -> Path:
     holds the pretraining cell's key, which covers the profile, the data generator's version and the protocol."""
     _, _, cell, _ = _pretrain_cell(name, source)
     return _shipped_path(name, cell)
+
+
+# the precision each pretraining suite whose checkpoints ship was trained in (the shipped mu4, mu4_dpn and mu4_dtn:
+# fp32, the choice of `bf16: auto` on the idle machine that made them): retraining them takes it again, whatever a
+# probe on a loaded machine would say, so that they rebuild bit for bit from one command
+SHIPPED_PRECISION = {"embedded": False}
+
+
+def shipped_precision(cell, setting) -> bool | None:
+    """The precision a pretraining cell must train in where it makes a checkpoint that ships (its `bf16` is
+    `auto` and transferbench/weights holds the checkpoint of exactly this cell); None elsewhere."""
+    if setting != "auto" or cell.suite not in SHIPPED_PRECISION:
+        return None
+    if not _shipped_path(cell.backbone_name, cell).is_file():
+        return None
+    return SHIPPED_PRECISION[cell.suite]
 
 
 def _shipped_path(name: str, cell) -> Path:

@@ -8,8 +8,12 @@ model and batch shape in fp32 and in bf16, alternating, and takes bf16 only wher
 faster (a near tie stays fp32, so that two fresh homes on one kind of machine decide alike). A measured 2-core Xeon with
 AMX ran a small ViT's training step 1.9x slower under bf16 autocast, so the CPU flags alone do not decide.
 
-The decision is cached per (device kind, threads, torch version, step signature) under
-$TRANSFERBENCH_HOME/bf16-probe, so one machine decides once per shape; a damaged entry is probed again. The
+The decision is cached per (machine and library digest, step signature) under $TRANSFERBENCH_HOME/bf16-probe, so
+one machine decides once per shape and a repeat run reads the decision whatever the load; a damaged entry is probed
+again. The probe times CPU time on a CPU and takes the fastest pair, so that a fresh home on a loaded machine
+decides as an idle one does. A pin decides instead of the probe: `transferbench nightly` pins each step to the
+baseline record's choice, and the embedded pretraining profile trains in the precision its shipped checkpoints
+were trained in (adapters.pretrain.SHIPPED_PRECISION). The
 choice and its timings go into the record's `info` (not into the cell key: fp32 and bf16 are the same
 protocol).
 """
@@ -84,14 +88,18 @@ def cpu_bf16_units() -> bool:
 
 
 def device_kind(device: str) -> str:
-    """What the speed of a step depends on besides its shape: the processor, its threads and torch."""
+    """What the speed of a step depends on besides its shape: the machine and library digest
+    (`arithmetic.machine`: the processor and its kernel flags, threads, BLAS pools, every library's version), and
+    the device. One decision per step shape is taken per machine and library digest, and kept in the home."""
+    from ..arithmetic import machine_digest
+
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(torch.device(device))
     elif device == "cpu":
         name = f"{cpu_model() or 'cpu'} bf16-units={cpu_bf16_units()}"
     else:
         name = device
-    return f"{name} | threads={torch.get_num_threads()} | torch {torch.__version__}"
+    return f"{name} | machine {machine_digest()}"
 
 
 def resolve(setting, device: str, signature: dict, make_step: Callable[[], Callable[[bool], None]]) -> Precision:
@@ -129,9 +137,11 @@ def _resolve(setting, device: str, signature: dict, make_step, pin: bool | None)
         "fp32_ms": timing["fp32_ms"],
         "bf16_ms": timing["bf16_ms"],
         "margin": PROBE_MARGIN,
+        "clock": timing.get("clock", "wall"),
     }
     if pin is not None:
-        info.update(decided_by="baseline", probe_bf16=bf16)
+        pin, by = pin if isinstance(pin, tuple) else (pin, "baseline")
+        info.update(decided_by=by, probe_bf16=bf16)
         bf16 = pin
     return Precision(bf16, info)
 
@@ -147,10 +157,14 @@ def probe_key(kind: str, signature: dict) -> str:
 
 
 def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float = PROBE_SECONDS) -> dict:
-    """Median milliseconds of `step(False)` and `step(True)`, after two warm-up steps each, timed in pairs whose
-    order alternates (so neither a slow spell of the machine nor going first favours one) until `pairs` pairs
-    or `seconds` have passed. The CPU random state is restored afterwards: a probe never changes what the cell
-    draws."""
+    """The fastest of `step(False)` and of `step(True)`, after two warm-up steps each, timed in pairs whose order
+    alternates (so neither a slow spell of the machine nor going first favours one) until `pairs` pairs or
+    `seconds` have passed. On a CPU the time is the process's CPU time, which another program's load does not
+    inflate as it does the wall clock (a loaded 2-core machine once measured fp32 6.6x slower and bf16 2.8x slower
+    by the wall clock, and flipped the choice); the fastest of the pairs is the one least disturbed. On CUDA it is
+    the wall clock (the host waits on the device). The CPU random state is restored afterwards: a probe never
+    changes what the cell draws."""
+    clock = time.perf_counter if getattr(step, "device", "cpu").startswith("cuda") else time.process_time
     with torch.random.fork_rng(devices=[]):
         for bf16 in (False, True, False, True):
             step(bf16)
@@ -158,13 +172,16 @@ def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float
         started = time.perf_counter()
         while len(times[True]) < pairs and (not times[True] or time.perf_counter() - started < seconds):
             for bf16 in (False, True) if len(times[True]) % 2 == 0 else (True, False):
-                t = time.perf_counter()
+                t = clock()
                 step(bf16)
-                times[bf16].append(1000 * (time.perf_counter() - t))
+                times[bf16].append(1000 * (clock() - t))
     return {
-        "fp32_ms": round(statistics.median(times[False]), 3),
-        "bf16_ms": round(statistics.median(times[True]), 3),
+        "fp32_ms": round(max(min(times[False]), 1e-3), 3),
+        "bf16_ms": round(max(min(times[True]), 1e-3), 3),
         "pairs": len(times[True]),
+        "clock": "wall" if clock is time.perf_counter else "cpu",
+        "median_fp32_ms": round(statistics.median(times[False]), 3),
+        "median_bf16_ms": round(statistics.median(times[True]), 3),
     }
 
 
@@ -212,6 +229,7 @@ def training_step(model: torch.nn.Module, x, y, loss_fn: Callable, device: str) 
         loss_fn(out.float(), y).backward()
         _sync(device)
 
+    step.device = device
     return step
 
 
@@ -231,6 +249,7 @@ def forward_step(
             forward(x)
         _sync(device)
 
+    step.device = device
     return step
 
 

@@ -19,9 +19,9 @@ def baseline(tmp_path):
     return base
 
 
-def night(baseline, out, date: str) -> tuple[int, str]:
+def night(baseline, out, date: str, *more: str) -> tuple[int, str]:
     """`transferbench nightly` of the quick suite against `baseline` into OUT/DATE: (exit code, its report)."""
-    code = main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", date])
+    code = main([*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--date", date, *more])
     return code, (out / date / "REGRESSION.md").read_text()
 
 
@@ -33,9 +33,11 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     # 2 backbones x (select on val, final on test), every one compared on both seeds
     # one machine, the same libraries and threads: every cell is judged to the bit, and reproduced
     assert report.startswith(
-        f"# Nightly 2026-11-23: {night} vs {baseline}\n\n**OK**: all 8 cells judged exactly (8 bit-identical, "
+        f"# Nightly 2026-11-23: {night}\n\n**OK**: all 8 cells judged exactly (8 bit-identical, "
         "0 changed by code, 0 irreproducible), 0 by the statistical tier (their arithmetic differs or is unrecorded).\n"
     )
+    # the anchor was computed in tonight's arithmetic: it is the baseline itself, nothing rebuilt
+    assert f"- Against the anchor {baseline}: passes; all 8 cells judged exactly" in report
     assert "## toy" in (night / "LEADERBOARD.md").read_text()
     assert capsys.readouterr().out.strip() == report.strip()
     # the same date again resumes: every cell is skipped
@@ -43,38 +45,41 @@ def test_unchanged_passes_and_writes_report_and_leaderboard(baseline, tmp_path, 
     assert "0 ok, 0 diverged, 0 failed, 8 skipped" in capsys.readouterr().err
 
 
-def test_rolling_baselines_one_per_arithmetic_and_the_anchor_gated_statistically(baseline, tmp_path, monkeypatch):
+def test_rolling_baselines_one_per_arithmetic_written_only_from_exact_passing_nights(baseline, tmp_path, monkeypatch):
     from transferbench.records.store import load_records
 
     roll, out = tmp_path / "rolling", tmp_path / "nightly"
     night = [*NIGHTLY, "--baseline", str(baseline), "--out", str(out), "--rolling", str(roll), "--date"]
-    # the first night of this arithmetic: none yet, so the anchor alone (exact tier on: the same machine); it passes
+    # the first night of this arithmetic: none yet, so the anchor alone (exact: the same machine); it passes
     # and becomes the rolling baseline
     assert main([*night, "n1"]) == 0
     report = (out / "n1" / "REGRESSION.md").read_text()
-    assert "No rolling baseline of this arithmetic" in report and "all 8 cells judged exactly" in report
+    assert "No rolling baseline of this arithmetic yet" in report and "all 8 cells judged exactly" in report
     (kept,) = list(roll.iterdir())
-    assert len(load_records([kept])) == 8
-    # the next night: exact against the rolling baseline, statistical against the anchor
+    assert len(load_records([kept])) == 8 and f"kept as the rolling baseline {kept}" in report
+    # the next night: exact against the anchor and against the rolling baseline
     assert main([*night, "n2"]) == 0
     report = (out / "n2" / "REGRESSION.md").read_text()
-    assert report.startswith(f"# Nightly n2: {out / 'n2'} vs the rolling baseline {kept}\n\n**OK**: all 8 cells judged")
-    anchor = report.split(f"## Against the anchor {baseline} (statistical tier)")[1]
-    assert "**OK**: exact tier off (a fixed anchor); 8 cells judged by the statistical tier." in anchor
+    assert f"- Against the rolling baseline {kept}: passes; all 8 cells judged exactly" in report
+    assert f"- Against the anchor {baseline}: passes; all 8 cells judged exactly" in report
     # a failing night replaces nothing
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
     assert main([*night, "n3"]) == 1
-    assert "(8 irreproducible)" in (out / "n3" / "REGRESSION.md").read_text()
+    report = (out / "n3" / "REGRESSION.md").read_text()
+    assert "against the anchor: 8 irreproducible; against the rolling baseline: 8 irreproducible" in report
+    assert "not kept as the rolling baseline: the night failed" in report
     assert sorted(r["finished_at"] for r in load_records([kept])) == sorted(
         r["finished_at"] for r in load_records([out / "n2"])
     )
-    # another arithmetic (a variable that steers kernels): a rolling baseline of its own, none yet
+    # another arithmetic (a variable that steers kernels) with --no-rebuild: judged statistically, and such a night
+    # never becomes a rolling baseline (it passed no exact judgment)
     monkeypatch.delenv("TOY_DEGRADE")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
-    assert main([*night, "n4"]) == 0
+    assert main([*night, "n4", "--no-rebuild"]) == 0
     report = (out / "n4" / "REGRESSION.md").read_text()
-    assert "No rolling baseline of this arithmetic" in report and "0 cells judged exactly" in report
-    assert len(list(roll.iterdir())) == 2
+    assert "8 of its cells were computed in other arithmetic than tonight's; --no-rebuild: not rebuilt" in report
+    assert "0 cells judged exactly" in report and "not kept as the rolling baseline: tonight was not judged" in report
+    assert len(list(roll.iterdir())) == 1
 
 
 def test_outputs_that_move_with_code_and_arithmetic_unchanged_are_irreproducible(baseline, tmp_path, monkeypatch):
@@ -82,19 +87,19 @@ def test_outputs_that_move_with_code_and_arithmetic_unchanged_are_irreproducible
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
     code, report = night(baseline, tmp_path / "nightly", "2026-11-24")
     assert code == 1 and report.split("\n")[2].startswith(
-        "**REGRESSION** (8 irreproducible): all 8 cells judged exactly"
+        "**REGRESSION** (against the anchor: 8 irreproducible): all 8 cells judged exactly"
     )
     assert "- toy / alpha / mu4_dpn final seed 1 (Δ -5)" in report.split("## Irreproducible")[1]
 
 
 def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
-    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # another arithmetic: the statistical tier judges every cell
-    code, report = night(baseline, tmp_path / "nightly", "2026-11-24")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # another arithmetic, not rebuilt: the statistical tier judges
+    code, report = night(baseline, tmp_path / "nightly", "2026-11-24", "--no-rebuild")
     assert code == 1
     # every seed 5 points down: paired differences that do not vary, p = 0; each backbone's pooled test fires too
     assert report.startswith("# Nightly 2026-11-24")
-    assert "**REGRESSION** (6 regressed): 0 cells judged exactly" in report
+    assert "**REGRESSION** (against the anchor: 6 regressed): 0 cells judged exactly" in report
     assert "Statistical tier: 4 regressed, 0 improved" in report
     section = report.split("## Regressions")[1].split("##")[0]
     rows = [line for line in section.splitlines() if line.startswith("| toy ")]
@@ -118,7 +123,7 @@ def test_a_failed_cell_fails_the_night(baseline, tmp_path, monkeypatch):
     assert code == 1
     # the select cells failed, so the final cells never ran: both fail the night, and the missing ones are named
     assert report.split("\n")[2].startswith(
-        "**REGRESSION** (4 cells failed or diverged, 4 cells or metrics missing): 0 cells"
+        "**REGRESSION** (against the anchor: 4 cells failed or diverged, 4 cells or metrics missing): 0 cells"
     )
     assert "; 4 cells missing from current, 0 new; 4 cells of current failed or diverged." in report
     assert "- toy / alpha / mu4_dpn final seed 1" in report.split("## Missing from current")[1]
@@ -184,33 +189,19 @@ def test_a_backbone_of_the_baseline_that_did_not_run_fails_unless_named(tmp_path
 
     import kit
 
-    from transferbench.workflows import Night
+    from transferbench.night import Night
 
     recs = lambda bbs: [  # noqa: E731
         kit.record("toy", "alpha", bb, s, {"test": {"accuracy": 50.0 + s}}, suite="quick") for bb in bbs for s in (0, 1)
     ]
     base, tonight = recs(["mu4", "mu4_dpn"]), recs(["mu4"])
     opts = {"floor": 0.5, "alpha": 0.01, "accept": []}
-    night = Night(Path("base"), tmp_path / "n", "d", "quick", {("toy", "mu4")})
-    text, code = night.gate(base, tonight, opts, (), None)
-    assert code == 1 and "tasks or backbones absent" in text.split("\n")[2] and "- toy / mu4_dpn" in text
-    assert night.gate(base, tonight, opts, ["toy:mu4_dpn"], None)[1] == 0
-    named = Night(Path("base"), tmp_path / "n", "d", "quick", {("toy", "mu4")}, named=True)
-    assert named.gate(base, tonight, opts, (), None)[1] == 0
-
-
-def test_a_night_never_replaces_a_larger_rolling_baseline(tmp_path, capsys):
-    import kit
-    from conftest import write_records
-
-    from transferbench.records.store import load_records
-    from transferbench.workflows import keep_rolling
-
-    roll, night = tmp_path / "rolling" / "k", tmp_path / "night"
-    write_records([kit.record("toy", "alpha", "mu4", s, {"test": {"accuracy": 1.0}}) for s in range(3)], roll)
-    write_records([kit.record("toy", "alpha", "mu4", 0, {"test": {"accuracy": 2.0}})], night)
-    keep_rolling(night, roll, 1)
-    assert len(load_records([roll])) == 3 and "it holds more records than tonight's" in capsys.readouterr().err
-    write_records([kit.record("toy", "alpha", "mu4", s, {"test": {"accuracy": 2.0}}) for s in range(4)], night)
-    keep_rolling(night, roll, 4)
-    assert sorted(r["metrics"]["test"]["accuracy"] for r in load_records([roll])) == [2.0] * 4
+    ran = {("toy", "mu4")}
+    night = Night(Path("base"), tmp_path / "n", "d", "quick", gate=opts)
+    judged = night.judge("the anchor", Path("base"), base, tonight, ran)
+    assert judged.code == 1 and "tasks or backbones absent" in judged.verdict.reasons[0]
+    assert judged.verdict.gate.absent == [("toy", "mu4_dpn")]
+    night.allow_missing = ["toy:mu4_dpn"]
+    assert night.judge("the anchor", Path("base"), base, tonight, ran).code == 0
+    named = Night(Path("base"), tmp_path / "n", "d", "quick", backbones=["mu4"], gate=opts)
+    assert named.judge("the anchor", Path("base"), base, tonight, ran).code == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -215,127 +214,13 @@ def nightly(
     options: RunOptions,
     executor,
     rolling: Path | None = None,
+    rebuild: bool = True,
 ) -> tuple[str, int]:
-    """The nightly regression run: each task's `suite` into `out/date` (resumable), its `bf16: auto` steps pinned to
-    the `baseline` records' choices, then gated as `regress` does (`gate`: floor, alpha, accept, accept_code), with
-    REGRESSION.md and LEADERBOARD.md written there. Every task, backbone and data set is checked before the first
-    cell runs.
+    """The nightly regression run (transferbench.night: run, find or rebuild the baseline of tonight's arithmetic,
+    judge exactly with the anchor's acceptance ledger, keep, render). Returns (report, exit code)."""
+    from .night import Night
 
-    With `rolling` (a folder of rolling baselines, one per arithmetic), the night is gated, exact tier first,
-    against the rolling baseline of its own arithmetic where there is one, and statistically against `baseline`
-    as a fixed anchor (a fault the rolling baseline absorbed, or a slow drift, still shows there); a passing night
-    becomes its arithmetic's rolling baseline. Returns (report, exit code)."""
-    import dataclasses
-
-    from .adapters import prepare_task
-    from .arithmetic import pins_of
-    from .records.store import load_records
-
-    if not date or "/" in date or date.startswith("."):
-        raise UserError(f"--date {date!r}: give a plain folder name such as 2026-11-23")
-    base = [r for r in load_records([baseline]) if (r.get("suite") or "") == suite]
-    names = tasks or sorted({r["task"] for r in base})
-    if not names:
-        raise UserError(
-            f"--baseline {baseline} holds no records of suite {suite!r}: give a records folder "
-            f"of a `transferbench run TASK --suite {suite}` (or --tasks to run without a baseline)"
-        )
-    prepared = [prepare_task(t, suite=suite, seeds=seeds) for t in names]
-    current = out / date
-    chosen = {t.name: check_backbones(t, backbones) for t in prepared}
-    resolved = {t.name: prepare(t, chosen[t.name], current, options.data_dir) for t in prepared}
-    options = dataclasses.replace(options, pins=pins_of(base))
-    for task in prepared:
-        refs, made = resolved[task.name]
-        run_cells(task, refs, current, options, executor, made)
-    ran = {(t.spec.task, b) for t in prepared for b in chosen[t.name]}
-    night = Night(baseline, current, date, suite, ran, named=backbones is not None)
-    text, code = night.gate(base, load_records([current]), gate, allow_missing, rolling)
-    (current / "REGRESSION.md").write_text(text)
-    _write_board(current)
-    return text, code
-
-
-@dataclass
-class Night:
-    """One night's folders and what ran in it, for its gate."""
-
-    baseline: Path
-    current: Path
-    date: str
-    suite: str
-    ran: set  # (task, backbone)
-    named: bool = False  # the backbones were named (--backbone): the baseline's others are not expected tonight
-
-    def expected(self, r: dict) -> bool:
-        """Whether tonight should hold this baseline record: every backbone of the tasks run, unless named."""
-        if self.named:
-            return (r["task"], r["backbone"]) in self.ran
-        return r["task"] in {task for task, _ in self.ran}
-
-    def gate(self, base: list, tonight: list, gate: dict, allow_missing, rolling: Path | None):
-        """(report, exit code): against this arithmetic's rolling baseline (both tiers) and the anchor `base`
-        (statistical tier only) with `rolling`; against the anchor alone (both tiers) without it, or where this
-        arithmetic has no rolling baseline yet. A passing night replaces its rolling baseline."""
-        from .arithmetic import arithmetic_key
-        from .records.store import load_records
-        from .reporting.regress import verdict
-
-        options = dict(
-            floor=gate["floor"],
-            alpha=gate["alpha"],
-            accept=gate["accept"],
-            accept_code=gate.get("accept_code", ()),
-            fail_on_missing=True,
-            fail_on_failed=True,
-            allow_missing=allow_missing,
-        )
-        anchor = [r for r in base if self.expected(r)]
-        key = arithmetic_key(tonight)
-        roll = rolling / key if rolling is not None else None
-        title = f"Nightly {self.date}: {self.current} vs"
-        if roll is None or not roll.is_dir():
-            text, code = verdict(anchor, tonight, **options, title=f"{title} {self.baseline}")
-            if rolling is not None:
-                text += f"\n\nNo rolling baseline of this arithmetic ({key}) in {rolling}: gated against the anchor.\n"
-        else:
-            last = [r for r in load_records([roll]) if self.mine(r) and self.expected(r)]
-            text, code = verdict(last, tonight, **options, title=f"{title} the rolling baseline {roll}")
-            title = f"Against the anchor {self.baseline} (statistical tier)"
-            more, code2 = verdict(anchor, tonight, **options, exact=False, title=title)
-            text, code = text + "\n\n" + more.replace("# Against", "## Against", 1), max(code, code2)
-        if roll is not None and code == 0:
-            keep_rolling(self.current, roll, len(tonight))
-        return text, code
-
-    def mine(self, r: dict) -> bool:
-        return (r.get("suite") or "") == self.suite
-
-
-def keep_rolling(night: Path, roll: Path, records: int) -> None:
-    """Tonight's records become the rolling baseline `roll` (never one smaller than the one it replaces)."""
-    import shutil
-
-    from .records.store import load_records
-
-    if roll.is_dir() and len(load_records([roll])) > records:
-        print(f"kept the rolling baseline {roll}: it holds more records than tonight's", file=sys.stderr)
-        return
-    roll.parent.mkdir(parents=True, exist_ok=True)
-    tmp = roll.with_name(f".{roll.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(night, tmp, ignore=shutil.ignore_patterns(".locks", "*.md", "*.png", "*.svg"))
-    old = roll.with_name(f".{roll.name}.old{os.getpid()}")
-    if roll.is_dir():
-        os.replace(roll, old)
-    os.replace(tmp, roll)
-    shutil.rmtree(old, ignore_errors=True)
-    print(f"tonight's records are the rolling baseline {roll}", file=sys.stderr)
-
-
-def _write_board(current: Path) -> None:
-    from .engine.runner import environment
-    from .reporting.leaderboard import write_leaderboard
-
-    board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
-    print(f"wrote {current / 'REGRESSION.md'} and {board}", file=sys.stderr)
+    night = Night(
+        baseline, out, date, suite, tasks, backbones, seeds, gate, allow_missing, rolling=rolling, rebuild=rebuild
+    )
+    return night.run(options, executor)

@@ -92,6 +92,7 @@ COMMANDS = {
     "leaderboard": report.leaderboard,
     "regress": regress.regress,
     "nightly": regress.nightly,
+    "reanchor": regress.reanchor,
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import UserError
 from .options import (
     backbone_option,
     check_execution_options,
@@ -22,9 +23,35 @@ from .options import (
 
 
 def add_parsers(sub, fmt) -> argparse.ArgumentParser:
-    """The regress and nightly parsers; returns nightly's."""
+    """The regress, nightly and reanchor parsers; returns nightly's."""
     _regress_parser(sub, fmt)
-    return _nightly_parser(sub, fmt)
+    nightly_parser = _nightly_parser(sub, fmt)
+    _reanchor_parser(sub, fmt)
+    return nightly_parser
+
+
+def _reanchor_parser(sub, fmt) -> None:
+    ra = sub.add_parser(
+        "reanchor",
+        help="regenerate the nightly's anchor from this commit; compare, and empty its ledger",
+        formatter_class=fmt,
+        description="Regenerate the anchor (the committed results/nightly) from the code of this clean checkout: run "
+        "its tasks' --suite here (each `bf16: auto` step pinned to the old anchor's choice), write the comparison of "
+        "the old anchor with the new one to ANCHOR/REANCHOR.md (exact where both were computed in this arithmetic, "
+        "with the ledger's entries marked accepted), replace the old records and empty the acceptance ledger "
+        "ANCHOR/ACCEPTED.yaml. Commit the folder: every later night rebuilds the anchor from the commit its records "
+        "name. Exit 2 on a checkout with uncommitted changes (a later night could not rebuild that code).",
+        epilog="examples:\n  transferbench reanchor --anchor results/nightly --jobs 2\n"
+        "  git add results/nightly && git commit -m 'Re-anchor the nightly'",
+    )
+    ra.add_argument(
+        "--anchor", type=Path, default=Path("results/nightly"), help="the anchor (default: results/nightly)"
+    )
+    ra.add_argument("--suite", "-s", default="nightly", help="suite of each task (default: nightly)")
+    ra.add_argument("--tasks", "-t", type=csv_list, help="comma-separated tasks (default: every task the anchor holds)")
+    backbone_option(ra, "comma-separated backbones (default: each suite's)")
+    gate_options(ra)
+    execution_options(ra)
 
 
 def _regress_parser(sub, fmt) -> None:
@@ -51,6 +78,12 @@ def _regress_parser(sub, fmt) -> None:
     )
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
+    rg.add_argument(
+        "--ledger",
+        type=Path,
+        help="the acceptance ledger to honour (default: ACCEPTED.yaml in --baseline, where there is one): each "
+        "entry accepts the modules and settings it names for a baseline computed before its commit",
+    )
     gate_options(rg)
     rg.add_argument(
         "--fail-on-missing",
@@ -112,6 +145,14 @@ def _nightly_parser(sub, fmt) -> argparse.ArgumentParser:
         "fixed anchor; a passing night replaces its rolling baseline. A runner kind without one is gated against "
         "the anchor alone",
     )
+    nt.add_argument(
+        "--no-rebuild",
+        action="store_true",
+        help="where the --baseline records were computed in other arithmetic (another CPU, threads, libraries), "
+        "judge statistically instead of rebuilding them on this runner (by default the nightly checks out the "
+        "commit they name in a git worktree, reruns the suite there once, caches it per arithmetic, and judges "
+        "tonight exactly against it)",
+    )
     execution_options(nt)
     return nt
 
@@ -131,20 +172,29 @@ def allow_missing_option(p) -> None:
 
 
 def regress(args) -> int:
+    from ..night import records_commit
+    from ..records import ledger
     from ..records.store import load_records
     from ..reporting.regress import verdict
 
     check_gate_options(args)
+    if args.ledger is not None and not args.ledger.is_file():
+        raise UserError(f"--ledger {args.ledger}: no such file (give an ACCEPTED.yaml, or leave --ledger out)")
+    book = ledger.load(args.ledger or args.baseline)
+    baseline = load_records([args.baseline], strict=args.strict)
+    accept, accept_code, lines = book.accepts(records_commit(baseline))
     text, code = verdict(
-        load_records([args.baseline], strict=args.strict),
+        baseline,
         load_records([args.current], strict=args.strict),
         args.floor,
         alpha=args.alpha,
-        accept=args.accept,
-        accept_code=args.accept_code,
+        accept=[*args.accept, *accept],
+        accept_code=[*args.accept_code, *accept_code],
         fail_on_missing=args.fail_on_missing,
         allow_missing=args.allow_missing,
     )
+    if lines:
+        text += f"\n\nAcceptance ledger entries honoured ({book.path}):\n\n" + "\n".join(lines) + "\n"
     print(text)
     if args.output:
         args.output.write_text(text)
@@ -168,9 +218,28 @@ def nightly(args) -> int:
         seeds=args.seeds,
         gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
         rolling=args.rolling,
+        rebuild=not args.no_rebuild,
         allow_missing=args.allow_missing,
         options=run_options(args),
         executor=executor,
     )
     print(text)
     return code
+
+
+def reanchor(args) -> int:
+    from ..night import reanchor as make
+
+    executor = check_execution_options(args)
+    check_gate_options(args)
+    text = make(
+        args.anchor,
+        suite=args.suite,
+        tasks=args.tasks,
+        backbones=args.backbone,
+        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
+        options=run_options(args),
+        executor=executor,
+    )
+    print(text)
+    return 0

@@ -275,7 +275,10 @@ def _tiers(g: Gate) -> str:
     if not t.enabled:
         return f"exact tier off (a fixed anchor); {t.statistical} cells judged by the statistical tier."
     found = [f"{t.identical} bit-identical"]
-    found += [f"{len(t.failing)} changed by code"] if t.failing or not t.accepted else []
+    arithmetic = len(t.failing_arithmetic)
+    plain = len(t.failing) - arithmetic
+    found += [f"{plain} changed by code"] if plain or not (t.accepted or arithmetic) else []
+    found += [f"{arithmetic} arithmetic changed by code"] if arithmetic else []
     found += [f"{len(t.accepted)} changed by accepted code"] if t.accepted else []
     found += [f"{len(t.irreproducible)} irreproducible"]
     everything = "all " if t.judged and not t.statistical else ""
@@ -302,13 +305,22 @@ def _exact_section(g: Gate) -> list[str]:
             "## Changed by code",
             "",
             "Cells computed in the same arithmetic from the same weights and data on both sides whose outputs differ, "
-            "and the modules that changed between their fingerprints. Accept an intended change for one night with "
-            "`--accept-code MODULE`.",
+            "and the modules that changed between their fingerprints. A cell whose own arithmetic (precision, "
+            "micro-batch, evaluation batch, workers, compile) changed with the code is listed with that change: the "
+            "code chose it. Declare an intended change in the anchor's ledger (`ACCEPTED.yaml`), or accept it for "
+            "one comparison with `--accept-code MODULE`.",
             "",
             _md(rows, ["changed", "cells", "tasks", "max |Δ| of the metric", "verdict"]),
             "",
         ]
-        lines += _cell_list(t.changed, lambda x: f" (Δ {_num(x.change, '+.4g')})" + (" accepted" if x.accepted else ""))
+        lines += _cell_list(
+            t.changed,
+            lambda x: (
+                f" (Δ {_num(x.change, '+.4g')})"
+                + (f" arithmetic changed by code: {', '.join(x.arithmetic)}" if x.arithmetic else "")
+                + (" accepted" if x.accepted else "")
+            ),
+        )
     if t.irreproducible:
         lines += [
             "## Irreproducible",
@@ -412,3 +424,29 @@ def _direction(g: Gate) -> str:
     worse, n, p = one_way
     way, k = ("worse", worse) if worse * 2 > n else ("better", n - worse)
     return f" Changes point one way: {k} of the {n} comparisons that moved got {way} (sign test p = {p:.1g})."
+
+
+def night_report(
+    title: str, judgments: list, *, baseline_notes=(), rolling: bool = False, kept: str = "", failed=0
+) -> str:
+    """A night's report (transferbench.night): one verdict line over every judgment, then where its baselines came
+    from, the acceptance ledger's entries that applied, and each judgment's report as a section."""
+    reasons = [f"against {j.name}: {', '.join(j.verdict.reasons)}" for j in judgments if j.verdict.reasons]
+    head = f"**REGRESSION** ({'; '.join(reasons)})" if failed else "**OK**"
+    lines = [f"# {title}", "", f"{head}: {_tiers(judgments[0].verdict.gate)}", ""]
+    for j in judgments:
+        lines.append(f"- Against {j.name} {j.folder}: {'fails' if j.code else 'passes'}; {_tiers(j.verdict.gate)}")
+    if rolling and len(judgments) == 1:
+        lines.append("- No rolling baseline of this arithmetic yet: judged against the anchor alone.")
+    lines += [f"- {note}" for note in baseline_notes]
+    if kept:
+        lines.append(f"- Tonight's records: {kept}.")
+    ledger = [line for j in judgments for line in [f"Against {j.name}:", *j.ledger] if j.ledger]
+    if ledger:
+        lines += ["", "Acceptance ledger entries honoured (the anchor's ACCEPTED.yaml):", "", *ledger]
+    for j in judgments:
+        section = report(
+            j.verdict.gate, failed=j.verdict.failed, title=f"Against {j.name} {j.folder}", reasons=j.verdict.reasons
+        )
+        lines += ["", "\n".join(("#" + x) if x.startswith("#") else x for x in section.splitlines())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,530 @@
+"""One night of the regression gate (`transferbench nightly`; docs/regression.md#a-night), its steps in the order
+they run:
+
+1. **run** tonight's suite into OUT/DATE (resumable), its `bf16: auto` steps pinned to the anchor's choices;
+2. **find or rebuild the baseline** of tonight's arithmetic: the anchor itself where its records were computed in
+   tonight's arithmetic; else the anchor rebuilt on this runner, cached per (anchor commit, arithmetic digest);
+   else rebuilt now: a git worktree at the commit the anchor's records name, whose own `transferbench nightly`
+   runs the same suite with the same options on this runner. The arithmetic of a cell (threads a worker sets,
+   precision) is known for certain only from tonight's records, so the baseline is found after the run;
+3. **judge** (records.gate.decide) exactly: against that baseline with the acceptance ledger beside the anchor
+   (records.ledger), and against this arithmetic's rolling baseline, the last night that passed, where there is
+   one. A night fails if either judgment fails;
+4. **keep**: a night that passed, with every expected cell, judged exactly against known-good code on its own
+   arithmetic, becomes its arithmetic's rolling baseline (replacing the last, whatever its size); no other night
+   ever does;
+5. **render** (reporting.regress): REGRESSION.md and LEADERBOARD.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import UserError
+
+ANCHORS = "anchors"  # beside the rolling baselines (or in $TRANSFERBENCH_HOME): anchors rebuilt on a runner
+ANCHOR_INFO = "ANCHOR.yaml"  # in a rebuilt anchor: its commit, arithmetic, command, time and exit code
+# set in the anchor's rerun: a nightly that is itself rebuilding an anchor never rebuilds one (an anchor of code that
+# rebuilds would otherwise rebuild itself again and again)
+REBUILDING = "TRANSFERBENCH_REBUILDING_ANCHOR"
+ARITHMETIC_REPORT = "ARITHMETIC.md"  # in a rebuilt anchor: it against the committed anchor (a change of arithmetic)
+
+
+@dataclass
+class Judgment:
+    """One exact judgment of tonight against one baseline."""
+
+    name: str  # 'the anchor' | 'the rolling baseline'
+    folder: Path
+    verdict: object  # records.gate.Verdict
+    ledger: list = field(default_factory=list)  # report lines: the ledger entries applied
+
+    @property
+    def code(self) -> int:
+        return self.verdict.code
+
+    @property
+    def exact(self) -> bool:
+        """Every matched cell judged to the bit (cells of a declared protocol change aside)."""
+        t = self.verdict.gate.exact
+        return t.enabled and t.statistical == t.by_declaration
+
+
+@dataclass
+class Baseline:
+    """The anchor as tonight is judged against it: its records, where they came from, and what was said."""
+
+    records: list
+    folder: Path
+    how: str  # in words, for the report
+    notes: list = field(default_factory=list)
+    rebuilt: Path | None = None
+
+
+@dataclass
+class Night:
+    anchor: Path  # --baseline: the committed anchor (results/nightly) or any records folder
+    out: Path
+    date: str
+    suite: str = "nightly"
+    tasks: list | None = None
+    backbones: list | None = None
+    seeds: object = None
+    gate: dict = field(default_factory=dict)  # floor, alpha, accept, accept_code
+    allow_missing: object = ()
+    rolling: Path | None = None
+    rebuild: bool = True
+
+    @property
+    def current(self) -> Path:
+        return self.out / self.date
+
+    def run(self, options, executor) -> tuple[str, int]:
+        """The night, top to bottom (module docstring). Returns (report, exit code)."""
+        from .arithmetic import arithmetic_key
+        from .records.store import load_records
+
+        anchor = self._anchor_records()
+        ran = self._run(anchor, options, executor)
+        tonight = load_records([self.current])
+        expected = [r for r in anchor if self._expected(r, ran)]
+        key = arithmetic_key(tonight)
+        baseline = self._baseline(expected, tonight, key, ran, options)
+        judgments = [self.judge("the anchor", baseline.folder, baseline.records, tonight, ran)]
+        roll = self.rolling / key if self.rolling is not None else None
+        if roll is not None and roll.is_dir():
+            last = [r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran)]
+            judgments.append(self.judge("the rolling baseline", roll, last, tonight, ran))
+        code = max(j.code for j in judgments)
+        kept = self._keep(judgments, roll, code)
+        text = self._render(judgments, baseline, roll, kept, code)
+        return text, code
+
+    # --- 1. run -------------------------------------------------------------------------------------------------
+
+    def _anchor_records(self) -> list:
+        from .records.store import load_records
+
+        if not self.date or "/" in self.date or self.date.startswith("."):
+            raise UserError(f"--date {self.date!r}: give a plain folder name such as 2026-11-23")
+        anchor = [r for r in load_records([self.anchor]) if self._mine(r)]
+        if not anchor and not self.tasks:
+            raise UserError(
+                f"--baseline {self.anchor} holds no records of suite {self.suite!r}: give a records folder "
+                f"of a `transferbench run TASK --suite {self.suite}` (or --tasks to run without a baseline)"
+            )
+        return anchor
+
+    def _run(self, anchor: list, options, executor) -> set:
+        """Run every task's suite into tonight's folder, everything checked before the first cell; returns the
+        (task, backbone) pairs that ran."""
+        from .adapters import prepare_task
+        from .arithmetic import pins_of
+        from .workflows import check_backbones, prepare, run_cells
+
+        names = self.tasks or sorted({r["task"] for r in anchor})
+        prepared = [prepare_task(t, suite=self.suite, seeds=self.seeds) for t in names]
+        chosen = {t.name: check_backbones(t, self.backbones) for t in prepared}
+        resolved = {t.name: prepare(t, chosen[t.name], self.current, options.data_dir) for t in prepared}
+        options = dataclasses.replace(options, pins=pins_of(anchor))
+        for task in prepared:
+            refs, made = resolved[task.name]
+            run_cells(task, refs, self.current, options, executor, made)
+        return {(t.spec.task, b) for t in prepared for b in chosen[t.name]}
+
+    def _expected(self, r: dict, ran: set) -> bool:
+        """Whether tonight should hold this baseline record: every backbone of the tasks run, unless named."""
+        if self.backbones is not None:
+            return (r["task"], r["backbone"]) in ran
+        return r["task"] in {task for task, _ in ran}
+
+    def _mine(self, r: dict) -> bool:
+        return (r.get("suite") or "") == self.suite
+
+    # --- 2. find or rebuild the baseline ------------------------------------------------------------------------
+
+    def _baseline(self, expected: list, tonight: list, key: str, ran: set, options) -> Baseline:
+        """The anchor in tonight's arithmetic: itself, a cached rebuild, or a rebuild now (module docstring)."""
+        from .records.store import load_records
+
+        foreign = _foreign(expected, tonight)
+        if not foreign:
+            return Baseline(expected, self.anchor, f"the anchor {self.anchor}, computed in tonight's arithmetic")
+        why = f"{foreign} of its cells were computed in other arithmetic than tonight's"
+        if os.environ.get(REBUILDING):
+            note = f"{why}; this night is itself an anchor's rerun, which rebuilds nothing"
+            return Baseline(expected, self.anchor, note, [note])
+        if not self.rebuild:
+            note = f"{why}; --no-rebuild: not rebuilt, judged statistically"
+            return Baseline(expected, self.anchor, note, [note])
+        commit, problem = anchor_commit(expected)
+        if problem:
+            note = f"{why}; the anchor cannot be rebuilt: {problem}; judged statistically"
+            return Baseline(expected, self.anchor, note, [note])
+        where = self.rolling / ANCHORS if self.rolling is not None else _home_anchors()
+        dest = where / f"{commit[:12]}-{key}"
+        if (dest / ANCHOR_INFO).is_file():
+            info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
+            how = f"the anchor at {commit[:12]} rebuilt on this runner on {info.get('made', '?')} ({dest}, cached)"
+        else:
+            rebuild_anchor(
+                self.anchor,
+                commit,
+                dest,
+                suite=self.suite,
+                tasks=sorted({t for t, _ in ran}),
+                backbones=self.backbones,
+                seeds=self.seeds,
+                config=options.config,
+            )
+            info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
+            how = f"the anchor at {commit[:12]} rebuilt on this runner tonight in {_minutes(info['seconds'])} ({dest})"
+        records = [r for r in load_records([dest]) if self._mine(r) and self._expected(r, ran)]
+        notes = [f"{why}: {how}."]
+        if (dest / ARITHMETIC_REPORT).is_file():
+            notes.append(
+                f"The rebuilt anchor against the committed one, a pure change of arithmetic "
+                f"({dest / ARITHMETIC_REPORT}): {_first_verdict((dest / ARITHMETIC_REPORT).read_text())}"
+            )
+        return Baseline(records, dest, how, notes, dest)
+
+    # --- 3. judge -----------------------------------------------------------------------------------------------
+
+    def judge(self, name: str, folder: Path, base: list, tonight: list, ran: set) -> Judgment:
+        from .records import ledger as ledgers
+        from .records.gate import decide
+
+        base = [r for r in base if self._expected(r, ran)]
+        book = ledgers.load(self.anchor)
+        accept, accept_code, lines = book.accepts(records_commit(base))
+        options = dict(
+            floor=self.gate["floor"],
+            alpha=self.gate["alpha"],
+            accept=[*self.gate.get("accept", ()), *accept],
+            accept_code=[*self.gate.get("accept_code", ()), *accept_code],
+            fail_on_missing=True,
+            fail_on_failed=True,
+            allow_missing=self.allow_missing,
+        )
+        if not base:
+            raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
+        return Judgment(name, folder, decide(base, tonight, **options), lines)
+
+    # --- 4. keep ------------------------------------------------------------------------------------------------
+
+    def _keep(self, judgments: list, roll: Path | None, code: int) -> str:
+        """Keep tonight as the rolling baseline where it passed every judgment, the anchor's exactly."""
+        if roll is None:
+            return ""
+        if code:
+            return "not kept as the rolling baseline: the night failed"
+        if not judgments[0].exact:
+            return (
+                "not kept as the rolling baseline: tonight was not judged exactly against known-good code "
+                f"({judgments[0].verdict.gate.exact.statistical} cells judged statistically)"
+            )
+        keep_rolling(self.current, roll)
+        return f"kept as the rolling baseline {roll}"
+
+    # --- 5. render ----------------------------------------------------------------------------------------------
+
+    def _render(self, judgments: list, baseline: Baseline, roll: Path | None, kept: str, code: int) -> str:
+        from .reporting.regress import night_report
+
+        text = night_report(
+            f"Nightly {self.date}: {self.current}",
+            judgments,
+            baseline_notes=baseline.notes,
+            rolling=roll is not None,
+            kept=kept,
+            failed=code,
+        )
+        (self.current / "REGRESSION.md").write_text(text)
+        _write_board(self.current)
+        return text
+
+
+# --- re-anchoring --------------------------------------------------------------------------------------------------
+
+
+def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate: dict, options, executor) -> str:
+    """Regenerate the anchor from this clean checkout (`transferbench reanchor`): run its tasks' suite into a
+    staging folder beside it, compare the old anchor with the new (REANCHOR.md, ledger entries accepted), put the
+    new records in the old ones' place and empty the ledger. Returns the comparison."""
+    from .engine.compute import environment
+    from .records import ledger as ledgers
+    from .records.gate import decide
+    from .records.store import load_records
+    from .reporting.regress import report
+
+    env = environment()
+    if not env.get("git_sha"):
+        raise UserError(
+            "re-anchoring needs a git checkout of transferbench: the anchor's records must name the commit that "
+            "computed them, for later nights to rebuild it"
+        )
+    if env.get("git_dirty"):
+        raise UserError(
+            "the checkout has uncommitted changes: commit them first, so that the new anchor names a commit a later "
+            "night can rebuild (git stash, or git commit)"
+        )
+    anchor = Path(anchor)
+    staging = anchor.parent / f".{anchor.name}.reanchor-{os.getpid()}"
+    night = Night(anchor, staging, "anchor", suite, tasks, backbones, gate=gate)
+    try:
+        old = night._anchor_records()
+        ran = night._run(old, options, executor)
+        new = load_records([night.current])
+        expected = [r for r in old if night._expected(r, ran)]
+        accept, accept_code, lines = ledgers.load(anchor).accepts(records_commit(expected))
+        verdict = decide(
+            expected,
+            new,
+            gate.get("floor", 0.5),
+            alpha=gate.get("alpha", 0.01),
+            accept=[*gate.get("accept", ()), *accept],
+            accept_code=[*gate.get("accept_code", ()), *accept_code],
+            fail_on_missing=True,
+            allow_missing=True,
+        )
+        was = records_commit(expected) or "several commits"
+        title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"
+        text = report(verdict.gate, failed=verdict.failed, title=title, reasons=verdict.reasons)
+        if lines:
+            text += "\n\nAcceptance ledger entries of the old anchor:\n\n" + "\n".join(lines) + "\n"
+        (night.current / "REANCHOR.md").write_text(text)
+        for name in ("REGRESSION.md", "LEADERBOARD.md"):
+            (night.current / name).unlink(missing_ok=True)
+        old_place = anchor.parent / f".{anchor.name}.old-{os.getpid()}"
+        os.replace(anchor, old_place)
+        os.replace(night.current, anchor)
+        ledgers.empty(anchor)
+        shutil.rmtree(old_place, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(
+        f"re-anchored {anchor} at {env['git_sha'][:12]}: review {anchor / 'REANCHOR.md'}, then commit it",
+        file=sys.stderr,
+    )
+    return text
+
+
+# --- the anchor and its rebuild -----------------------------------------------------------------------------------
+
+
+def _foreign(expected: list, tonight: list) -> int:
+    """How many of the anchor's expected cells tonight holds in another machine's arithmetic (or none recorded)."""
+    from .arithmetic import machine_differences
+
+    mine = {r["key"]: r for r in tonight if r.get("status") == "ok"}
+    return sum(
+        1
+        for r in expected
+        if r["key"] in mine and machine_differences(r.get("arithmetic"), mine[r["key"]].get("arithmetic"))
+    )
+
+
+def records_commit(records: list) -> str | None:
+    """The one commit that computed `records` (their `environment.git_sha`), or None where they name several."""
+    shas = {(r.get("environment") or {}).get("git_sha") for r in records}
+    return shas.pop() if len(shas) == 1 else None
+
+
+def anchor_commit(records: list) -> tuple[str | None, str | None]:
+    """(the commit the anchor's records were computed at, None) or (None, why it cannot be rebuilt)."""
+    envs = [r.get("environment") or {} for r in records]
+    shas = {e.get("git_sha") for e in envs}
+    if None in shas or not shas:
+        return None, "its records name no commit (computed outside a git checkout)"
+    if len(shas) > 1:
+        return None, f"its records name {len(shas)} commits; re-anchor from one (transferbench reanchor)"
+    if any(e.get("git_dirty") for e in envs):
+        return None, "its records were computed from uncommitted changes; re-anchor from a clean checkout"
+    return shas.pop(), None
+
+
+def _home_anchors() -> Path:
+    from .paths import home
+
+    return home() / ANCHORS
+
+
+def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backbones, seeds, config: dict) -> None:
+    """Rerun the anchor's code on this runner: a git worktree at `commit`, whose own `transferbench nightly` runs
+    `suite` for `tasks` (pinned to the committed anchor's precision choices, as tonight is) with the execution
+    options of `config`, into `dest`, with what it did (ANCHOR.yaml) and how it compares with the committed anchor
+    (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one line, exit 2; tonight's
+    records stay."""
+    from .records.ledger import repository
+    from .records.store import load_records
+    from .reporting.regress import verdict
+
+    repo = repository()
+    if repo is None:
+        raise UserError(
+            f"the anchor's code (commit {commit[:12]}) cannot be checked out: transferbench does not run from a git "
+            "checkout; run the nightly from a clone with its history (actions/checkout: fetch-depth: 0), or pass "
+            "--no-rebuild to judge statistically"
+        )
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo, capture_output=True)
+    if known.returncode:
+        raise UserError(
+            f"the anchor's commit {commit[:12]} is not in {repo}'s history: fetch it (git fetch --unshallow; "
+            "actions/checkout: fetch-depth: 0), or pass --no-rebuild to judge statistically"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stamp = f"{os.getpid()}"
+    tree = dest.parent / f".worktree-{dest.name}-{stamp}"
+    work = dest.parent / f".run-{dest.name}-{stamp}"
+    log = dest.with_name(dest.name + ".log")
+    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+    add = subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), commit], cwd=repo, capture_output=True, text=True
+    )
+    if add.returncode:
+        raise UserError(f"cannot check out the anchor's commit {commit[:12]}: {add.stderr.strip().splitlines()[-1]}")
+    _own_tasks(tree)
+    cmd = [
+        sys.executable,
+        "-m",
+        "transferbench.cli",
+        "nightly",
+        "--baseline",
+        str(Path(anchor).resolve()),
+        "--out",
+        str(work.resolve()),
+        "--date",
+        "anchor",
+        "--suite",
+        suite,
+        "--tasks",
+        ",".join(tasks),
+        "--no-progress",
+        *_execution_argv(config),
+    ]
+    if backbones:
+        cmd += ["--backbone", ",".join(backbones)]
+    if seeds:
+        cmd += ["--seeds", ",".join(map(str, seeds))]
+    env = {
+        **os.environ,
+        REBUILDING: commit,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p),
+    }
+    print(
+        f"the anchor's records were computed in other arithmetic: rebuilding it at {commit[:12]} on this runner "
+        f"(log: {log})",
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    try:
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.PIPE, text=True)
+            for line in proc.stderr:
+                f.write(line)
+                f.flush()
+                sys.stderr.write(f"  anchor {commit[:7]}: {line}")
+            rc = proc.wait()
+        seconds = time.monotonic() - started
+        if rc not in (0, 1) or not (work / "anchor").is_dir():
+            raise UserError(
+                f"rebuilding the anchor at {commit[:12]} failed (exit {rc}): see {log}; tonight's records stay in "
+                "their folder, and a rerun of the same --date judges them without running them again"
+            )
+        night = work / "anchor"
+        for name in ("REGRESSION.md", "LEADERBOARD.md"):
+            (night / name).unlink(missing_ok=True)
+        committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
+        text, _ = verdict(
+            committed, load_records([night]), title=f"The anchor rebuilt on this runner vs {anchor}", allow_missing=True
+        )
+        (night / ARITHMETIC_REPORT).write_text(text)
+        info = {
+            "commit": commit,
+            "anchor": str(anchor),
+            "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "seconds": round(seconds, 1),
+            "exit": rc,
+            "command": cmd[1:],
+        }
+        (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(night, dest)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+    print(f"rebuilt the anchor at {commit[:12]} in {_minutes(seconds)}: {dest}", file=sys.stderr)
+
+
+def _own_tasks(tree: Path) -> None:
+    """The task specs ship as `transferbench.tasks` from the repository's top-level tasks/ folder; an editable
+    install maps that name to the working tree's folder, whatever package is imported. A link inside the worktree's
+    package makes the anchor's code read the anchor's own specs (the link is untracked: the checkout stays clean)."""
+    link = tree / "transferbench" / "tasks"
+    if (tree / "tasks").is_dir() and not link.exists():
+        link.symlink_to(Path("..") / "tasks", target_is_directory=True)
+
+
+def _execution_argv(config: dict) -> list[str]:
+    """The execution options of tonight's command (its records' `config`), as the anchor's rerun takes them."""
+    argv = ["--jobs", str(config.get("jobs") or 1)]
+    for name, flag in (
+        ("device", "--device"),
+        ("data_dir", "--data-dir"),
+        ("micro_batch", "--micro-batch"),
+        ("cpus_per_cell", "--cpus-per-cell"),
+        ("executor", "--executor"),
+        ("address", "--address"),
+    ):
+        if config.get(name) not in (None, "", "local" if name == "executor" else None):
+            argv += [flag, str(config[name])]
+    if config.get("workers"):
+        argv += ["--workers", str(config["workers"])]
+    if config.get("compile"):
+        argv.append("--compile")
+    return argv
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def _first_verdict(report: str) -> str:
+    lines = [line for line in report.splitlines() if line.startswith("**")]
+    return lines[0] if lines else "(no verdict line)"
+
+
+def keep_rolling(night: Path, roll: Path) -> None:
+    """Tonight's records become the rolling baseline `roll`, replacing the last one whatever its size (a suite that
+    shrinks on purpose passes with every expected cell, and must not fail against a larger one forever)."""
+    roll.parent.mkdir(parents=True, exist_ok=True)
+    tmp = roll.with_name(f".{roll.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(night, tmp, ignore=shutil.ignore_patterns(".locks", "*.md", "*.png", "*.svg"))
+    old = roll.with_name(f".{roll.name}.old{os.getpid()}")
+    if roll.is_dir():
+        os.replace(roll, old)
+    os.replace(tmp, roll)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"tonight's records are the rolling baseline {roll}", file=sys.stderr)
+
+
+def _write_board(current: Path) -> None:
+    from .engine.runner import environment
+    from .reporting.leaderboard import write_leaderboard
+
+    board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
+    print(f"wrote {current / 'REGRESSION.md'} and {board}", file=sys.stderr)

@@ -1,0 +1,262 @@
+"""The parts that keep the nightly exact on every runner: an arithmetic the code chose is code, machines compare by
+what both record, the acceptance ledger, caches of other arithmetic, the shipped pretraining profile's precision,
+the rolling baseline's replacement, and the nightly workflow against GitHub's schema."""
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_regress import exact_suite, noise
+
+from transferbench.arithmetic import cell_differences, machine_differences
+from transferbench.errors import UserError
+from transferbench.records import ledger
+from transferbench.records.gate import decide
+from transferbench.reporting.regress import verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine(**over) -> dict:
+    parts = {
+        "cpu": {"vendor": "AuthenticAMD", "flags": ["avx2"]},
+        "threads": {"intra_op": 1},
+        "libraries": {"torch": "2"},
+    }
+    parts.update(over)
+    from transferbench.hashing import digest
+
+    return {"digest": digest(parts, 16), **parts}
+
+
+def with_cell(records, precision, code, outputs):
+    """Copies of `records` on one machine whose cells ran in `precision`, computed by `code`, giving `outputs`."""
+    out = copy.deepcopy(records)
+    for r in out:
+        cell = {"precision": [precision], "micro_batch": [0], "compile": False, "workers": 0, "device": "cpu"}
+        r["arithmetic"] = {"digest": f"{precision}", "machine": machine(), "cell": cell, "caches": {}}
+        r["fingerprint"] = {"digest": code, "modules": {"transferbench.adapters.fewshot": code}, "libraries": {}}
+        r["outputs"] = outputs
+    return out
+
+
+# --- item 3: an arithmetic the code chose is code ---------------------------------------------------------------
+
+
+def test_a_precision_flipped_by_code_fails_on_one_machine_unless_accepted():
+    base = with_cell(exact_suite(noise()), "bf16", "v1", "o1")
+    # the code changed and so did its cells' precision: no longer a change of machine, a change of code
+    cur = with_cell(base, "fp32", "v2", "o2")
+    for r in cur:
+        r["metrics"]["test"]["accuracy"] -= 0.2
+    text, code = verdict(base, cur)
+    assert code == 1
+    assert text.split("\n")[2].startswith(
+        "**REGRESSION** (48 arithmetic changed by code (bf16 → fp32)): all 48 cells judged exactly (0 bit-identical, "
+        "48 arithmetic changed by code"
+    )
+    assert 'arithmetic changed by code: cell.precision ["bf16"] -> ["fp32"]' in text
+    assert verdict(base, cur, accept_code=["adapters.fewshot"])[1] == 0
+    # the same flip with the same code was chosen by the command or a probe: the statistical tier, as before
+    same = with_cell(base, "fp32", "v1", "o2")
+    g = decide(base, same).gate
+    assert g.exact.statistical == 48 and not g.exact.changed
+    assert any("same code: chosen by the command or a probe" in why for why in g.exact.why)
+
+
+def test_machines_compare_by_what_both_record():
+    a = {"digest": "x", "machine": machine()}
+    # a field that later code added to the machine, and a library only one side lists: the same machine
+    later = machine(pools={"blas": {"num_threads": 1}}, libraries={"torch": "2", "newlib": "1"})
+    assert machine_differences(a, {"digest": "y", "machine": later}) == []
+    other = machine(cpu={"vendor": "GenuineIntel", "flags": ["avx2"]})
+    assert machine_differences(a, {"digest": "y", "machine": other}) == ["cpu.vendor AuthenticAMD -> GenuineIntel"]
+    assert machine_differences(a, None) == ["no arithmetic recorded"]
+    assert cell_differences({"cell": {"precision": ["bf16"]}}, {"cell": {"precision": ["fp32"]}}) == [
+        'cell.precision ["bf16"] -> ["fp32"]'
+    ]
+
+
+# --- item 2: the acceptance ledger --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("accepted: [", "not a readable YAML ledger"),
+        ("accepted: 3", "give `accepted:` a list"),
+        ("accepted:\n  - {commit: zz, code: [a], why: b}", "is not a git sha"),
+        ("accepted:\n  - {commit: abcdef1, why: b}", "name what changes"),
+        ("accepted:\n  - {commit: abcdef1, code: [a]}", "say why"),
+        ("accepted:\n  - {commit: abcdef1, code: [a], why: b, when: c}", "nothing else"),
+    ],
+)
+def test_a_bad_ledger_is_one_line_naming_the_entry(tmp_path, text, message):
+    (tmp_path / "ACCEPTED.yaml").write_text(text)
+    with pytest.raises(UserError, match=message) as e:
+        ledger.load(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_an_entry_applies_to_baselines_computed_before_its_commit(tmp_path):
+    repo = tmp_path / "r"
+    repo.mkdir()
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+    run("init", "-q")
+    shas = []
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        run("add", "f")
+        run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", str(i))
+        shas.append(run("rev-parse", "HEAD"))
+    (tmp_path / "ACCEPTED.yaml").write_text(
+        f"accepted:\n  - commit: {shas[1][:10]}\n    code: [backbones.dtn]\n    protocol: ['fewshot:pool']\n"
+        "    why: one Gram product\n"
+    )
+    book = ledger.load(tmp_path / "ACCEPTED.yaml")
+    # an anchor made at the first commit predates the change: accepted
+    protocol, code, lines = book.accepts(shas[0], repo)
+    assert (protocol, code) == (["fewshot:pool"], ["backbones.dtn"])
+    assert lines == [f"- {shas[1][:10]}: backbones.dtn, fewshot:pool (one Gram product)"]
+    # a rolling baseline made at or after it already holds it: not accepted again
+    assert book.accepts(shas[1], repo)[:2] == ([], []) and book.accepts(shas[2], repo)[:2] == ([], [])
+    # where git cannot place it, it applies, and the report says why
+    protocol, _, lines = book.accepts("0" * 40, repo)
+    assert protocol == ["fewshot:pool"] and "git cannot place it" in lines[-1]
+    ledger.empty(tmp_path)
+    assert ledger.load(tmp_path).entries == []
+
+
+def test_regress_honours_the_ledger_beside_the_baseline(tmp_path, capsys):
+    from conftest import write_records
+
+    from transferbench.cli import main
+
+    base = with_cell(exact_suite(noise()), "fp32", "v1", "o1")
+    cur = with_cell(base, "fp32", "v2", "o2")
+    write_records(base, tmp_path / "base")
+    write_records(cur, tmp_path / "cur")
+    args = ["regress", "--baseline", str(tmp_path / "base"), "--current", str(tmp_path / "cur")]
+    assert main(args) == 1 and "(48 changed by code)" in capsys.readouterr().out
+    (tmp_path / "base" / "ACCEPTED.yaml").write_text(
+        "accepted:\n  - {commit: abcdef1, code: [adapters.fewshot], why: float64 scores}\n"
+    )
+    assert main(args) == 0
+    assert "- abcdef1: adapters.fewshot (float64 scores)" in capsys.readouterr().out
+    assert main([*args, "--ledger", str(tmp_path / "none.yaml")]) == 2
+
+
+# --- item 5: caches of other arithmetic ---------------------------------------------------------------------------
+
+
+def test_a_cache_entry_of_other_arithmetic_is_computed_again_never_read(tmp_path, monkeypatch):
+    from transferbench import paths
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    entry = paths.cache("features") / "e.npy"
+    entry.parent.mkdir(parents=True)
+    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "another-runner")
+    with paths.sealed(entry) as tmp:
+        tmp.write_bytes(b"theirs")
+    paths._WHOLE.clear()
+    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "this-runner")
+    assert paths.verified(entry) is False  # whole, but of other arithmetic: a miss
+    with paths.sealed(entry) as tmp:
+        tmp.write_bytes(b"mine")
+    assert paths.verified(entry) is True and entry.read_bytes() == b"mine"
+    # a timing cache is machine-specific by its key, and is read whoever wrote it
+    probe = paths.cache("bf16-probe") / "p.json"
+    probe.parent.mkdir(parents=True)
+    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "another-runner")
+    with paths.sealed(probe) as tmp:
+        tmp.write_text("{}")
+    paths._WHOLE.clear()
+    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "this-runner")
+    assert paths.verified(probe) is True
+
+
+# --- item 4: the shipped pretraining profile trains in the precision it shipped in ------------------------------
+
+
+def test_the_shipped_profile_pins_fp32_whatever_the_probe_says(monkeypatch, tmp_path):
+    from transferbench import arithmetic
+    from transferbench.adapters.pretrain import _pretrain_cell, shipped_precision
+    from transferbench.engine import precision
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
+    _, _, cell, _ = _pretrain_cell("mu4", "embedded")
+    assert shipped_precision(cell, "auto") is False and shipped_precision(cell, "on") is None
+    # the nightly's probe suite ships nothing: the probe decides there
+    from transferbench.adapters import prepare_task
+
+    task = prepare_task("pretrain", suite="nightly")
+    nightly = next(c for c in task.adapter.plan(task, cell_ref(), results()) if c.stage == "final")
+    assert shipped_precision(nightly, "auto") is None
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
+    monkeypatch.setattr(precision, "probe", lambda step: {"fp32_ms": 100.0, "bf16_ms": 10.0})  # bf16 far faster
+    arithmetic.begin()
+    arithmetic.pin_next(False, "the shipped profile")
+    choice = precision.resolve("auto", "cpu", {"shape": 1}, lambda: None)
+    assert choice.bf16 is False and choice.info["decided_by"] == "the shipped profile"
+    assert choice.info["probe_bf16"] is True
+    arithmetic.end()
+
+
+def cell_ref():
+    from transferbench.cell import RANDOM_INIT, BackboneRef
+
+    return BackboneRef("mu4", "mu4", None, RANDOM_INIT)
+
+
+def results():
+    from transferbench.engine.runner import Results
+    from transferbench.records.store import RecordStore
+
+    return Results(RecordStore(Path("/nonexistent-records")))
+
+
+# --- item 6: the rolling baseline ---------------------------------------------------------------------------------
+
+
+def test_a_passing_night_replaces_a_larger_rolling_baseline(tmp_path):
+    import kit
+    from conftest import write_records
+
+    from transferbench.night import keep_rolling
+    from transferbench.records.store import load_records
+
+    roll, night = tmp_path / "rolling" / "k", tmp_path / "night"
+    write_records([kit.record("toy", "alpha", "mu4", s, {"test": {"accuracy": 1.0}}) for s in range(3)], roll)
+    write_records([kit.record("toy", "alpha", "mu4", 0, {"test": {"accuracy": 2.0}})], night)
+    keep_rolling(night, roll)  # a suite that shrank on purpose: tonight, with every expected cell, replaces it
+    assert [r["metrics"]["test"]["accuracy"] for r in load_records([roll])] == [2.0]
+
+
+# --- item 7: the workflow ------------------------------------------------------------------------------------------
+
+
+def test_the_nightly_workflow_validates_against_githubs_schema():
+    if shutil.which("check-jsonschema") is None:
+        pytest.fail("check-jsonschema is missing: pip install -e '.[dev]'")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(ROOT / ".github/workflows/nightly.yml"),
+            str(ROOT / ".github/workflows/tests.yml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = (ROOT / ".github/workflows/nightly.yml").read_text()
+    # the anchor's commit must be in the clone, and every cache key holds the runner's arithmetic
+    assert "fetch-depth: 0" in text
+    assert "tbhome-${{ steps.arith.outputs.digest }}-" in text
+    assert "nightly-rolling-${{ steps.arith.outputs.digest }}-" in text

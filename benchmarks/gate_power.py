@@ -504,6 +504,24 @@ def noise_model(work: Path, baseline: list, variants: list) -> dict:
     return {"variants": used, "tasks": tasks}
 
 
+def add_measured(model: dict, pairs: list) -> dict:
+    """Add to a noise model the measured variants `pairs` (committed anchor folder, its rerun on another runner:
+    `transferbench nightly` keeps each rerun in ROLLING/anchors/<commit>-<arithmetic>): a pure change of
+    arithmetic, measured on the whole nightly suite rather than a subset."""
+    from transferbench.records.gate import noise_units
+    from transferbench.records.store import load_records
+
+    for base, rerun in pairs:
+        name = f"rerun:{Path(rerun).name}"
+        for (task, metric, kind), units in noise_units(load_records([base]), load_records([rerun])).items():
+            ms = max(float(sum(u * u for u in units) / len(units)), MS_FLOOR)
+            entry = model["tasks"].setdefault(task, {}).setdefault(metric, {})
+            if kind not in entry or ms > entry[kind]["ms"]:
+                entry[kind] = {"ms": ms, "units": len(units), "variant": name}
+        model["variants"].append(name)
+    return model
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated variant names (the clean run always runs first)")
@@ -526,6 +544,14 @@ def main(argv=None) -> int:
         const=ROOT / "transferbench" / "records" / "noise_model.json",
         help="write the noise model measured on the benign arithmetic variants run in --work (default path: the "
         "package's) and exit",
+    )
+    ap.add_argument(
+        "--measured",
+        action="append",
+        default=[],
+        metavar="ANCHOR:RERUN",
+        help="with --noise-model: also a measured variant, the committed anchor's records and their rerun on another "
+        "runner (a nightly's ROLLING/anchors/<commit>-<arithmetic>); repeatable",
     )
     args = ap.parse_args(argv)
     if args.list:
@@ -560,6 +586,7 @@ def main(argv=None) -> int:
     baseline = load_records([base_out])
     if args.noise_model:
         model = noise_model(work, baseline, [v for v in CATALOGUE if v.arithmetic])
+        model = add_measured(model, [tuple(pair.split(":", 1)) for pair in args.measured])
         m = machine()
         model = {
             "made_by": "python -m benchmarks.gate_power --noise-model",

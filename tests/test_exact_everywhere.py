@@ -260,3 +260,24 @@ def test_the_nightly_workflow_validates_against_githubs_schema():
     assert "fetch-depth: 0" in text
     assert "tbhome-${{ steps.arith.outputs.digest }}-" in text
     assert "nightly-rolling-${{ steps.arith.outputs.digest }}-" in text
+
+
+# --- item 1: the anchor's rerun feeds the noise model as a measured variant ------------------------------------
+
+
+def test_an_anchor_rerun_is_a_measured_variant_of_the_noise_model(tmp_path):
+    from conftest import shifted, write_records
+    from test_regress import suite
+
+    from benchmarks.gate_power import add_measured
+
+    base = suite(noise())
+    rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each run by 0.1 either way
+    write_records(base, tmp_path / "anchor")
+    write_records(rerun, tmp_path / "rerun")
+    model = add_measured({"variants": [], "tasks": {}}, [(tmp_path / "anchor", tmp_path / "rerun")])
+    entry = model["tasks"]["fewshot"]["accuracy"]
+    (kind,) = entry
+    # every run's mean change is ±0.1: its mean square around 0 is 0.01, over 2 backbones x 4 sets x 3 seeds
+    assert entry[kind]["ms"] == pytest.approx(0.01) and entry[kind]["units"] == 24
+    assert model["variants"] == ["rerun:rerun"]

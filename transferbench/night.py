@@ -364,9 +364,51 @@ def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backb
     options of `config`, into `dest`, with what it did (ANCHOR.yaml) and how it compares with the committed anchor
     (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one line, exit 2; tonight's
     records stay."""
+    repo = _repository_with(commit)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tree = dest.parent / f".worktree-{dest.name}-{os.getpid()}"
+    work = dest.parent / f".run-{dest.name}-{os.getpid()}"
+    log = dest.with_name(dest.name + ".log")
+    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+    add = subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), commit], cwd=repo, capture_output=True, text=True
+    )
+    if add.returncode:
+        raise UserError(f"cannot check out the anchor's commit {commit[:12]}: {add.stderr.strip().splitlines()[-1]}")
+    _own_tasks(tree)
+    cmd = [sys.executable, "-m", "transferbench.cli", "nightly", "--baseline", str(Path(anchor).resolve())]
+    cmd += ["--out", str(work.resolve()), "--date", "anchor", "--suite", suite, "--tasks", ",".join(tasks)]
+    cmd += ["--no-progress", *_execution_argv(config)]
+    cmd += ["--backbone", ",".join(backbones)] if backbones else []
+    cmd += ["--seeds", ",".join(map(str, seeds))] if seeds else []
+    print(
+        f"the anchor's records were computed in other arithmetic: rebuilding it at {commit[:12]} on this runner "
+        f"(log: {log})",
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    try:
+        rc = _stream(cmd, tree, log, commit)
+        seconds = time.monotonic() - started
+        if rc not in (0, 1) or not (work / "anchor").is_dir():
+            raise UserError(
+                f"rebuilding the anchor at {commit[:12]} failed (exit {rc}): see {log}; tonight's records stay in "
+                "their folder, and a rerun of the same --date judges them without running them again"
+            )
+        info = {"commit": commit, "anchor": str(anchor), "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        info.update(seconds=round(seconds, 1), exit=rc, command=cmd[1:])
+        _seal(work / "anchor", dest, anchor, suite, tasks, info)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+    print(f"rebuilt the anchor at {commit[:12]} in {_minutes(seconds)}: {dest}", file=sys.stderr)
+
+
+def _repository_with(commit: str) -> Path:
+    """The git checkout this package runs from, where it holds `commit`; else one line naming the fix."""
     from .records.ledger import repository
-    from .records.store import load_records
-    from .reporting.regress import verdict
 
     repo = repository()
     if repo is None:
@@ -381,92 +423,40 @@ def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backb
             f"the anchor's commit {commit[:12]} is not in {repo}'s history: fetch it (git fetch --unshallow; "
             "actions/checkout: fetch-depth: 0), or pass --no-rebuild to judge statistically"
         )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    stamp = f"{os.getpid()}"
-    tree = dest.parent / f".worktree-{dest.name}-{stamp}"
-    work = dest.parent / f".run-{dest.name}-{stamp}"
-    log = dest.with_name(dest.name + ".log")
-    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
-    add = subprocess.run(
-        ["git", "worktree", "add", "--detach", str(tree), commit], cwd=repo, capture_output=True, text=True
-    )
-    if add.returncode:
-        raise UserError(f"cannot check out the anchor's commit {commit[:12]}: {add.stderr.strip().splitlines()[-1]}")
-    _own_tasks(tree)
-    cmd = [
-        sys.executable,
-        "-m",
-        "transferbench.cli",
-        "nightly",
-        "--baseline",
-        str(Path(anchor).resolve()),
-        "--out",
-        str(work.resolve()),
-        "--date",
-        "anchor",
-        "--suite",
-        suite,
-        "--tasks",
-        ",".join(tasks),
-        "--no-progress",
-        *_execution_argv(config),
-    ]
-    if backbones:
-        cmd += ["--backbone", ",".join(backbones)]
-    if seeds:
-        cmd += ["--seeds", ",".join(map(str, seeds))]
-    env = {
-        **os.environ,
-        REBUILDING: commit,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p),
-    }
-    print(
-        f"the anchor's records were computed in other arithmetic: rebuilding it at {commit[:12]} on this runner "
-        f"(log: {log})",
-        file=sys.stderr,
-    )
-    started = time.monotonic()
-    try:
-        with open(log, "w") as f:
-            f.write("$ " + " ".join(cmd) + "\n")
+    return repo
+
+
+def _stream(cmd: list, tree: Path, log: Path, commit: str) -> int:
+    """Run the anchor's nightly in its worktree (its package first on the path, marked as a rebuild so that it
+    rebuilds nothing itself); its output goes to `log`, its progress lines to the terminal too. Returns its exit."""
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, REBUILDING: commit, "PYTHONPATH": path}
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.PIPE, text=True)
+        for line in proc.stderr:
+            f.write(line)
             f.flush()
-            proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.PIPE, text=True)
-            for line in proc.stderr:
-                f.write(line)
-                f.flush()
-                sys.stderr.write(f"  anchor {commit[:7]}: {line}")
-            rc = proc.wait()
-        seconds = time.monotonic() - started
-        if rc not in (0, 1) or not (work / "anchor").is_dir():
-            raise UserError(
-                f"rebuilding the anchor at {commit[:12]} failed (exit {rc}): see {log}; tonight's records stay in "
-                "their folder, and a rerun of the same --date judges them without running them again"
-            )
-        night = work / "anchor"
-        for name in ("REGRESSION.md", "LEADERBOARD.md"):
-            (night / name).unlink(missing_ok=True)
-        committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
-        text, _ = verdict(
-            committed, load_records([night]), title=f"The anchor rebuilt on this runner vs {anchor}", allow_missing=True
-        )
-        (night / ARITHMETIC_REPORT).write_text(text)
-        info = {
-            "commit": commit,
-            "anchor": str(anchor),
-            "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "seconds": round(seconds, 1),
-            "exit": rc,
-            "command": cmd[1:],
-        }
-        (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(night, dest)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
-    print(f"rebuilt the anchor at {commit[:12]} in {_minutes(seconds)}: {dest}", file=sys.stderr)
+            sys.stderr.write(f"  anchor {commit[:7]}: {line}")
+        return proc.wait()
+
+
+def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: dict) -> None:
+    """Put the rerun's records in place at `dest` with what it did (ANCHOR.yaml) and its comparison with the
+    committed anchor (ARITHMETIC.md), its own night's report and leaderboard left out."""
+    from .records.store import load_records
+    from .reporting.regress import verdict
+
+    for name in ("REGRESSION.md", "LEADERBOARD.md"):
+        (night / name).unlink(missing_ok=True)
+    committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
+    title = f"The anchor rebuilt on this runner vs {anchor}"
+    text, _ = verdict(committed, load_records([night]), title=title, allow_missing=True)
+    (night / ARITHMETIC_REPORT).write_text(text)
+    (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(night, dest)
 
 
 def _own_tasks(tree: Path) -> None:

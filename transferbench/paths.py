@@ -423,7 +423,9 @@ def foreign(path) -> str | None:
 
 
 def verified(path, what: str = "cache entry", *, directory: bool = False) -> bool:
-    """Whether the cache entry `path` (a file, or a folder with `directory`) is there and whole. A damaged one
+    """Whether the cache entry `path` (a file, or a folder with `directory`) is there, whole and, for a cache of
+    numbers (ARITHMETIC_CACHES), computed in this process's arithmetic: one of another arithmetic is a miss, computed
+    again and replaced (`sealed`), never read. A damaged one
     (a file of another size or checksum than its digest says, a file missing, no digest at all) is set aside
     (`quarantine`) and False returned, as for a missing one: the caller computes it again. It is checked
     without a lock, and a damaged one again under the entry's lock before it is set aside (a writer may be

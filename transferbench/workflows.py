@@ -1,6 +1,6 @@
 """What the command line runs, as library calls (lm-eval's `simple_evaluate`): a task's run into a records folder
 with its checks in the order that loses no work, the dry-run plan and its cost table, the results file beside the
-records, and the nightly run gated against a baseline. The command line only parses options and calls these."""
+records (the nightly run is transferbench.night's). The command line only parses options and calls these."""
 
 from __future__ import annotations
 
@@ -198,29 +198,3 @@ def dry_run(task, specs: list[str], out: Path, device: str, *, probe_device: boo
             "counted; on a GPU a larger batch is usually faster per image, so this is an upper bound)"
         )
     return "\n".join(lines)
-
-
-def nightly(
-    baseline: Path,
-    out: Path,
-    date: str,
-    *,
-    suite: str = "nightly",
-    tasks: list[str] | None = None,
-    backbones: list[str] | None = None,
-    seeds=None,
-    gate: dict,
-    allow_missing=(),
-    options: RunOptions,
-    executor,
-    rolling: Path | None = None,
-    rebuild: bool = True,
-) -> tuple[str, int]:
-    """The nightly regression run (transferbench.night: run, find or rebuild the baseline of tonight's arithmetic,
-    judge exactly with the anchor's acceptance ledger, keep, render). Returns (report, exit code)."""
-    from .night import Night
-
-    night = Night(
-        baseline, out, date, suite, tasks, backbones, seeds, gate, allow_missing, rolling=rolling, rebuild=rebuild
-    )
-    return night.run(options, executor)

@@ -204,11 +204,11 @@ def regress(args) -> int:
 def nightly(args) -> int:
     from datetime import datetime, timezone
 
-    from .. import workflows
+    from ..night import Night
 
     executor = check_execution_options(args)
     check_gate_options(args)
-    text, code = workflows.nightly(
+    night = Night(
         args.baseline,
         args.out,
         args.date or datetime.now(timezone.utc).strftime("%Y-%m-%d"),
@@ -217,12 +217,11 @@ def nightly(args) -> int:
         backbones=args.backbone,
         seeds=args.seeds,
         gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
+        allow_missing=args.allow_missing,
         rolling=args.rolling,
         rebuild=not args.no_rebuild,
-        allow_missing=args.allow_missing,
-        options=run_options(args),
-        executor=executor,
     )
+    text, code = night.run(run_options(args), executor)
     print(text)
     return code
 

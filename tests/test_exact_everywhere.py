@@ -67,6 +67,21 @@ def test_a_precision_flipped_by_code_fails_on_one_machine_unless_accepted():
     assert any("same code: chosen by the command or a probe" in why for why in g.exact.why)
 
 
+def test_a_model_read_from_a_cache_is_not_an_arithmetic_changed_by_code():
+    """A warm home reads a trained classifier that a cold one trains: the cell's own arithmetic lists fewer steps
+    (its training never ran). That is the cache's state, not the code: the statistical tier, counted."""
+    base = with_cell(exact_suite(noise()), "bf16", "v1", "o1")
+    cur = with_cell(base, "fp32", "v2", "o2")
+    for r in base:
+        r["caches"] = {"classifiers": {"computed": 1, "read": 0}}
+    for r in cur:
+        r["caches"] = {"classifiers": {"computed": 0, "read": 1}}
+    g = decide(base, cur).gate
+    assert not g.exact.changed and g.exact.statistical == 48
+    assert g.exact.why == {"a cache entry computed on one side and read on the other (classifiers)": 48}
+    assert g.exact.by_declaration == 48
+
+
 def test_machines_compare_by_what_both_record():
     a = {"digest": "x", "machine": machine()}
     # a field that later code added to the machine, and a library only one side lists: the same machine

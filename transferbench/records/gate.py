@@ -65,6 +65,9 @@ SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change t
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
+# ... and why one whose cell arithmetic differs only because one side read from a cache what the other computed
+CACHE_STATE = "a cache entry computed on one side and read on the other"
+NUMBER_CACHES = ("features", "classifiers", "lit", "checkpoints", "decoded", "corruptions")
 NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
 PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
 
@@ -195,8 +198,9 @@ class Exact:
 
     @property
     def by_declaration(self) -> int:
-        """Cells sent to the statistical tier by an accepted protocol change (declared, not a change of machine)."""
-        return self.why.get(ACCEPTED_PROTOCOL, 0)
+        """Cells sent to the statistical tier by an accepted protocol change (declared) or by a cache's state (a
+        trained model read on one side, trained on the other): not a change of machine."""
+        return sum(n for why, n in self.why.items() if why == ACCEPTED_PROTOCOL or why.startswith(CACHE_STATE))
 
     @property
     def accepted(self) -> list:
@@ -725,6 +729,9 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
     else:
         apart = inputs or machine_differences(ab, ac) or cache_differences(ab, ac)
         own = cell_differences(ab, ac)
+        warm = _cache_state(rb, rc)
+        if own and warm and not apart:  # a trained model read from a cache: its training steps did not run
+            apart = [f"{CACHE_STATE} ({', '.join(warm)})"]
     fb = rb.get("fingerprint")
     changed = changed_modules(fb, rc.get("fingerprint") or {}) if fb else [("code unrecorded", "changed")]
     if not apart and own and not changed:
@@ -750,6 +757,17 @@ def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accep
     else:
         tier.irreproducible.append(cell)
     return True
+
+
+def _cache_state(rb: dict, rc: dict) -> list[str]:
+    """The number caches of which one record computed an entry that the other read: such a cell skipped the steps
+    that computed it (a classifier or a text tower read, not trained), so its own arithmetic lists fewer steps."""
+    out = []
+    for kind in NUMBER_CACHES:
+        a, b = (rb.get("caches") or {}).get(kind) or {}, (rc.get("caches") or {}).get(kind) or {}
+        if bool(a.get("computed")) != bool(b.get("computed")):
+            out.append(kind)
+    return out
 
 
 def _flip(difference: str) -> str:

@@ -189,6 +189,14 @@ class Night:
             info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
             how = f"the anchor at {commit[:12]} rebuilt on this runner tonight in {_minutes(info['seconds'])} ({dest})"
         records = [r for r in load_records([dest]) if self._mine(r) and self._expected(r, ran)]
+        other = _other_code(expected, records)
+        if other:  # code outside this checkout (a plugin) computed the anchor: the rerun is not the anchor's code
+            shutil.rmtree(dest, ignore_errors=True)
+            note = (
+                f"{why}; the anchor's rerun at {commit[:12]} did not reproduce its code ({other}: code outside this "
+                "checkout, such as a plugin, computed it), so it was discarded; judged statistically"
+            )
+            return Baseline(expected, self.anchor, note, [note])
         notes = [f"{why}: {how}."]
         if (dest / ARITHMETIC_REPORT).is_file():
             notes.append(
@@ -331,6 +339,20 @@ def _foreign(expected: list, tonight: list) -> int:
         for r in expected
         if r["key"] in mine and machine_differences(r.get("arithmetic"), mine[r["key"]].get("arithmetic"))
     )
+
+
+def _other_code(anchor: list, rerun: list) -> str:
+    """In words, the modules whose code differs between the anchor's records and their rerun, cell by cell; '' where
+    every rerun cell was computed by the anchor's own code."""
+    from .fingerprint import changed_modules
+
+    again = {r["key"]: r for r in rerun}
+    changed: set = set()
+    for r in anchor:
+        a, b = r.get("fingerprint"), (again.get(r["key"]) or {}).get("fingerprint")
+        if a and b and a.get("digest") != b.get("digest"):
+            changed |= {m for m, _ in changed_modules(a, b)} or {"libraries"}
+    return ", ".join(sorted(changed))
 
 
 def records_commit(records: list) -> str | None:

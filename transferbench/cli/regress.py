@@ -201,6 +201,11 @@ def regress(args) -> int:
     return code
 
 
+def gate_settings(args) -> dict:
+    """The gate's options of `nightly` and `reanchor` (floor, alpha, accept, accept_code), as the night takes them."""
+    return {"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code}
+
+
 def nightly(args) -> int:
     from datetime import datetime, timezone
 
@@ -216,7 +221,7 @@ def nightly(args) -> int:
         tasks=args.tasks,
         backbones=args.backbone,
         seeds=args.seeds,
-        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
+        gate=gate_settings(args),
         allow_missing=args.allow_missing,
         rolling=args.rolling,
         rebuild=not args.no_rebuild,
@@ -236,7 +241,7 @@ def reanchor(args) -> int:
         suite=args.suite,
         tasks=args.tasks,
         backbones=args.backbone,
-        gate={"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code},
+        gate=gate_settings(args),
         options=run_options(args),
         executor=executor,
     )

@@ -44,6 +44,7 @@ from ..arithmetic import cache_differences, cell_differences, machine_difference
 from ..errors import UserError
 from ..fingerprint import changed_modules
 from ..hashing import canon
+from ..paths import ARITHMETIC_CACHES
 from .stats import (
     holm,
     mcnemar,
@@ -67,7 +68,6 @@ SIGNALS = ("loss", "decayed_norm", "target_entropy")
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
 # ... and why one whose cell arithmetic differs only because one side read from a cache what the other computed
 CACHE_STATE = "a cache entry computed on one side and read on the other"
-NUMBER_CACHES = ("features", "classifiers", "lit", "checkpoints", "decoded", "corruptions")
 NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
 PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
 
@@ -763,7 +763,7 @@ def _cache_state(rb: dict, rc: dict) -> list[str]:
     """The number caches of which one record computed an entry that the other read: such a cell skipped the steps
     that computed it (a classifier or a text tower read, not trained), so its own arithmetic lists fewer steps."""
     out = []
-    for kind in NUMBER_CACHES:
+    for kind in ARITHMETIC_CACHES:
         a, b = (rb.get("caches") or {}).get(kind) or {}, (rc.get("caches") or {}).get(kind) or {}
         if bool(a.get("computed")) != bool(b.get("computed")):
             out.append(kind)

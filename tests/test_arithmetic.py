@@ -85,10 +85,11 @@ def test_records_carry_arithmetic_and_outputs_and_recompute_a_cache_entry_of_oth
     assert cli(f"{FEWSHOT} --out", tmp_path / "a") == 0
     first = {r["key"]: r for r in load_records([tmp_path / "a"])}
     assert len(first) == 4
+    cuda = torch.cuda.is_available()  # a GPU host runs on cuda, where `auto` takes bf16 (no probe)
     for r in first.values():
         assert r["arithmetic"]["cell"] == {
-            "device": "cpu",
-            "precision": ["fp32"],
+            "device": "cuda" if cuda else "cpu",
+            "precision": ["bf16" if cuda else "fp32"],
             "micro_batch": 0,
             "compile": False,
             "workers": 0,

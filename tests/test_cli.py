@@ -118,7 +118,9 @@ def test_dry_run_estimate_from_the_probe(tmp_path, monkeypatch, capsys):
     argv = ["run", "vtab", "--suite", "embedded", "--backbone", "mu4", "--seeds", "0", "--dry-run", "--probe"]
     assert main(argv) == 0
     row = _table(capsys.readouterr().out)["all"]
-    rate = read_probe("cpu", "mu4", 16)["ms_per_image"]
+    from transferbench.engine.compute import default_device
+
+    rate = read_probe(default_device(), "mu4", 16)["ms_per_image"]  # the run's device: cuda on a GPU host
     assert float(row[3]) == pytest.approx(int(row[2].replace(",", "")) * rate / 3.6e6, abs=0.005)
     assert cli("run toy --probe") == 2  # --probe is for --dry-run
 

@@ -245,3 +245,70 @@ def test_constant_token_has_finite_gradients():
     m(x).square().sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def _grads(f, m, x, g):
+    m.zero_grad()
+    x.grad = None
+    out = f(x)
+    (out * g).sum().backward()
+    return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+
+
+def test_gram_kernel_gradients_equal_the_two_products(monkeypatch):
+    # the GPU's route to dL/dP_rows and dL/dP_cols (one Gram product per head, contracted with the other kernel)
+    # must give the CPU's two direct products, in float64 to rounding
+    import transferbench.backbones.dtn as dtn
+
+    m = _random_dtn(dim=12, heads=3, grid=(3, 4)).double()
+    x = (torch.randn(3, 12, 12, dtype=torch.float64) * 2 + 0.5).requires_grad_()
+    g = torch.randn(3, 12, 12, dtype=torch.float64)
+    direct = _grads(m, m, x, g)
+    monkeypatch.setattr(dtn, "_gram_on", lambda t: True)
+    gram = _grads(m, m, x, g)
+    assert m.pos_weight.grad.abs().max() > 1e-3  # the kernels' gradients are really exercised
+    for a, b in zip(direct, gram):
+        torch.testing.assert_close(b, a, atol=1e-11, rtol=1e-9)
+
+
+def test_kron_operator_passes_torch_opcheck_and_gradcheck():
+    # the custom operator torch.compile sees: its fake (meta) kernel, autograd registration and schema agree
+    # with its eager kernel (torch.library.opcheck), and its backward is the true derivative (gradcheck)
+    from transferbench.backbones.dtn import dtn_kron
+
+    gen = torch.Generator().manual_seed(0)
+    p_rows = torch.rand(2, 3, 3, generator=gen, dtype=torch.float64).softmax(-1).requires_grad_()
+    p_cols = torch.rand(2, 4, 4, generator=gen, dtype=torch.float64).softmax(-1).requires_grad_()
+    moments = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    torch.library.opcheck(dtn_kron, (p_rows, p_cols, moments, False))
+    assert torch.autograd.gradcheck(lambda a, b, c: dtn_kron(a, b, c, False), (p_rows, p_cols, moments))
+
+
+def test_compiler_visible_layer_is_the_hand_written_one():
+    # under torch.compile the layer is plain ops around dtn_kron; forward and every gradient must be _DTN's
+    # (float64, to rounding). aot_eager runs the compiler's tracing and its derived backward without codegen.
+    import torch._dynamo
+
+    m = _random_dtn(dim=12, heads=3, grid=(3, 4)).double()
+    x = (torch.randn(2, 12, 12, dtype=torch.float64) * 2 + 0.5).requires_grad_()
+    g = torch.randn(2, 12, 12, dtype=torch.float64)
+    eager = _grads(m, m, x, g)
+    torch._dynamo.reset()
+    compiled = _grads(torch.compile(m, backend="aot_eager", fullgraph=True), m, x, g)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-8)
+
+
+def test_backward_stays_fp32_when_called_inside_autocast():
+    # the statistics' gradients run in fp32 however backward() is called: inside an autocast region (a loss computed
+    # under it) the hand-written backward's products would otherwise round to bf16
+    m = _random_dtn(dim=12, heads=3, grid=(3, 4))
+    x = (torch.randn(2, 12, 12) * 2 + 0.5).requires_grad_()
+    g = torch.randn(2, 12, 12)
+    outside = _grads(m, m, x, g)
+    m.zero_grad()
+    x.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (m(x) * g).sum().backward()
+    for a, b in zip(outside[1:], [x.grad] + [p.grad for p in m.parameters()]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)

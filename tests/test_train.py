@@ -421,3 +421,50 @@ def test_the_fused_update_used_on_cuda_is_the_default_update(name):
         ends.append(model.weight.detach().cpu())
     assert float((ends[0] - start).abs().max()) > 1e-3  # the steps moved it
     torch.testing.assert_close(ends[1], ends[0], rtol=1e-5, atol=1e-6)
+
+
+def test_one_compilation_serves_every_cell_remainder_and_halved_micro_batch(monkeypatch):
+    """Compiled training steps compile once per model shape: a second cell's model of the same shape, the remainder
+    micro-batch and a micro-batch halved after running out of memory reuse it or run eagerly, never recompile. The
+    backend here counts forward graphs handed to it (AOT autograd, no code generation)."""
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    import transferbench.engine.train as train
+    from transferbench import create_backbone
+
+    compiled = []
+
+    def forward_graph(gm, example_inputs):
+        compiled.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)][-1])
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(
+        train,
+        "COMPILE_BACKEND",
+        aot_autograd(fw_compiler=forward_graph, bw_compiler=lambda gm, _: make_boxed_func(gm.forward)),
+    )
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 3, 16, 16, generator=gen), torch.randint(0, 5, (10,), generator=gen)
+    failed = []
+
+    def loss(logits, target):  # the first 4-example micro-batch of the second cell "runs out of memory"
+        if len(compiled) and len(target) == 4 and not failed and cells == 2:
+            failed.append(len(target))
+            raise RuntimeError("CUDA out of memory: can't allocate memory")
+        return torch.nn.functional.cross_entropy(logits, target)
+
+    outs = []
+    for cells in (1, 2):
+        torch.manual_seed(cells)
+        model = create_backbone("mu4", img_size=16, num_classes=5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        kw = dict(base_lr=0.01, warmup=1, clip=1.0, loss_fn=loss, device="cpu", bf16=False)
+        outs.append(fit(model, iter([(x, y)] * 2), opt, steps=2, micro_batch=4, compile="on", **kw))
+        model.eval()(x[:3])  # evaluation: the eager model
+    assert failed == [4]  # the halving really happened (micro-batch 4 -> 2 in the second cell)
+    assert outs[0]["micro_batch"] == 4 and outs[1]["micro_batch"] == 2
+    assert outs[0]["compiled"] is True and outs[0]["compile_s"] > 0
+    assert len(compiled) == 1, compiled  # batches of 4 + 4 + 2 and 2 + 2 ..., two models: one graph

@@ -282,6 +282,7 @@ class _Trace:
         self.active = active  # outside a cell (benchmarks, library use) outputs are not hashed: no cost
         self.precision: list[str] = []  # 'bf16' | 'fp32' per resolved step, in order
         self.micro_batch: list[int] = []  # the micro-batch each training loop ended with (0: the whole batch)
+        self.compiled: list[bool] = []  # whether each training loop ran through torch.compile
         self.caches: dict[str, set] = {}  # cache folder -> machine digests of entries read that another computed
         self.outputs = hashlib.sha256()
         self.pins = list(pins) if pins else []  # the baseline's precision choices, in order (nightly)
@@ -311,6 +312,11 @@ def pin_next(bf16: bool, by: str) -> None:
     cell already carries a pin for it (the nightly's baseline choice wins)."""
     if not _TRACE.pins:
         _TRACE.pins.insert(0, (bf16, by))
+
+
+def note_compiled(compiled: bool) -> None:
+    """Whether a training loop of the cell ran through torch.compile (engine.train.fit decides per loop)."""
+    _TRACE.compiled.append(bool(compiled))
 
 
 def note_micro_batch(micro: int) -> None:
@@ -352,7 +358,7 @@ def output(name: str, value) -> None:
 
 
 def finish(
-    metrics: dict, *, device: str, workers: int, compile: bool, micro_batch, execution: dict | None = None
+    metrics: dict, *, device: str, workers: int, compile: bool | str, micro_batch, execution: dict | None = None
 ) -> tuple[dict, str]:
     """(the record's `arithmetic`, its `outputs` digest) for the cell whose trace `begin` started; the metrics at
     full precision end the outputs. The cell's execution settings (an evaluation batch size: no part of its key,
@@ -363,7 +369,8 @@ def finish(
         "device": device.split(":")[0],
         "precision": list(_TRACE.precision),
         "micro_batch": list(_TRACE.micro_batch) or micro_batch or 0,
-        "compile": bool(compile),
+        # what ran: any training loop compiled; a cell without one keeps the setting asked for (on: True)
+        "compile": any(_TRACE.compiled) if _TRACE.compiled else compile is True or compile == "on",
         "workers": int(workers),
     }
     if execution:

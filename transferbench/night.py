@@ -505,8 +505,10 @@ def _execution_argv(config: dict) -> list[str]:
             argv += [flag, str(config[name])]
     if config.get("workers"):
         argv += ["--workers", str(config["workers"])]
-    if config.get("compile"):
+    if config.get("compile") in (True, "on"):
         argv.append("--compile")
+    elif config.get("compile") == "off":
+        argv += ["--compile", "off"]
     return argv
 
 

@@ -20,6 +20,10 @@ and one (w x w) along the columns of the token grid: O(T (h + w) C) instead of O
 Speed: the forward works head-major and rearranges eq. 5-6 into fused ops; the backward is written by
 hand (`_DTN`), since autograd through the forward costs ~4x the forward; on CPU the batch goes through
 in cache-sized slices. benchmarks/dtn_layer.py measures it against the plain per-head T x T algorithm.
+On a GPU the kernels' gradients come from one Gram product per head (`_kernel_gradients`), a GEMM shape that
+fills the chip, where the CPU's two products with 14 x 14 outputs and a K of B.T.2d/14 leave it idle. Under
+torch.compile the layer is plain tensor ops around one custom op, the Kronecker application (`dtn_kron`), so the
+compiler fuses the elementwise passes and derives their backward itself.
 
 Differences from the authors' released code, on purpose: that code l2-normalises each head before
 the statistics and uses the unbiased LN variance; this module follows the paper's eq. 4-7 as written above.
@@ -28,6 +32,7 @@ the statistics and uses the unbiased LN variance; this module follows the paper'
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -119,11 +124,14 @@ class DynamicTokenNorm(nn.Module):
                 f"DynamicTokenNorm got {T} tokens but its grid {self.grid} has {gh * gw}; "
                 "DTN sees patch tokens only (no cls) - rebuild the backbone with the right img_size"
             )
-        # Statistics in fp32 even under autocast, as LayerNorm does: eq. 6 subtracts two moments.
+        # Statistics in fp32 even under autocast, as LayerNorm does: eq. 6 subtracts two moments. Only the
+        # kernels' gradient may use TF32 products on a GPU, and only where the model runs under autocast (whose
+        # own matrix products round to bf16): an fp32 run stays fp32 throughout.
+        tf32 = torch.is_autocast_enabled(x.device.type)
         with torch.autocast(device_type=x.device.type, enabled=False):
             f = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64 (tests)
             p_rows, p_cols = self.factored_weights(f)
-            return _DTN.apply(
+            args = (
                 x.to(f),
                 p_rows,
                 p_cols,
@@ -132,7 +140,11 @@ class DynamicTokenNorm(nn.Module):
                 self.weight.to(f),
                 self.bias.to(f),
                 self.eps,
+                tf32,
             )
+            if torch.compiler.is_compiling():
+                return dtn_plain(*args)
+            return _DTN.apply(*args)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, num_heads={self.num_heads}, grid={self.grid}, eps={self.eps}"
@@ -203,7 +215,7 @@ def _forward(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, out):
     return mean_ln, var_ln, m, rstd, y_hat
 
 
-def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, mean_ln, var_ln, m, rstd, y_hat, g_x):
+def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, tf32, mean_ln, var_ln, m, rstd, y_hat, g_x):
     """Gradients for a slice of the batch: dL/dx into `g_x`, the parameters' returned (to be summed)."""
     B, T, C = x.shape
     H, gh, gw = p_rows.shape[0], p_rows.shape[1], p_cols.shape[1]
@@ -230,12 +242,10 @@ def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, mean_ln, var_ln,
     d_var_ln = -0.5 * (sum_sig * lam_sig.view(H, 1, 1, 1)).sum(0)
     # through P = kron(P_rows, P_cols): transposed kernels back, and the kernels' own gradients
     moments = _moments(xh)
-    rows = torch.bmm(p_rows, moments.view(H, gh, -1)).view(H, gh, gw, -1)
-    d_mv = d_m.view(H, gh, gw, -1)
-    g_cols = torch.matmul(d_mv, rows.transpose(-1, -2)).sum(1)  # (H, gw, gw)
-    d_rows = torch.matmul(p_cols.transpose(-1, -2)[:, None], d_mv).view(H, gh, -1)
-    g_rows = torch.bmm(d_rows, moments.view(H, gh, -1).transpose(1, 2))  # (H, gh, gh)
-    d_moments = torch.bmm(p_rows.transpose(1, 2), d_rows).view(H, gh, gw, B, -1)
+    g_rows, g_cols, d_moments = _kron_backward(
+        d_m.view(H, gh, gw, -1), moments.view(H, gh, gw, -1), p_rows, p_cols, tf32
+    )
+    d_moments = d_moments.view(H, gh, gw, B, -1)
     d_xh = torch.addcmul(d_centred.add_(d_moments[..., :d]), xh, d_moments[..., d:], value=2)
     # LN statistics: d mu_LN / dx = 1/C, d sig2_LN / dx = 2 (x - mu_LN) / C; as one addcmul with
     # per-token terms: g_x = d_xh + 2/C d_var_ln x + (d_mean_ln - 2 mu_LN d_var_ln) / C
@@ -243,6 +253,128 @@ def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, mean_ln, var_ln,
     shift = (d_mean_ln - 2 * mean_ln * d_var_ln) / C
     torch.addcmul(_token_major(d_xh).add_(shift), x, d_var_ln, value=2 / C, out=g_x)
     return g_rows, g_cols, g_lam_mu, g_lam_sig, g_weight, g_bias
+
+
+def _gram_on(t: torch.Tensor) -> bool:
+    """Whether the kernels' gradients come from the Gram product (`_kernel_gradients`): on a GPU. On the CPU the
+    two small products cost less (the Gram product does 14x their multiply-adds, which a CPU pays for)."""
+    return t.device.type == "cuda"
+
+
+@contextmanager
+def _tf32(enabled: bool):
+    """TF32 products for the block (a CUDA setting; CPUs ignore it), restored after."""
+    if not enabled:
+        yield
+        return
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    flags.allow_tf32 = True
+    try:
+        yield
+    finally:
+        flags.allow_tf32 = before
+
+
+def _kernel_gradients(d_m, moments, p_rows, p_cols, tf32: bool = False):
+    """dL/dP_rows (H, gh, gh) and dL/dP_cols (H, gw, gw) from one Gram product per head.
+
+    With m = (P_rows kron P_cols) moments over the token grid, dL/dP_rows[i, j] = sum_cd P_cols[c, d] G[(i c), (j d)]
+    and dL/dP_cols[c, d] = sum_ij P_rows[i, j] G[(i c), (j d)], where G = d_m moments^T (T x T per head) sums over
+    the batch and the channels, K = B.2d. One (T x K) by (K x T) product per head runs on a GPU near its matrix
+    rate (TF32 where the layer ran under autocast, `tf32`); the contractions with the kernels are tiny.
+    `d_m`, `moments`: (H, gh, gw, K)."""
+    H, gh, gw = d_m.shape[:3]
+    T = gh * gw
+    with _tf32(tf32):
+        gram = torch.bmm(d_m.reshape(H, T, -1), moments.reshape(H, T, -1).transpose(1, 2))
+    gram = gram.view(H, gh, gw, gh, gw)  # [head, target row, target col, source row, source col]
+    g_rows = torch.einsum("hicjd,hcd->hij", gram, p_cols)
+    g_cols = torch.einsum("hicjd,hij->hcd", gram, p_rows)
+    return g_rows, g_cols
+
+
+def _kron_backward(d_m, moments, p_rows, p_cols, tf32: bool = False):
+    """Back through m = (P_rows kron P_cols) moments, all (H, gh, gw, K): (dL/dP_rows, dL/dP_cols, dL/dmoments)."""
+    H, gh, gw = d_m.shape[:3]
+    d_rows = torch.matmul(p_cols.transpose(-1, -2)[:, None], d_m).view(H, gh, -1)
+    if _gram_on(d_m):
+        g_rows, g_cols = _kernel_gradients(d_m, moments, p_rows, p_cols, tf32)
+    else:
+        rows = torch.bmm(p_rows, moments.reshape(H, gh, -1)).view(H, gh, gw, -1)
+        g_cols = torch.matmul(d_m, rows.transpose(-1, -2)).sum(1)  # (H, gw, gw)
+        g_rows = torch.bmm(d_rows, moments.reshape(H, gh, -1).transpose(1, 2))  # (H, gh, gh)
+    d_moments = torch.bmm(p_rows.transpose(1, 2), d_rows)
+    return g_rows, g_cols, d_moments.view(d_m.shape)
+
+
+def _kron(p_rows, p_cols, moments):
+    """(P_rows kron P_cols) applied to moments (H, gh, gw, K) laid out on the token grid."""
+    H, gh, gw = moments.shape[:3]
+    rows = torch.bmm(p_rows, moments.reshape(H, gh, -1))  # (H, gh, gh) @ (H, gh, gw*K)
+    return torch.matmul(p_cols[:, None], rows.view(H, gh, gw, -1))  # per (head, row): (gw, gw) @ (gw, K)
+
+
+@torch.library.custom_op("transferbench::dtn_kron", mutates_args=())
+def dtn_kron(p_rows: torch.Tensor, p_cols: torch.Tensor, moments: torch.Tensor, tf32: bool) -> torch.Tensor:
+    """The Kronecker application as one operator that torch.compile keeps whole (its backward is
+    `dtn_kron_backward`, whose Gram product the compiler would otherwise split into the two slow shapes)."""
+    return _kron(p_rows, p_cols, moments.contiguous())
+
+
+@dtn_kron.register_fake
+def _(p_rows, p_cols, moments, tf32):
+    return moments.new_empty(moments.shape)
+
+
+@torch.library.custom_op("transferbench::dtn_kron_backward", mutates_args=())
+def dtn_kron_backward(
+    grad: torch.Tensor, moments: torch.Tensor, p_rows: torch.Tensor, p_cols: torch.Tensor, tf32: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _kron_backward(grad.contiguous(), moments.contiguous(), p_rows, p_cols, tf32)
+
+
+@dtn_kron_backward.register_fake
+def _(grad, moments, p_rows, p_cols, tf32):
+    H, gh, gw = moments.shape[:3]
+    return p_rows.new_empty(H, gh, gh), p_cols.new_empty(H, gw, gw), moments.new_empty(moments.shape)
+
+
+def _kron_setup(ctx, inputs, output):
+    p_rows, p_cols, moments, tf32 = inputs
+    ctx.save_for_backward(p_rows, p_cols, moments)
+    ctx.tf32 = tf32
+
+
+def _kron_grad(ctx, grad):
+    p_rows, p_cols, moments = ctx.saved_tensors
+    with torch.autocast(device_type=grad.device.type, enabled=False):
+        g_rows, g_cols, d_moments = dtn_kron_backward(grad, moments, p_rows, p_cols, ctx.tf32)
+    return g_rows, g_cols, d_moments, None
+
+
+dtn_kron.register_autograd(_kron_grad, setup_context=_kron_setup)
+
+
+def dtn_plain(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False):
+    """Eq. 4-7 as plain tensor ops around `dtn_kron`: what torch.compile sees (it fuses the elementwise passes and
+    derives their backward); the same function as `_DTN` up to floating-point rounding (tested)."""
+    B, T, C = x.shape
+    H, gh, gw = p_rows.shape[0], p_rows.shape[1], p_cols.shape[1]
+    d = C // H
+    mean_ln = x.mean(dim=-1, keepdim=True)
+    var_ln = (x - mean_ln).square().mean(dim=-1, keepdim=True)
+    xh = x.view(B, gh, gw, H, d).permute(3, 1, 2, 0, 4)  # (H, gh, gw, B, d)
+    moments = torch.cat([xh, xh * xh], dim=-1).reshape(H, gh, gw, B * 2 * d)
+    m = dtn_kron(p_rows, p_cols, moments, tf32).view(H, gh, gw, B, 2 * d)
+    m1, m2 = m[..., :d], m[..., d:]
+    heads = (H, 1, 1, 1, 1)
+    mu_ln = mean_ln.view(B, gh, gw, 1).permute(1, 2, 0, 3)[None]  # (1, gh, gw, B, 1)
+    sig_ln = var_ln.view(B, gh, gw, 1).permute(1, 2, 0, 3)[None]
+    mu = lam_mu.view(heads) * mu_ln + (1 - lam_mu.view(heads)) * m1
+    var = lam_sig.view(heads) * sig_ln + (1 - lam_sig.view(heads)) * (m2 - m1 * m1).clamp_min(0)
+    y = (xh - mu) * torch.rsqrt(var + eps)
+    return _token_major(y) * weight + bias
 
 
 _SLICE_BYTES = 1 << 20
@@ -267,8 +399,9 @@ class _DTN(torch.autograd.Function):
     1/sigma and the normalised x, with x itself (5 activations' worth; eager autograd kept more)."""
 
     @staticmethod
-    def forward(ctx, x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps):
+    def forward(ctx, x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32):
         x = x.contiguous()
+        ctx.tf32 = tf32
         out = torch.empty_like(x)
         ctx.slices = _batch_slices(x)
         ctx.per_slice = [
@@ -284,8 +417,10 @@ class _DTN(torch.autograd.Function):
         grad = grad.contiguous()
         g_x = torch.empty_like(x)
         totals = None
-        for sl, saved in zip(ctx.slices, ctx.per_slice):
-            g = _backward(grad[sl], x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, *saved, g_x[sl])
-            totals = g if totals is None else [a.add_(b) for a, b in zip(totals, g)]
+        # fp32 like the forward, also where backward() is called inside an autocast region
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            for sl, saved in zip(ctx.slices, ctx.per_slice):
+                g = _backward(grad[sl], x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, ctx.tf32, *saved, g_x[sl])
+                totals = g if totals is None else [a.add_(b) for a, b in zip(totals, g)]
         ctx.per_slice = None
-        return (g_x, *totals, None)
+        return (g_x, *totals, None, None)

@@ -82,9 +82,14 @@ def execution_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--compile",
-        action="store_true",
-        help="run the training steps through torch.compile (the first step of each model shape compiles, tens of "
-        "seconds; records equal the eager ones up to floating-point summation order; no cell key changes)",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="run the training steps through torch.compile: auto (default) compiles them on CUDA and not on the "
+        "CPU; bare --compile means on. One compilation per model shape serves every cell of the run; it is "
+        "timed apart from the steps (a record's info: compile_s). Records equal the eager ones up to "
+        "floating-point summation order; no cell key changes",
     )
     p.add_argument(
         "--micro-batch",
@@ -114,9 +119,10 @@ def executor_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         help="local: cells at once, each in its own worker process with cores/N threads and, when "
-        "several GPUs are visible, its own GPU (default 1: in this process, one at a time)",
+        "several GPUs are visible, its own GPU (default without a GPU: 1, in this process, one at a time; with "
+        "GPUs: 4 cells on each, sharing its memory, at least 2 cores apiece)",
     )
     g.add_argument(
         "--address",
@@ -152,8 +158,10 @@ def strict_option(p: argparse.ArgumentParser) -> None:
 
 def check_execution_options(args):
     """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
-    from ..engine.executors import make_executor
+    from ..engine.executors import default_jobs, make_executor
 
+    if args.jobs is None:  # resolved here, so that records and results.json store what ran
+        args.jobs = default_jobs() if args.executor == "local" else 1
     if args.workers < 0:
         raise UserError(f"--workers must be >= 0, got {args.workers}")
     if args.micro_batch is not None and args.micro_batch < 1:

@@ -14,6 +14,8 @@ in every cell's hyper-parameters, hence in its key, its record and the report he
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..cell import DEFAULT_PIXELS
@@ -46,9 +48,16 @@ def stats(value: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 def normalise_uint8(x: torch.Tensor, pixels: str = DEFAULT_PIXELS) -> torch.Tensor:
     """uint8 images (..., 3, H, W) -> float32 (x / 255 - mean) / std, bit for bit as torchvision's ToDtype(scale=True)
     + Normalize compute it (a multiplication by 1/255, which rounds otherwise than a division by 255), on the
-    images' device."""
-    mean, std = (torch.tensor(v, device=x.device).view(3, 1, 1) for v in stats(pixels))
+    images' device. The constants are made once per (pixels, device): building a tensor on a GPU from host values
+    waits for the device's stream, once a batch otherwise."""
+    mean, std = _constants(pixels, str(x.device))
     return x.float().mul_(1.0 / 255.0).sub_(mean).div_(std)
+
+
+@functools.cache
+def _constants(pixels: str, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    mean, std = (torch.tensor(v, device=device).view(3, 1, 1) for v in stats(pixels))
+    return mean, std
 
 
 def check(value: str) -> None:

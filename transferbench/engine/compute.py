@@ -39,7 +39,8 @@ class CellContext:
     batch), precision pins (`pins`: per cell key, the bf16 choice of each `auto` step, in order), progress bars
     and whether per-example results are kept (`log_samples`: an adapter that can returns
     them under "samples", {split: bool array in the split's order}; the record's file beside it holds them) and
-    whether the training steps run through torch.compile (`compile`)."""
+    whether the training steps run through torch.compile (`compile`: auto, the default, compiles them on CUDA;
+    `compiles` resolves it)."""
 
     device: str | None
     show_progress: bool = True
@@ -47,7 +48,7 @@ class CellContext:
     workers: int = 0
     micro_batch: int | None = None
     log_samples: bool = False
-    compile: bool = False  # torch.compile the model for the training steps (engine.train.fit)
+    compile: bool | str = "auto"  # torch.compile the training steps: auto (on CUDA) | on | off (`compiles`)
     # cell key -> the precision each of its `bf16: auto` steps takes, in order (nightly: the baseline's choices)
     pins: dict | None = None
 
@@ -142,6 +143,27 @@ def _git_state() -> tuple[str | None, bool | None]:
         return lines[1], bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+COMPILE = ("auto", "on", "off")
+
+
+COMPILE_MIN_EXAMPLES = 100_000  # auto: a training loop of fewer examples (steps x batch) runs eagerly
+
+
+def compiles(setting, device: str | None, examples: int | None = None) -> bool:
+    """Whether a training loop of `examples` (steps x batch; None: unknown, counted as many) on `device` runs through
+    torch.compile, for a setting auto | on | off (or a bool). auto compiles on CUDA loops of at least
+    COMPILE_MIN_EXAMPLES: a paper-scale cell (VTAB-1k: 2,500 steps of 512, 1.28 M) runs its steps faster compiled
+    (benchmarks/paper_step.py), while the embedded suite's loops (a few thousand examples) would spend longer
+    compiling than stepping; on the CPU a compilation costs more than the steps gain."""
+    if isinstance(setting, bool):
+        return setting
+    if setting not in COMPILE:
+        raise ValueError(f"compile={setting!r}; one of {', '.join(COMPILE)}")
+    if setting != "auto":
+        return setting == "on"
+    return str(device or "").startswith("cuda") and (examples is None or examples >= COMPILE_MIN_EXAMPLES)
 
 
 def default_device() -> str:

@@ -410,16 +410,30 @@ class RayExecutor:
             self._started_here = False
 
 
+GPU_SLOTS = 4  # cells at once on each visible GPU when --jobs is not given (benchmarks/paper_step.py --embedded)
+
+
+def default_jobs() -> int:
+    """--jobs when it is not given: 1 without a GPU (one cell at a time, all cores); with GPUs, GPU_SLOTS cells on
+    each, at least 2 cores apiece: one cell of the embedded suite or of a few-shot probe leaves a GPU idle between
+    its small launches, and several cells fill it (gpu_slots shares its memory between them)."""
+    gpus = visible_gpus()
+    if not gpus:
+        return 1
+    return max(1, min(GPU_SLOTS * len(gpus), usable_cores() // 2))
+
+
 def make_executor(
     name: str = "local",
     *,
-    jobs: int = 1,
+    jobs: int | None = None,
     address: str | None = None,
     cpus_per_cell: float | None = None,
     gpus_per_cell: float | None = None,
 ):
-    """The executor that `transferbench run --executor NAME` asks for."""
+    """The executor that `transferbench run --executor NAME` asks for (`jobs` None: `default_jobs()` locally)."""
     if name == "local":
+        jobs = default_jobs() if jobs is None else jobs
         if address is not None or gpus_per_cell is not None:
             raise UserError(
                 "--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
@@ -428,7 +442,7 @@ def make_executor(
         threads = None if cpus_per_cell is None else max(1, int(cpus_per_cell))
         return InlineExecutor(threads) if jobs == 1 else PoolExecutor(jobs, threads)
     if name == "ray":
-        if jobs != 1:
+        if jobs not in (None, 1):
             raise UserError(
                 "--jobs is for --executor local; with --executor ray the cluster's size sets how many "
                 "cells run at once (--cpus-per-cell / --gpus-per-cell size each one)"

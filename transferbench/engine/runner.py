@@ -147,7 +147,7 @@ class RunOptions:
     micro_batch: int | None = None
     show_progress: bool = True
     log_samples: bool = False
-    compile: bool = False
+    compile: bool | str = "auto"  # auto | on | off (engine.compute.compiles)
     retries: int = 1
     executor_name: str = "local"
     jobs: int = 1

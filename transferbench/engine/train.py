@@ -16,10 +16,10 @@ from itertools import chain
 
 import torch
 
-from ..arithmetic import note_micro_batch, output
+from ..arithmetic import note_compiled, note_micro_batch, output
 from ..settings.choices import SCHEDULES
 from .batches import train_batches
-from .compute import check_finite
+from .compute import check_finite, compiles
 from .precision import autocast, resolve, shapes, training_step
 
 log = logging.getLogger("transferbench")
@@ -92,11 +92,11 @@ def fit(
     batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
     never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
     once the step's gradients are complete, before clipping (diagnostics read the gradient norms there).
-    `compile`: the forward and backward run through torch.compile (same parameters; results equal the eager
-    ones up to floating-point summation order). The loss stays on the device: the host reads it every LOSS_EVERY
-    steps and at the end (the only synchronisations of the loop), and a non-finite loss raises Diverged there,
-    naming the first step that had one. `loss_at`: steps (counted from 1) whose batch loss the result's `loss_at`
-    holds ({step: loss}: a training curve's fixed points, read once at the end).
+    `compile` (a bool, or auto | on | off: engine.compute.compiles): the steps run through torch.compile (`_Compiled`;
+    results equal the eager ones up to floating-point summation order); the result's `compile_s` is the first step's
+    seconds. The loss stays on the device: the host reads it every LOSS_EVERY steps and at the end (the only
+    synchronisations of the loop), and a non-finite loss raises Diverged there, naming the first step that had one.
+    `loss_at`: steps (from 1) whose batch loss the result's `loss_at` holds (a curve's fixed points, read at the end).
     `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
     shape; the result's `bf16` and `bf16_choice` say what ran and why."""
     if schedule not in SCHEDULES:
@@ -107,21 +107,21 @@ def fit(
     batches, bf16, choice = _resolve_bf16(model, batches, bf16, device, micro_batch, loss_fn)
     steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
     micro = micro_batch
-    step_model = torch.compile(model) if compile else model  # the same parameters, compiled kernels
-    at = torch.zeros((), dtype=torch.long, device=device)  # the step, counted on the device
-    bad_step = torch.full((), -1, dtype=torch.long, device=device)
-    bad_loss = torch.zeros((), device=device)
-    total = torch.full((), float("nan"), device=device)
+    setting, step_model = compile, model
+    at, bad_step, bad_loss, total = _on_device(device)
     points, kept, curve = set(loss_at), {}, []
     for step in steps_iter:
         x, y = next(batches)
-        lr = schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_mult"] if "lr_mult" in group else lr
+        if step == 0:  # compiled or not, decided on the loop's size (engine.compute.compiles)
+            compile, step_model = _step_model(model, setting, device, steps * len(x))
+            started = time.perf_counter()
+        _set_lr(optimizer, schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power))
         total, micro = _accumulate(step_model, optimizer, x, y, loss_fn, device, bf16, micro, splittable)
+        if step == 0 and compile:
+            total.item()  # the first step's work done: its time is the compilation's
+            compile_s = time.perf_counter() - started
         first = (bad_step < 0) & ~torch.isfinite(total)
-        bad_step = torch.where(first, at, bad_step)
-        bad_loss = torch.where(first, total, bad_loss)
+        bad_step, bad_loss = torch.where(first, at, bad_step), torch.where(first, total, bad_loss)
         at += 1
         curve.append(total.detach())
         if step + 1 in points:
@@ -138,11 +138,49 @@ def fit(
     return {
         "final_loss": float(total),
         **({"loss_at": {k: float(v) for k, v in sorted(kept.items())}} if loss_at else {}),
-        "micro_batch": micro or 0,
-        "bf16": bf16,
-        **({"compiled": True} if compile else {}),
+        **{"micro_batch": micro or 0, "bf16": bf16},
+        **({"compiled": True, "compile_s": round(compile_s, 3)} if steps and compile else {}),
         **({"bf16_choice": choice.info} if choice else {}),
     }
+
+
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for training steps (tests count compilations with their own)
+
+
+def _on_device(device: str):
+    """The loop's counters, kept on the device: the step, the first non-finite step and its loss, the last loss."""
+    at = torch.zeros((), dtype=torch.long, device=device)
+    bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    return at, bad_step, torch.zeros((), device=device), torch.full((), float("nan"), device=device)
+
+
+def _set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_mult"] if "lr_mult" in group else lr
+
+
+def _step_model(model, setting, device: str, examples: int):
+    """(compiled, what the steps call) for a loop of `examples` (steps x batch), noted in the cell's arithmetic."""
+    compile = compiles(setting, device, examples)
+    note_compiled(compile)
+    return compile, _Compiled(model) if compile else model  # the same parameters, compiled kernels
+
+
+class _Compiled:
+    """A model's forward through torch.compile for one batch size (the first it is called with, fixed shapes),
+    its other sizes eager: the remainder micro-batch, a micro-batch halved after an out-of-memory and evaluation
+    (which calls the model itself) never recompile. Dynamo reuses the compilation for another instance of the same
+    class and shapes (a later cell's model)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.compiled = torch.compile(model, backend=COMPILE_BACKEND, dynamic=False)
+        self.size = None
+
+    def __call__(self, x):
+        if self.size is None:
+            self.size = len(x)
+        return self.compiled(x) if len(x) == self.size else self.model(x)
 
 
 def _resolve_bf16(model, batches, bf16, device: str, micro_batch, loss_fn):

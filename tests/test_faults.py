@@ -290,8 +290,8 @@ def test_torn_record_is_skipped_by_every_reader_with_one_line(tmp_path, caplog, 
     for argv, code in (
         (["report", str(out)], 0),
         (["leaderboard", str(out), "-o", str(tmp_path / "LB.md")], 0),
-        (["regress", "--baseline", str(base), "--current", str(out)], 0),
-        (["regress", "--baseline", str(out), "--current", str(base)], 0),
+        (["regress", "--baseline", str(base), "--current", str(out)], 1),  # the torn cell is missing: it fails
+        (["regress", "--baseline", str(out), "--current", str(base)], 0),  # ... and new on the other side
     ):
         caplog.clear()
         assert main(argv) == code, argv

@@ -249,9 +249,9 @@ def test_regress_reports_missing_cells(toy_runs, tmp_path, capsys):
     g = gate(base, cur)
     assert {k[1] for k in g.missing} == {"gamma"} and g.new == []
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
-    assert cli(f"regress --baseline {b} --current {c}") == 0
+    assert cli(f"regress --baseline {b} --current {c}") == 1  # missing cells fail by default, as in `nightly`
     assert "## Missing from current" in capsys.readouterr().out
-    assert cli(f"regress --baseline {b} --current {c} --fail-on-missing") == 1
+    assert cli(f"regress --baseline {b} --current {c} --no-fail-on-missing") == 0
 
 
 # --- CLI ------------------------------------------------------------------------------------------

@@ -181,6 +181,12 @@ def gate_options(p) -> None:
     from ..records.gate import ALPHA, FLOOR
 
     p.add_argument(
+        "--allow-improvement",
+        action="store_true",
+        help="pass a significant improvement (by default it fails: numbers that move without a declared change "
+        "are a change of the code or the data, whichever way they move)",
+    )
+    p.add_argument(
         "--floor",
         "--threshold",
         dest="floor",

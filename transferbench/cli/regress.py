@@ -68,10 +68,11 @@ def _regress_parser(sub, fmt) -> None:
         "and fails unless accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on "
         "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
         "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
-        "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, a changed "
-        "seed spread, an unaccepted protocol change, a failed or diverged cell or a task or backbone of the "
-        "baseline absent from current (--allow-missing names those that may be), 0 otherwise; 2 on an empty or "
-        "unreadable folder (docs/regression.md).",
+        "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, an improvement "
+        "(unless --allow-improvement), a consistent shift, a changed seed spread, a non-finite value, an "
+        "unaccepted protocol change, a failed or diverged cell, missing cells or metrics, nothing compared, or a "
+        "task or backbone of the baseline absent from current (--allow-missing names those that may be), 0 "
+        "otherwise; 2 on an empty or unreadable folder (docs/regression.md).",
         epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
         "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose\n"
         "  transferbench regress --baseline old --current new --accept-code backbones.dtn   # a meant numeric change",
@@ -87,9 +88,11 @@ def _regress_parser(sub, fmt) -> None:
     gate_options(rg)
     rg.add_argument(
         "--fail-on-missing",
-        action="store_true",
-        help="also exit 1 when current lacks baseline cells, or a split or metric of them, or kept them from other "
-        "code (--stale keep)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="exit 1 when current lacks baseline cells (a dropped seed), or a split or metric of them (a renamed "
+        "metric), or kept them from other code (--stale keep), as `nightly` does (default); --no-fail-on-missing "
+        "passes them, listed",
     )
     allow_missing_option(rg)
     output_option(rg, "also write the report to this file")
@@ -192,6 +195,7 @@ def regress(args) -> int:
         accept_code=[*args.accept_code, *accept_code],
         fail_on_missing=args.fail_on_missing,
         allow_missing=args.allow_missing,
+        allow_improvement=args.allow_improvement,
     )
     if lines:
         text += f"\n\nAcceptance ledger entries honoured ({book.path}):\n\n" + "\n".join(lines) + "\n"
@@ -203,7 +207,13 @@ def regress(args) -> int:
 
 def gate_settings(args) -> dict:
     """The gate's options of `nightly` and `reanchor` (floor, alpha, accept, accept_code), as the night takes them."""
-    return {"floor": args.floor, "alpha": args.alpha, "accept": args.accept, "accept_code": args.accept_code}
+    return {
+        "floor": args.floor,
+        "alpha": args.alpha,
+        "accept": args.accept,
+        "accept_code": args.accept_code,
+        "allow_improvement": args.allow_improvement,
+    }
 
 
 def nightly(args) -> int:

@@ -7,22 +7,24 @@
 2. Protocol changes. Every other setting of a matched cell (hyper-parameters, the dataset's configuration, the
    protocol version) must agree. A difference is listed by setting (`pool: gap → tok`) and fails the gate unless
    it is accepted by name (`--accept TASK:SETTING`); a changed cell's numbers are shown but not tested.
-3. Tests:
-   - per comparison (task, dataset, backbone, stage, axes, split): the paired t-test over the seeds both sides
-     have (records.stats.paired_difference); with one seed, McNemar's exact test where both sides logged their
-     per-example results (--log-samples), else untestable;
+3. Tests, on every metric a record holds, each with the direction and floor records.metrics declares:
+   - per comparison (task, dataset, backbone, stage, axes, split, metric): a moderated t over the seeds both sides
+     have (records.stats.moderated_difference), its variance borrowing from every comparison of the task, split and
+     metric; with one seed and no prior, McNemar's exact test where both sides logged their per-example results
+     (--log-samples), else untestable;
+   - per (task, backbone, metric): `shift`, the sign test of whether its comparisons all moved one way;
    - per (task, backbone): the pooled test of the mean change over all its datasets, seeds and settings
      (records.stats.suite_mean on the per-(dataset, seed) mean changes, the leaderboard's suite test), which sees
      a broad shift that no single cell shows;
    - per (task, backbone, metric): `moved_test`, the F-test that every comparison's true change is 0, which sees
      cells that move both ways while the mean stays (it fails the night where the pooled mean did not fire);
    - per (task, backbone): the F-test of the seed-to-seed spread (collapsed or exploded).
-   The cell tests are one family and the pooled, moved and spread tests another, each Holm-corrected at alpha / 2, so
-   that a night's family-wise error is at most alpha. A test fires when it is significant after Holm *and* its
-   change passes a magnitude floor (`floor` in metric units for a comparison, 0.5% of the baseline for a training
-   loss, half of either for a pooled mean, a factor 2 for a spread). Worse is a regression, better an
-   improvement; both are reported, only regressions (and spread changes) fail. A training loss that moves either
-   way is a regression: a training curve is not a score, and a moved one is changed pretraining code.
+   The cell tests are one family and the pooled, moved, noise, spread and shift tests another, each Holm-corrected at
+   alpha / 2, so that a night's family-wise error is at most alpha. A test fires when it is significant after Holm
+   *and* its change passes a magnitude floor (the metric's: `floor` points for a percentage, 0.5% of the baseline
+   for a training loss, ...; half of it for a pooled mean, a fifth for a shift, a factor 2 for a spread). Worse is a
+   regression, better an improvement; both fail unless improvements are allowed. A metric declared `either` (a
+   training signal, a diagnostic) that moves either way is a regression. A non-finite value fails.
 4. The exact tier comes first. A matched cell whose two records carry the same arithmetic digest
    (transferbench.arithmetic: kernels, threads, BLAS, library versions, precision, ...) is judged to the bit, not
    by statistics: equal outputs pass; different outputs where the code fingerprints differ fail, naming the
@@ -45,15 +47,17 @@ from ..errors import UserError
 from ..fingerprint import changed_modules
 from ..hashing import canon
 from ..paths import ARITHMETIC_CACHES
+from .metrics import EITHER, declared
 from .stats import (
     holm,
     mcnemar,
+    moderated_difference,
     moved_test,
     noise_test,
-    paired_difference,
     pooled_variance,
     sign_test,
     suite_mean,
+    variance_prior,
     variance_ratio,
 )
 
@@ -62,6 +66,8 @@ FLOOR = 0.5  # the smallest change of one comparison that counts, in metric unit
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
 LOSS_FLOOR = 0.005  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
+SHIFT_FLOOR = 0.2  # a consistent shift (every comparison one way): its mean change counts from this share of the floor
+SHIFT_MIN = 6  # ... over at least this many comparisons of a task, backbone and metric
 SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change that counts, in arithmetic's rms
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
@@ -102,7 +108,7 @@ def _value(v) -> str:
 
 @dataclass
 class Comparison:
-    kind: str  # cell | pooled | moved | noise | spread
+    kind: str  # cell | pooled | moved | noise | spread | shift
     task: str
     backbone: str
     dataset: str  # '' for pooled and spread tests
@@ -119,7 +125,8 @@ class Comparison:
     low: float | None = None  # the 95% interval of the change, where the test has one
     high: float | None = None
     significant: bool = False
-    verdict: str = "unchanged"  # regressed | improved | unchanged | untested | spread
+    verdict: str = "unchanged"  # regressed | improved | unchanged | untested | spread | moved | noise | shift
+    precision_changed: bool = False  # a cell: some seed's records ran a step in another precision
 
     @property
     def setting(self) -> str:
@@ -230,6 +237,7 @@ class Gate:
     stale: list = field(default_factory=list)  # cell keys of current whose record another code computed (kept)
     absent: list = field(default_factory=list)  # (task, backbone) of the baseline of which current holds nothing
     untested_noise: dict = field(default_factory=dict)  # (task, metric) -> units no noise model covers
+    nonfinite: list = field(default_factory=list)  # (group, seed) whose value is NaN or infinite on either side
 
     @property
     def tests(self) -> int:
@@ -240,7 +248,12 @@ class Gate:
 
     @property
     def regressed(self) -> list[Comparison]:
-        return [c for c in self.comparisons if c.verdict in ("regressed", "spread", "moved", "noise")]
+        return [c for c in self.comparisons if c.verdict in ("regressed", "spread", "moved", "noise", "shift")]
+
+    @property
+    def compared(self) -> int:
+        """Cells judged exactly plus tests run: 0 means the two sides had nothing in common to judge."""
+        return self.exact.judged + self.tests
 
     @property
     def improved(self) -> list[Comparison]:
@@ -312,16 +325,21 @@ def _value_of(r: dict, split: str, metric: str | None = None) -> float | None:
 
 
 def _metrics(rb: dict, rc: dict, split: str) -> list[str]:
-    """What a split is judged on: the record's metric, and the training signals (`SIGNALS`, compared as lower is
-    better, failing either way) where the records keep them."""
+    """What a split is judged on: every metric either record holds in it (records.metrics declares each one's
+    direction and floor)."""
     have = set((rb.get("metrics") or {}).get(split, {})) | set((rc.get("metrics") or {}).get(split, {}))
-    return sorted(m for m in have if m == rb["metric"] or is_signal(m))
+    return sorted(have)
 
 
-def floor_of(metric: str, baseline: float, floor: float) -> float:
-    """The magnitude floor of one comparison: `floor` in the metric's units, or for a training signal (a loss, a
-    norm, an entropy) LOSS_FLOOR of the baseline's value (they have no common unit across tasks and steps)."""
-    return LOSS_FLOOR * abs(baseline) if is_signal(metric) else floor
+def floor_of(task: str, metric: str, baseline: float, floor: float, record: dict | None = None) -> float:
+    """The magnitude floor of one comparison: `floor` in points for a percentage, else the metric's declared floor
+    (records.metrics: a cosine's in its own units, a training signal's or a norm's relative to the baseline)."""
+    return declared(task, metric, record).floor_at(baseline, floor)
+
+
+def either(task: str, metric: str) -> bool:
+    """Whether a move of `metric` either way is a change (a diagnostic, a training signal): no better, no worse."""
+    return declared(task, metric).direction == EITHER
 
 
 def quantum(r: dict, split: str, metric: str) -> float:
@@ -335,10 +353,8 @@ def quantum(r: dict, split: str, metric: str) -> float:
 
 
 def _direction(r: dict, metric: str) -> float:
-    """+1 where higher is better, -1 where lower is."""
-    if metric != r["metric"]:
-        return -1.0  # a training signal
-    return 1.0 if r.get("mode", "max") == "max" else -1.0
+    """+1 where higher is better (or either way counts), -1 where lower is (records.metrics)."""
+    return declared(r["task"], metric, r).sign
 
 
 def accepts_code(accept_code, cause: str) -> bool:
@@ -381,7 +397,9 @@ def gate(
     tier = Exact(enabled=exact)
     vanished: list = []
     changes, selection, pairs, axes_of = _match(b, c, axes, tier, accept_code, accept, stale, vanished)
-    comparisons, paired = _cell_comparisons(pairs, axes_of, floor)
+    nonfinite: list = []
+    comparisons, paired = _cell_comparisons(pairs, axes_of, floor, nonfinite)
+    comparisons += _shift_comparisons(comparisons, floor)
     comparisons += _suite_comparisons(pairs, paired, floor, shared)
     untested: dict = {}
     comparisons += _moved_comparisons(pairs, paired, floor, shared, noise_model() if noise is None else noise, untested)
@@ -401,6 +419,7 @@ def gate(
         sorted(k for k in stale if k in b),
         sorted(groups(b) - groups(c)),
         untested,
+        nonfinite,
     )
 
 
@@ -474,25 +493,43 @@ def _match(
     return changes, selection, pairs, axes_of
 
 
-def _cell_comparisons(pairs: dict, axes_of: dict, floor: float) -> tuple[list, dict]:
-    """One paired test per matched group over its seeds (McNemar on the examples with one seed); returns the
-    comparisons and, per group, seed -> (baseline value, current value) where both sides have one."""
-    comparisons, paired = [], {}
+def _cell_comparisons(pairs: dict, axes_of: dict, floor: float, nonfinite: list | None = None) -> tuple[list, dict]:
+    """One test per matched group over its seeds: a moderated t (records.stats.moderated_difference), whose variance
+    borrows from every comparison of the same task, split and metric, all backbones (`variance_prior`: a night's
+    few-cell tasks, ADE20K's or high-res', have too few comparisons per backbone to estimate it); with one seed and
+    no prior, McNemar's test on the examples where both sides logged them. Returns the comparisons and, per group,
+    seed -> (baseline value, current value) where both sides have a finite one; a value that is not finite is
+    appended to `nonfinite` as (group, seed) and fails the night."""
+    comparisons, paired, rows = [], {}, []
     for group, seeds in sorted(pairs.items()):
         task, dataset, backbone, stage, _, split, metric = group
         vals = {s: (_value_of(rb, split, metric), _value_of(rc, split, metric)) for s, (rb, rc) in seeds.items()}
-        vals = paired[group] = {s: v for s, v in vals.items() if None not in v}
+        vals = {s: v for s, v in vals.items() if None not in v}
+        bad = [s for s, v in vals.items() if not all(math.isfinite(x) for x in v)]
+        if nonfinite is not None:
+            nonfinite += [(group, s) for s in bad]
+        vals = paired[group] = {s: v for s, v in vals.items() if s not in bad}
         if not vals:
             continue
         first = next(iter(seeds.values()))[0]
         sign = _direction(first, metric)
+        diffs = [sign * (v[1] - v[0]) for v in vals.values()]
+        rows.append((group, seeds, vals, first, diffs))
+    spreads = defaultdict(lambda: ([], []))  # (task, split, metric) -> (variances, degrees of freedom)
+    for group, _, _, _, diffs in rows:
+        if len(diffs) > 1:
+            at = (group[0], group[5], group[6])
+            spreads[at][0].append(float(np.var(diffs, ddof=1)))
+            spreads[at][1].append(len(diffs) - 1)
+    priors = {at: variance_prior(*v) for at, v in spreads.items()}
+    for group, seeds, vals, first, diffs in rows:
+        task, dataset, backbone, stage, _, split, metric = group
+        prior = priors.get((task, split, metric), (math.nan, 0.0))
         level = float(np.mean([v[0] for v in vals.values()]))
-        d = paired_difference(
-            {s: sign * v[1] for s, v in vals.items()},
-            {s: sign * v[0] for s, v in vals.items()},
-            min_sd=quantum(first, split, metric),
-        )
-        low, high, p = (d.low, d.high, d.p) if d.n > 1 else (None, None, _examples_p(*seeds[next(iter(vals))], split))
+        d = moderated_difference(diffs, prior, min_sd=quantum(first, split, metric))
+        low, high, p = d.low, d.high, d.p
+        if d.p is None:
+            p = _examples_p(*seeds[next(iter(vals))], split)
         comparisons.append(
             Comparison(
                 "cell",
@@ -508,12 +545,36 @@ def _cell_comparisons(pairs: dict, axes_of: dict, floor: float) -> tuple[list, d
                 d.mean,
                 d.n,
                 p,
-                floor_of(metric, level, floor),
+                floor_of(task, metric, level, floor, first),
                 low,
                 high,
+                precision_changed=any(_precision(rb) != _precision(rc) for rb, rc in seeds.values()),
             )
         )
     return comparisons, paired
+
+
+def _shift_comparisons(cells: list, floor: float) -> list:
+    """Per (task, backbone, metric): did its comparisons all move one way? The exact sign test over the
+    comparisons that changed, with no regard to their size (a change of 0.24 points in each of 84 cells passes
+    every t-test, yet 84 of 84 worse is no chance), at a floor of SHIFT_FLOOR of the usual one on their mean
+    change. Comparisons whose precision differs between the sides are left out: bf16 against fp32 moves numbers
+    one way on its own."""
+    groups = defaultdict(list)
+    for x in cells:
+        if x.split != "val" and x.change != 0 and not x.precision_changed:
+            groups[(x.task, x.backbone, x.metric)].append(x)
+    out = []
+    for (task, backbone, metric), xs in sorted(groups.items()):
+        if len(xs) < SHIFT_MIN:
+            continue
+        worse = sum(x.change < 0 for x in xs)
+        p = sign_test(worse, len(xs))
+        mean = float(np.mean([x.change for x in xs]))
+        level = float(np.mean([x.baseline for x in xs]))
+        shift_floor = SHIFT_FLOOR * floor_of(task, metric, level, floor)
+        out.append(_broad("shift", task, backbone, metric, level, level + mean, mean, len(xs), p, shift_floor))
+    return out
 
 
 def _broad(kind, task, backbone, metric, baseline, current, change, n, p, floor, low=None, high=None) -> Comparison:
@@ -553,7 +614,7 @@ def _suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
         sign = signs[(task, backbone, metric)]
         level_b = sign * float(np.mean([np.mean(list(v.values())) for v in base.values()]))
         level_c = sign * float(np.mean([np.mean(list(v.values())) for v in cur.values()]))
-        pooled_floor = POOLED_FLOOR * floor_of(metric, level_b, floor)
+        pooled_floor = POOLED_FLOOR * floor_of(task, metric, level_b, floor)
         out.append(
             _broad(
                 "pooled",
@@ -649,17 +710,17 @@ def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: d
       noise model of the task and metric, per kind of unit: `precision` where a step's precision differs between
       the sides, else `kernels`)? Units computed from other weights or data, or of a kind the model lacks, are left
       out of it and counted in `untested` ((task, metric) -> units).
-    A shift of every run alike is the pooled test's. Each comparison's `low` is the worst data set's mean change
+    A shift of every run alike is the pooled test's. Each comparison's `low` is the worst run's change
     (signed, > 0 better): a move under a pooled mean that got better fails only where some set got worse."""
     runs = _units(pairs, paired, shared)
     out = []
     for at, u in sorted(runs.units.items()):
         task, backbone, metric = at
-        level = floor_of(metric, float(np.mean(runs.levels[at])), floor)
+        level = floor_of(task, metric, float(np.mean(runs.levels[at])), floor)
         by_set = defaultdict(list)
         for unit, v in sorted(u.items()):
             by_set[unit[0] if len(unit) > 1 else ""].append(v)
-        worst = min(runs.sign[at] * float(np.mean(v)) for v in by_set.values())
+        worst = min(runs.sign[at] * v for v in u.values())  # the worst run, not the worst set's mean over its runs
         rms, p, df1, _ = moved_test(list(by_set.values()), min_sd=runs.quantum[at])
         if df1:
             out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level, low=worst))
@@ -684,10 +745,11 @@ def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: d
 
 def _judge(comparisons: list, alpha: float) -> None:
     """Each comparison's verdict. Two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the
-    night's family-wise error stays at most alpha): the few broad tests (pooled, moved, spread) are not diluted by
-    the hundreds of cell tests."""
+    night's family-wise error stays at most alpha): the few broad tests (pooled, moved, noise, spread, shift) are not
+    diluted by the hundreds of cell tests. A metric declared `either` (a diagnostic, a training signal) that moves
+    either way has regressed. A set that got worse fails even where another set gained (no "uneven" escape)."""
     rejected = {}
-    for family in (("cell",), ("pooled", "moved", "noise", "spread")):
+    for family in (("cell",), ("pooled", "moved", "noise", "spread", "shift")):
         members = [x for x in comparisons if x.kind in family]
         rejected.update(zip(map(id, members), holm([x.p for x in members], alpha / 2)))
     for x in comparisons:
@@ -696,18 +758,20 @@ def _judge(comparisons: list, alpha: float) -> None:
         if x.p is None:
             x.verdict = "untested"
         elif sig and x.big:
-            # a training curve is not a score: lower is not better, a moved curve is changed pretraining code
-            worse = x.change < 0 or is_signal(x.metric)
-            x.verdict = x.kind if x.kind in ("spread", "moved", "noise") else "regressed" if worse else "improved"
+            worse = x.change < 0 or either(x.task, x.metric)
+            if x.kind in ("spread", "moved", "noise"):
+                x.verdict = x.kind
+            elif x.kind == "shift":
+                x.verdict = "shift" if worse else "improved"
+            else:
+                x.verdict = "regressed" if worse else "improved"
     pooled = {(y.task, y.backbone, y.metric): y.verdict for y in comparisons if y.kind == "pooled"}
     for x in comparisons:
-        if x.verdict not in ("moved", "noise"):
-            continue
-        way = pooled.get((x.task, x.backbone, x.metric))
-        if way == "regressed":  # told once, by the pooled mean
-            x.verdict = "see pooled"
-        elif not is_signal(x.metric) and x.low is not None and x.low > -x.floor:  # no set worse: gains, uneven or not
-            x.verdict = "uneven"
+        if x.verdict in ("moved", "noise", "shift") and pooled.get((x.task, x.backbone, x.metric)) == "regressed":
+            x.verdict = "see pooled"  # told once, by the pooled mean
+        elif x.verdict in ("moved", "noise") and not either(x.task, x.metric) and x.low is not None:
+            if x.low > -x.floor:  # no run got worse by the floor: runs that gained, unevenly or beyond arithmetic
+                x.verdict = "improved"
 
 
 def _judged_exactly(rb: dict, rc: dict, key: tuple, ax: dict, tier: Exact, accept_code) -> bool:
@@ -820,9 +884,10 @@ def decide(
     current: list[dict],
     floor: float = FLOOR,
     *,
-    fail_on_missing: bool = False,
+    fail_on_missing: bool = True,
     fail_on_failed: bool = True,
     allow_missing=(),
+    allow_improvement: bool = False,
     **options,
 ) -> Verdict:
     """The night's verdict: it fails (exit code 1) when a cell of equal arithmetic changed by code not accepted
@@ -855,13 +920,20 @@ def decide(
         reasons.append(f"{len(g.exact.irreproducible)} irreproducible")
     if g.regressed:
         reasons.append(f"{len(g.regressed)} regressed")
+    if g.nonfinite:
+        reasons.append(f"{len(g.nonfinite)} non-finite values")
+    if g.improved and not allow_improvement:
+        reasons.append(f"{len(g.improved)} improved beyond chance (allow with --allow-improvement)")
     if g.unaccepted:
         reasons.append(f"{len(g.unaccepted)} protocol changes")
     if fail_on_failed and failed:
         reasons.append(f"{len(failed)} cells failed or diverged")
     if fail_on_missing:
-        gone = [k for k in g.missing + g.stale if not allowed(k[0], k[2])]
+        absent_groups = set(g.absent)  # counted once, as absent
+        gone = [k for k in g.missing + g.stale if not allowed(k[0], k[2]) and (k[0], k[2]) not in absent_groups]
         gone += [v for v in g.vanished if not allowed(v[0][0], v[0][2])]
         if gone:
             reasons.append(f"{len(gone)} cells or metrics missing")
+    if not g.compared and not reasons:
+        reasons.append("nothing compared")  # no cell both sides hold and could judge is never an OK
     return Verdict(g, failed, reasons)

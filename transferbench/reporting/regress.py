@@ -70,7 +70,8 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         f"{counts['unchanged']} unchanged, "
         f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
         f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}, "
-        f"{len(g.of('moved', 'moved'))} moved either way, {len(g.of('noise', 'noise'))} beyond arithmetic noise; "
+        f"{len(g.of('moved', 'moved'))} moved either way, {len(g.of('noise', 'noise'))} beyond arithmetic noise, "
+        f"{len(g.of('shift', 'shift'))} consistent shifts; "
         f"{len(spread)} seed spreads changed; "
         f"{len(g.unaccepted)} protocol changes"
         + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
@@ -78,12 +79,14 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         + (f", {len(g.absent)} tasks or backbones absent" if g.absent else "")
         + (f", {len(g.vanished)} metrics vanished" if g.vanished else "")
         + (f", {len(g.stale)} kept from other code" if g.stale else "")
+        + (f", {len(g.nonfinite)} non-finite values" if g.nonfinite else "")
         + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
         + _direction(g),
         "",
-        f"A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled, moved, "
-        f"noise and spread tests'; {g.tests} tests in all: the night's family-wise error is at most α = {g.alpha}) "
+        "A test fires when it is significant after Holm at α/2 within its family (the cells', or the pooled, moved, "
+        f"noise, spread and shift tests'; {g.tests} tests in all: the night's family-wise error is at most "
+        f"α = {g.alpha}) "
         f"and its change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled; "
         f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal, {SIGNAL_NOISE:g} times "
         f"arithmetic's rms in its noise test; a factor {SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
@@ -158,7 +161,7 @@ def _moved_section(g: Gate) -> list[str]:
     either = [
         x
         for x in g.of("moved") + g.of("noise")
-        if x.verdict in ("moved", "noise", "see pooled", "uneven") or (x.p is not None and x.p < g.alpha)
+        if x.verdict in ("moved", "noise", "see pooled") or (x.p is not None and x.p < g.alpha)
     ]
     if either:
         lines += [
@@ -386,6 +389,25 @@ def _missing_sections(g: Gate) -> list[str]:
             "",
         ]
         lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
+    if g.nonfinite:
+        lines += ["## Non-finite values", "", "A metric that is NaN or infinite on either side fails the night:", ""]
+        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {seed}: {k[5]} {k[6]}" for k, seed in g.nonfinite])
+    shifts = [x for x in g.of("shift") if x.verdict in ("shift", "see pooled") or (x.p is not None and x.p < g.alpha)]
+    if shifts:
+        lines += [
+            "## Consistent shifts",
+            "",
+            "Comparisons of one task, backbone and metric that moved one way more often than chance allows (the exact "
+            "sign test, Holm with the broad tests), each change perhaps too small for its own test; it fails where "
+            "their mean change passes a fifth of the floor. Cells whose precision differs between the sides are left "
+            "out (bf16 against fp32 moves numbers one way on its own).",
+            "",
+            _md(
+                [[x.task, x.backbone, x.metric, x.n, _num(x.change), _p(x.p), x.verdict] for x in shifts],
+                ["task", "backbone", "metric", "comparisons", "mean change", "p", "verdict"],
+            ),
+            "",
+        ]
     if g.vanished:
         lines += ["## Vanished metrics", ""]
         lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}: {s} {m}" for k, s, m in g.vanished])

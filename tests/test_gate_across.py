@@ -1,0 +1,192 @@
+"""The statistical tier across machines: the moderated variance, its calibration by simulation, declared metrics and
+the corners that used to pass a broken night. The faults are applied to a copy of the committed nightly records
+(results/nightly) whose current side carries another machine's arithmetic, so that no cell can be judged exactly."""
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transferbench.records.gate import decide
+from transferbench.records.metrics import EITHER, LOWER, declared
+from transferbench.records.stats import holm, moderated_difference, variance_prior
+from transferbench.records.store import load_records
+
+NIGHTLY = Path(__file__).parent.parent / "results" / "nightly"
+TASKS = ("vtab", "fewshot", "hires", "lit", "ade20k", "pretrain", "imagenet_c", "diagnose")
+
+
+@pytest.fixture(scope="module")
+def committed():
+    records = [r for r in load_records([NIGHTLY]) if r["status"] == "ok"]
+    assert {r["task"] for r in records} == set(TASKS)
+    return records
+
+
+def other_machine(records):
+    """A deep copy whose records ran on another machine (another arithmetic digest): the statistical tier's."""
+    out = copy.deepcopy(records)
+    for r in out:
+        arith = r.setdefault("arithmetic", {})
+        arith["digest"] = "elsewhere"
+        machine = arith.setdefault("machine", {})
+        machine["digest"] = "elsewhere"
+        machine["cpu"] = "another cpu"
+    return out
+
+
+def worsen(records, size=2.0, relative=0.02, spread=0.2):
+    """Every metric worse by `size` points (2% of the value where its floor is relative, twice its floor where it is
+    in its own units), each seed's change varying by +-`spread` of it (seed 0 -20%, 1 as is, 2 +20%, ...)."""
+    for r in records:
+        factor = 1 + spread * ((int(r["seed"]) % 3) - 1)
+        for values in r["metrics"].values():
+            for metric, v in values.items():
+                d = declared(r["task"], metric, r)
+                if d.floor is None:
+                    step = size
+                elif d.relative:
+                    step = relative * abs(v)
+                else:
+                    step = 2 * d.floor
+                worse = -1.0 if d.direction in (LOWER,) else 1.0
+                values[metric] = v - worse * step * factor if d.direction != EITHER else v + step * factor
+    return records
+
+
+def failing_tasks(verdict) -> set:
+    bad = ("regressed", "spread", "moved", "noise", "shift", "see pooled")
+    return {c.task for c in verdict.gate.comparisons if c.verdict in bad}
+
+
+# --- the statistics ----------------------------------------------------------------------------------------------
+
+
+def test_holm_refuses_nan():
+    # a NaN p-value sorted among the others used to count as a rejection and shift every later threshold
+    assert holm([0.001, None, 0.5], 0.05) == [True, False, False]
+    with pytest.raises(ValueError, match="NaN"):
+        holm([0.001, math.nan, 0.5], 0.05)
+
+
+def test_variance_prior_recovers_a_known_scaled_inverse_chi_square():
+    # true variances s0^2 d0 / chi2(d0) with d0 = 6, s0^2 = 2; each observed on 2 degrees of freedom (3 seeds)
+    rng = np.random.default_rng(0)
+    true = 6 * 2.0 / rng.chisquare(6, 20000)
+    observed = true * rng.chisquare(2, 20000) / 2
+    s0, d0 = variance_prior(observed, [2] * 20000)
+    assert s0 == pytest.approx(2.0, rel=0.06) and d0 == pytest.approx(6.0, rel=0.2)
+    # one common variance: the prior's degrees of freedom are (near) infinite, the prior the variance
+    s0, d0 = variance_prior(3.0 * rng.chisquare(2, 20000) / 2, [2] * 20000)
+    assert s0 == pytest.approx(3.0, rel=0.05) and d0 > 100
+    assert variance_prior([1.0, 0.0, 2.0], [2, 2, 2]) == (pytest.approx(math.nan, nan_ok=True), 0.0)
+
+
+@pytest.mark.parametrize("d0", [4.0, math.inf])
+def test_the_moderated_t_holds_its_level_and_its_interval_covers(d0):
+    """Null nights of 200 comparisons over 3 seeds whose true variances differ (scaled inverse chi-square, d0) or
+    not: p < 0.05 in 5% of comparisons, the 95% interval covering the true mean (0) in 95%, the two from one t."""
+    rng = np.random.default_rng(1)
+    rejected, covered, total = 0, 0, 0
+    for _ in range(60):
+        var = 1.5 * (d0 / rng.chisquare(d0, 200) if math.isfinite(d0) else np.ones(200))
+        diffs = rng.normal(0.0, np.sqrt(var)[:, None], (200, 3))
+        prior = variance_prior(diffs.var(axis=1, ddof=1), [2] * 200)
+        for row in diffs:
+            e = moderated_difference(row, prior)
+            rejected += e.p < 0.05
+            covered += e.low <= 0 <= e.high
+            assert (e.p < 0.05) == (not e.low <= 0 <= e.high)  # mark, interval and p-value of one test
+            total += 1
+    assert 0.040 < rejected / total < 0.060
+    assert 0.940 < covered / total < 0.960
+
+
+def test_one_seed_is_tested_on_the_prior_and_no_prior_is_the_plain_t():
+    e = moderated_difference([1.0], (0.25, math.inf))  # sd 0.5 from the prior, z = 2
+    assert e.p == pytest.approx(0.0455, abs=1e-3)
+    plain = moderated_difference([1.0, 2.0, 3.0], (math.nan, 0.0))
+    assert plain.df == 2 and plain.se == pytest.approx(1 / math.sqrt(3))
+
+
+# --- faults on the committed nightly, judged across arithmetic --------------------------------------------------
+
+
+def test_nothing_changed_but_the_machine_passes(committed):
+    v = decide(committed, other_machine(committed))
+    assert v.code == 0, v.reasons
+    assert v.gate.exact.judged == 0 and v.gate.tests > 0
+
+
+def test_a_uniform_two_point_worsening_fails_in_every_task_across_arithmetic(committed):
+    v = decide(committed, worsen(other_machine(committed)))
+    assert v.code == 1
+    assert failing_tasks(v) == set(TASKS)
+
+
+@pytest.mark.parametrize(
+    "what, task, metric, change",
+    [
+        ("a diagnostic that falls is changed, not better", "diagnose", "embed_grad_norm", lambda v: v * 0.6),
+        ("a cosine has its own floor, not 0.5 points", "diagnose", "patch_cosine", lambda v: v + 0.2),
+        ("a secondary LiT metric", "lit", "t2i_r5", lambda v: v - 3.0),
+        ("an ImageNet-C severity", "imagenet_c", "error_5", lambda v: v + 3.0),
+        ("ADE20K's pixel accuracy", "ade20k", "aacc", lambda v: v - 3.0),
+    ],
+)
+def test_every_declared_metric_is_compared(committed, what, task, metric, change):
+    cur = other_machine(committed)
+    for r in cur:
+        if r["task"] == task and metric in r["metrics"].get("test", {}):
+            r["metrics"]["test"][metric] = change(r["metrics"]["test"][metric])
+    v = decide(committed, cur)
+    assert v.code == 1, what
+    assert any(c.task == task and c.metric == metric and c.verdict == "regressed" for c in v.gate.comparisons), what
+
+
+def test_a_non_finite_value_fails_and_is_named(committed):
+    cur = other_machine(committed)
+    lit = [r for r in cur if r["task"] == "lit"][:6]
+    for r in lit:
+        r["metrics"]["test"]["i2t_r5"] = math.nan
+    v = decide(committed, cur)
+    assert v.code == 1 and "6 non-finite values" in v.reasons
+
+
+def test_a_renamed_main_metric_and_an_empty_comparison_fail(committed):
+    cur = other_machine(committed)
+    for r in cur:
+        if r["task"] in ("fewshot", "vtab"):
+            r["metrics"] = {s: {f"{k}_v2": x for k, x in m.items()} for s, m in r["metrics"].items()}
+            r["metric"] = "accuracy_v2"
+    v = decide(committed, cur)
+    assert v.code == 1 and any("cells or metrics missing" in x for x in v.reasons)
+    fewshot = [r for r in committed if r["task"] == "fewshot"]
+    moved = [dict(r, task="fewshot_v2") for r in other_machine(fewshot)]
+    v = decide(fewshot, moved, allow_missing=True)
+    assert v.reasons == ["nothing compared"]
+
+
+def test_a_consistent_small_shift_fails(committed):
+    # every few-shot comparison 0.24 points worse: under every cell's floor, yet all of them worse is no chance
+    cur = other_machine(committed)
+    for r in cur:
+        if r["task"] == "fewshot":
+            r["metrics"]["test"]["accuracy"] -= 0.24
+    v = decide(committed, cur)
+    assert v.code == 1
+    assert any(c.kind == "shift" and c.task == "fewshot" and c.verdict == "shift" for c in v.gate.comparisons)
+
+
+def test_seeds_that_move_both_ways_fail_beyond_arithmetic(committed):
+    # one backbone's few-shot seeds +2, -2, 0 in every cell: no mean moves, the runs do, far beyond arithmetic
+    cur = other_machine(committed)
+    backbone = sorted({r["backbone"] for r in committed if r["task"] == "fewshot"})[0]
+    for r in cur:
+        if r["task"] == "fewshot" and r["backbone"] == backbone:
+            r["metrics"]["test"]["accuracy"] += {0: 2.0, 1: -2.0}.get(int(r["seed"]) % 3, 0.0)
+    v = decide(committed, cur)
+    assert v.code == 1
+    assert any(c.task == "fewshot" and c.verdict == "noise" for c in v.gate.comparisons)

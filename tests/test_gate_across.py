@@ -190,3 +190,36 @@ def test_seeds_that_move_both_ways_fail_beyond_arithmetic(committed):
     v = decide(committed, cur)
     assert v.code == 1
     assert any(c.task == "fewshot" and c.verdict == "noise" for c in v.gate.comparisons)
+
+
+def test_groups_exist_in_shared_seed_tasks_so_a_swap_of_corruptions_fails(committed):
+    # fog and zoom_blur's results swapped: ImageNet-C's mean error stays where it was (one run per seed serves every
+    # corruption, so the runs were once the only units and no moved test existed); its corruptions are groups now
+    cur = other_machine(committed)
+    by = {}
+    for r in cur:
+        if r["task"] == "imagenet_c" and r["hparams"].get("corruption") in ("fog", "zoom_blur"):
+            by[(r["backbone"], r["seed"], r["hparams"]["corruption"])] = r
+    assert len(by) == 18
+    for (backbone, seed, corruption), r in by.items():
+        if corruption == "fog":
+            other = by[(backbone, seed, "zoom_blur")]
+            r["metrics"], other["metrics"] = copy.deepcopy(other["metrics"]), copy.deepcopy(r["metrics"])
+    v = decide(committed, cur)
+    assert v.code == 1
+    moved = [c for c in v.gate.comparisons if c.task == "imagenet_c" and c.kind == "moved"]
+    assert moved and any(c.verdict in ("moved", "see pooled") for c in moved)
+
+
+def test_a_fault_in_one_stage_alone_fails(committed):
+    # hires' high-resolution stage 6 points worse on every seed, its base stage untouched: the pooled mean halves it
+    # (-3.0, once "unchanged"), and a cell whose seeds all lost the same is floored at one test example; the moved
+    # test over the two stages sees it in every backbone
+    cur = other_machine(committed)
+    for r in cur:
+        if r["task"] == "hires" and r["stage"] == "high":
+            r["metrics"]["test"]["accuracy"] -= 6.0
+    v = decide(committed, cur)
+    assert v.code == 1
+    moved = [c for c in v.gate.comparisons if c.task == "hires" and c.kind == "moved"]
+    assert len(moved) == 3 and all(c.verdict == "moved" and c.low == pytest.approx(-6.0) for c in moved)

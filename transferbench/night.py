@@ -222,6 +222,7 @@ class Night:
             fail_on_missing=True,
             fail_on_failed=True,
             allow_missing=self.allow_missing,
+            allow_improvement=self.gate.get("allow_improvement", False),
         )
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
@@ -303,6 +304,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
             accept_code=[*gate.get("accept_code", ()), *accept_code],
             fail_on_missing=True,
             allow_missing=True,
+            allow_improvement=True,  # re-anchoring takes changes on purpose: the report lists them
         )
         was = records_commit(expected) or "several commits"
         title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"

@@ -660,17 +660,21 @@ class _Runs:
     levels: dict  # at -> the baseline's values
     quantum: dict  # at -> the largest quantum (one example) of its comparisons
     sign: dict  # at -> +1 where higher is better, -1 where lower is
+    # at -> {(data set, stage, axes, split): {seed: change}}: the moved test's groups, which exist for every task (a
+    # corruption, a stage, a shot count or a fraction is a group of its own, also where one run serves every set)
+    sets: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
 
 
 def _units(pairs: dict, paired: dict, shared) -> _Runs:
     diffs = defaultdict(lambda: defaultdict(list))  # (task, backbone, metric) -> unit -> paired differences
     runs = _Runs({}, {}, set(), defaultdict(list), defaultdict(float), {})
     for group, vals in paired.items():
-        task, dataset, backbone, stage, _, split, metric = group
+        task, dataset, backbone, stage, axkey, split, metric = group
         for s, (vb, vc) in vals.items():
             unit = (s,) if shared(task) else (dataset, s)
             at = (task, backbone, metric)
             diffs[at][unit].append(vc - vb)
+            runs.sets[at][(dataset, stage, axkey, split)][s] = vc - vb
             runs.levels[at].append(vb)
             rb, rc = pairs[group][s]
             runs.quantum[at] = max(runs.quantum[at], quantum(rb, split, metric))
@@ -704,26 +708,27 @@ def noise_units(baseline: list[dict], current: list[dict], shared=None) -> dict:
 def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: dict, untested: dict) -> list:
     """Per (task, backbone, metric), on units that are runs (a data set's seed; a seed where one run serves every
     data set): each unit's mean change over its comparisons (shot counts, splits, swept settings of that run), then
-    - `moved`: did the data sets move differently from each other, more than their seeds vary
-      (`records.stats.moved_test`)?
+    - `moved`: did its groups, each (data set, stage, axes, split) over its seeds (a corruption, a stage, a shot
+      count, a fraction: groups in every task, also where one run serves every set), move differently from each
+      other, more than their seeds vary (`records.stats.moved_test`)?
     - `noise`: did the runs scatter more than arithmetic scatters them (`records.stats.noise_test` against the
       noise model of the task and metric, per kind of unit: `precision` where a step's precision differs between
       the sides, else `kernels`)? Units computed from other weights or data, or of a kind the model lacks, are left
       out of it and counted in `untested` ((task, metric) -> units).
-    A shift of every run alike is the pooled test's. Each comparison's `low` is the worst run's change
-    (signed, > 0 better): a move under a pooled mean that got better fails only where some set got worse."""
+    A shift of every run alike is the pooled test's. Each comparison's `low` (signed, > 0 better) is the worst
+    group's mean change (moved) or the worst run's change (noise): where none got worse by the floor, the move is an
+    improvement; else it fails, whatever other groups or runs gained."""
     runs = _units(pairs, paired, shared)
     out = []
     for at, u in sorted(runs.units.items()):
         task, backbone, metric = at
         level = floor_of(task, metric, float(np.mean(runs.levels[at])), floor)
-        by_set = defaultdict(list)
-        for unit, v in sorted(u.items()):
-            by_set[unit[0] if len(unit) > 1 else ""].append(v)
-        worst = min(runs.sign[at] * v for v in u.values())  # the worst run, not the worst set's mean over its runs
-        rms, p, df1, _ = moved_test(list(by_set.values()), min_sd=runs.quantum[at])
-        if df1:
-            out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level, low=worst))
+        worst = min(runs.sign[at] * v for v in u.values())  # the noise test's: the worst run
+        groups = [list(seeds.values()) for _, seeds in sorted(runs.sets[at].items())]
+        rms, p, df1, _ = moved_test(groups, min_sd=runs.quantum[at])
+        if df1:  # the moved test's worst is the worst group's mean change (a corruption, a stage)
+            low = min(runs.sign[at] * float(np.mean(g)) for g in groups)
+            out.append(_broad("moved", task, backbone, metric, 0.0, rms, rms, df1, p, level, low=low))
         model = (noise.get(task) or {}).get(metric) or {}
         tested, variances, dfs = [], [], []
         for unit, v in sorted(u.items()):

@@ -69,6 +69,9 @@ SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard d
 SHIFT_FLOOR = 0.2  # a consistent shift (every comparison one way): its mean change counts from this share of the floor
 SHIFT_MIN = 6  # ... over at least this many comparisons of a task, backbone and metric
 SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change that counts, in arithmetic's rms
+# the noise test's allowance for a runner whose arithmetic is noisier than the model's variants (another CPU, other
+# kernels): a night up to NOISE_TOLERANCE times the model's rms is its null, so such a runner alarms at most alpha
+NOISE_TOLERANCE = 2.0
 # a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
 SIGNALS = ("loss", "decayed_norm", "target_entropy")
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
@@ -737,11 +740,11 @@ def _moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: d
                 untested[(task, metric)] = untested.get((task, metric), 0) + 1
                 continue
             tested.append(v)
-            variances.append(m["ms"])
+            variances.append(m["ms"] * NOISE_TOLERANCE**2)
             dfs.append(m["units"])
         if len(tested) > 1:
             rms, p = noise_test(tested, variances, min(dfs))
-            base = float(np.sqrt(np.mean(variances)))
+            base = float(np.sqrt(np.mean(variances))) / NOISE_TOLERANCE  # the model's own rms
             # a training signal has no unit of its own: its noise test fires at SIGNAL_NOISE times arithmetic's rms
             at_least = SIGNAL_NOISE * base if is_signal(metric) else level
             out.append(_broad("noise", task, backbone, metric, base, rms, rms, len(tested), p, at_least, low=worst))

@@ -4,17 +4,15 @@ the corners that used to pass a broken night. The faults are applied to a copy o
 
 import copy
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.gate_floor import FAILING, NIGHTLY, other_machine, worsen
 from transferbench.records.gate import decide
-from transferbench.records.metrics import EITHER, LOWER, declared
 from transferbench.records.stats import holm, moderated_difference, variance_prior
 from transferbench.records.store import load_records
 
-NIGHTLY = Path(__file__).parent.parent / "results" / "nightly"
 TASKS = ("vtab", "fewshot", "hires", "lit", "ade20k", "pretrain", "imagenet_c", "diagnose")
 
 
@@ -25,40 +23,16 @@ def committed():
     return records
 
 
-def other_machine(records):
-    """A deep copy whose records ran on another machine (another arithmetic digest): the statistical tier's."""
-    out = copy.deepcopy(records)
-    for r in out:
-        arith = r.setdefault("arithmetic", {})
-        arith["digest"] = "elsewhere"
-        machine = arith.setdefault("machine", {})
-        machine["digest"] = "elsewhere"
-        machine["cpu"] = "another cpu"
-    return out
-
-
-def worsen(records, size=2.0, relative=0.02, spread=0.2):
-    """Every metric worse by `size` points (2% of the value where its floor is relative, twice its floor where it is
-    in its own units), each seed's change varying by +-`spread` of it (seed 0 -20%, 1 as is, 2 +20%, ...)."""
-    for r in records:
-        factor = 1 + spread * ((int(r["seed"]) % 3) - 1)
-        for values in r["metrics"].values():
-            for metric, v in values.items():
-                d = declared(r["task"], metric, r)
-                if d.floor is None:
-                    step = size
-                elif d.relative:
-                    step = relative * abs(v)
-                else:
-                    step = 2 * d.floor
-                worse = -1.0 if d.direction in (LOWER,) else 1.0
-                values[metric] = v - worse * step * factor if d.direction != EITHER else v + step * factor
+def worsen_every_task(records, size=2.0):
+    """Every metric of every task worse by `size` points (2% of the value where its floor is relative, twice its
+    floor where it is in its own units), each seed's change varying by +-20% (benchmarks.gate_floor.worsen)."""
+    for task in TASKS:
+        worsen(records, task, size)
     return records
 
 
 def failing_tasks(verdict) -> set:
-    bad = ("regressed", "spread", "moved", "noise", "shift", "see pooled")
-    return {c.task for c in verdict.gate.comparisons if c.verdict in bad}
+    return {c.task for c in verdict.gate.comparisons if c.verdict in FAILING}
 
 
 # --- the statistics ----------------------------------------------------------------------------------------------
@@ -121,7 +95,7 @@ def test_nothing_changed_but_the_machine_passes(committed):
 
 
 def test_a_uniform_two_point_worsening_fails_in_every_task_across_arithmetic(committed):
-    v = decide(committed, worsen(other_machine(committed)))
+    v = decide(committed, worsen_every_task(other_machine(committed)))
     assert v.code == 1
     assert failing_tasks(v) == set(TASKS)
 

@@ -182,9 +182,7 @@ def _dtn_statistics(x, p_rows, p_cols, heads, grid):
     # biased variance; vector_norm is a fused reduction, several times faster than var_mean on CPU
     var_ln = torch.linalg.vector_norm(x - mean_ln, dim=-1, keepdim=True).square() / C
     xh = _head_major(x, grid, heads)
-    moments = _moments(xh)
-    rows = torch.bmm(p_rows, moments.view(heads, gh, -1))  # (H, gh, gh) @ (H, gh, gw*B*2d)
-    m = torch.matmul(p_cols[:, None], rows.view(heads, gh, gw, -1))  # per (head, row): (gw, gw) @ (gw, B*2d)
+    m = _kron(p_rows, p_cols, _moments(xh).view(heads, gh, gw, -1))
     return mean_ln, var_ln, m.view(heads, gh, gw, B, -1)
 
 

@@ -47,7 +47,7 @@ from ..errors import UserError
 from ..fingerprint import changed_modules
 from ..hashing import canon
 from ..paths import ARITHMETIC_CACHES
-from .metrics import EITHER, declared
+from .metrics import EITHER, SIGNAL_FLOOR, SIGNALS, declared
 from .stats import (
     holm,
     mcnemar,
@@ -64,7 +64,7 @@ from .stats import (
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
 POOLED_FLOOR = 0.5  # ... of a pooled mean, as a fraction of FLOOR
-LOSS_FLOOR = 0.005  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
+LOSS_FLOOR = SIGNAL_FLOOR  # ... of a training signal (a loss, a norm, an entropy), as a fraction of the baseline's
 SPREAD_FLOOR = 2.0  # the smallest ratio (either way) of seed-to-seed standard deviations that counts
 SHIFT_FLOOR = 0.2  # a consistent shift (every comparison one way): its mean change counts from this share of the floor
 SHIFT_MIN = 6  # ... over at least this many comparisons of a task, backbone and metric
@@ -72,8 +72,6 @@ SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change t
 # the noise test's allowance for a runner whose arithmetic is noisier than the model's variants (another CPU, other
 # kernels): a night up to NOISE_TOLERANCE times the model's rms is its null, so such a runner alarms at most alpha
 NOISE_TOLERANCE = 2.0
-# a pretraining probe's training signals (split "train"): judged besides the record's metric; a move either way fails
-SIGNALS = ("loss", "decayed_norm", "target_entropy")
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
 # ... and why one whose cell arithmetic differs only because one side read from a cache what the other computed
 CACHE_STATE = "a cache entry computed on one side and read on the other"
@@ -82,6 +80,7 @@ PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each
 
 
 def is_signal(metric: str) -> bool:
+    """A pretraining probe's training signal (records.metrics.SIGNALS: split "train", a move either way fails)."""
     return metric.startswith(SIGNALS)
 
 

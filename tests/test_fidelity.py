@@ -114,7 +114,19 @@ def test_cells_of_two_protocol_versions_never_share_a_table():
 
 
 def test_vtab_sweep_holds_app_e_learning_rate():
-    assert 0.0003 in prepare_task("vtab").sweep["lr"]
+    """The default suite sweeps lr over App. E's printed 0.0003 and the next two steps of the 1-3-10 grid (the grid
+    of task_adaptation's sweeps), 0.001 and 0.003, in that order and nothing else; the lr is selected per task on
+    val200 over seeds 0, 1, 2 (DPN §6.1), so 3 x 3 = 9 cells a task (docs/vtab.md)."""
+    task = prepare_task("vtab")
+    assert task.sweep == {"lr": [0.0003, 0.001, 0.003]}
+    lr = FinetuneSettings.model_fields["lr"]
+    assert lr.default == task.sweep["lr"][0] == 0.0003  # the setting's default is the value App. E prints ...
+    assert lr.json_schema_extra["source"] == "DPN App. E (its big_vision config) prints 0.0003"  # ... as sourced
+    grid = [m * 10.0**e for e in range(-5, 0) for m in (1, 3)]  # 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2
+    start = grid.index(pytest.approx(0.0003, rel=1e-9))
+    assert task.sweep["lr"] == pytest.approx(grid[start : start + 3], rel=1e-9)
+    assert [g["lr"] for g in task.grid()] == [0.0003, 0.001, 0.003]  # the cells' settings, one per lr
+    assert task.select_keys() == ("lr",) and task.seeds == (0, 1, 2)
 
 
 # --- high-res (App. D) ------------------------------------------------------------------------------

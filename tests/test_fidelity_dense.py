@@ -241,13 +241,30 @@ def test_prompts_canonicalised_as_big_vision():
 
 
 def test_flip_view_draws_each_view_per_example():
-    """augment: flip: each example of each step takes the original or the mirrored features, p = 0.5."""
+    """augment: flip: each example of each step takes the original or the mirrored features, p = 0.5, drawn per
+    example (not one view per batch, nor one fixed view per example), and always its own example's features."""
     from transferbench.adapters.lit.training import view_batches
 
     tokens = torch.arange(64)[:, None]
-    orig, flip = torch.zeros(64, 1), torch.ones(64, 1)
-    picks = torch.cat([f for _, f in view_batches(tokens, [orig, flip], batch=32, steps=50, seed=3)])
-    assert 0.4 < float(picks.mean()) < 0.6
+    orig, flip = 2 * tokens.float(), 2 * tokens.float() + 1  # a feature names its example (f // 2), its view (f % 2)
+    batches = list(view_batches(tokens, [orig, flip], batch=32, steps=50, seed=3))
+    assert len(batches) == 50
+    seen = {i: [] for i in range(64)}  # each example's views over the steps
+    spread = []  # the variance of the picks within each batch
+    for t, f in batches:
+        assert torch.equal(torch.div(f, 2, rounding_mode="floor").long(), t)  # each row its own example's features
+        pick = (f % 2).flatten()
+        for i, v in zip(t.flatten().tolist(), pick.tolist()):
+            seen[i].append(v)
+        spread.append(float(pick.mean() * (1 - pick.mean())))
+    # one view per batch makes each batch all 0 or all 1 (spread 0); drawn per example, a batch of 32 misses a view
+    # with p = 2 * 2**-32 and its spread is p(1 - p) = 0.25 on average (31/32 of it, as a plug-in estimate)
+    assert all(s > 0 for s in spread) and sum(spread) / len(spread) > 0.2
+    # 1600 fair draws: mean 0.5 with standard deviation sqrt(0.25 / 1600) = 0.0125; within 4 of them
+    picks = [v for vs in seen.values() for v in vs]
+    assert len(picks) == 50 * 32 and abs(sum(picks) / len(picks) - 0.5) < 4 * 0.0125
+    # drawn anew at each step, not once per example: every example (seen about 25 times) takes both views
+    assert min(len(v) for v in seen.values()) >= 10 and all(0 < sum(v) < len(v) for v in seen.values())
     # a single view is tensor_batches itself
     from transferbench.engine.batches import tensor_batches
 

@@ -154,7 +154,10 @@ class InMemory(torch.utils.data.Dataset):
         return torch.from_numpy(self._array[i]).permute(2, 0, 1), int(self.labels[i])
 
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# the CUDA variants are collected everywhere and skipped with a reason where there is no GPU, so that `pytest -ra`
+# says what went unchecked
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -398,14 +401,14 @@ def test_a_cell_gives_the_same_records_on_either_data_path(suite_home, tmp_path,
     assert memory["info"]["final_loss"] == pytest.approx(workers["info"]["final_loss"], rel=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
-def test_the_fused_update_used_on_cuda_is_the_default_update(name):
-    """optimizer_options turns on the fused kernel for CUDA devices only; five steps of it (run on the CPU here,
-    on the GPU where there is one) end where torch's default per-tensor update ends."""
+def test_the_fused_update_used_on_cuda_is_the_default_update(name, device):
+    """optimizer_options turns on the fused kernel for CUDA devices only; five steps of it (on the CPU, and on the
+    GPU where there is one) end where torch's default per-tensor update ends."""
     from transferbench.engine.train import optimizer_options
 
     assert optimizer_options("cuda:1") == {"fused": True} and optimizer_options("cpu") == {}
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     kw = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4} if name == "SGD" else {"lr": 0.01, "weight_decay": 0.1}
     ends = []
     for options in ({}, {"fused": True}):

@@ -50,7 +50,7 @@ HERE = Path(__file__).parent
 
 
 def machine() -> str:
-    from transferbench.engine.runner import environment
+    from transferbench.engine.compute import environment
 
     env = environment()
     return (

@@ -27,13 +27,14 @@ import copy
 import time
 from pathlib import Path
 
+from transferbench.records import comparisons
 from transferbench.records.gate import decide
 from transferbench.records.metrics import EITHER, LOWER, declared
 from transferbench.records.store import load_records
 
 NIGHTLY = Path(__file__).parent.parent / "results" / "nightly"
 SIZES = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
-FAILING = ("regressed", "spread", "moved", "noise", "shift", "see pooled")
+FAILING = (*comparisons.FAILING, comparisons.Verdict.SEE_POOLED)  # every verdict that fails, told where it is
 
 
 def other_machine(records: list) -> list:

@@ -481,7 +481,7 @@ MS_FLOOR = 1e-24  # the noise model's smallest mean square: a standard deviation
 def noise_model(work: Path, baseline: list, variants: list) -> dict:
     """The noise model from the benign arithmetic variants run in `work`: per task, metric and kind of unit, the
     largest mean square of a run's mean change (with the number of units it came from) over the variants."""
-    from transferbench.records.gate import noise_units
+    from transferbench.records.broad import noise_units
     from transferbench.records.store import load_records
 
     tasks: dict = {}
@@ -508,7 +508,7 @@ def add_measured(model: dict, pairs: list) -> dict:
     """Add to a noise model the measured variants `pairs` (committed anchor folder, its rerun on another runner:
     `transferbench nightly` keeps each rerun in ROLLING/anchors/<commit>-<arithmetic>): a pure change of
     arithmetic, measured on the whole nightly suite rather than a subset."""
-    from transferbench.records.gate import noise_units
+    from transferbench.records.broad import noise_units
     from transferbench.records.store import load_records
 
     for base, rerun in pairs:

@@ -70,7 +70,7 @@ def data_path(dataset: str, rounds: int = 3) -> dict:
 
 
 def run(dataset: str = "mini_digits", backbones=("mu4@embedded", "mu4_dtn@embedded"), rounds: int = 3) -> dict:
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
 
     ctx = CellContext(device="cpu", show_progress=False)
     rows = []

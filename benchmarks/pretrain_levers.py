@@ -27,7 +27,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from transferbench.adapters import prepare_task
-from transferbench.paths import expand
+from transferbench.paths.portable import expand
 from transferbench.records.stats import paired_difference, paired_suite_difference
 from transferbench.records.store import load_records
 

@@ -86,7 +86,7 @@ def ship(home: Path, backbone: str) -> Path:
     `backbone` it replaces."""
     from transferbench.adapters.pretrain import SHIPPED as WEIGHTS
     from transferbench.adapters.pretrain import shipped_checkpoint
-    from transferbench.paths import write_digest
+    from transferbench.paths.entries import write_digest
 
     os.environ["TRANSFERBENCH_HOME"] = str(home)
     made = sorted((home / "checkpoints").glob(f"{backbone}-upstream-*.safetensors"))

@@ -356,7 +356,7 @@ def test_classifier_is_the_checkpoints_own_head_when_it_has_the_classes(suite_ho
     from transferbench.backbones import create_backbone
     from transferbench.backbones.checkpoint import save_checkpoint
     from transferbench.cell import make_cell
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
 
     model = create_backbone("mu4", img_size=16, num_classes=10)
     torch.nn.init.normal_(model.head.weight)
@@ -370,7 +370,7 @@ def test_classifier_is_the_checkpoints_own_head_when_it_has_the_classes(suite_ho
 
 def test_missing_released_data_is_one_line_naming_the_layout(tmp_path):
     from transferbench.adapters import prepare_task
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
     from transferbench.errors import UserError
 
     spec = tmp_path / "folder_c.yaml"  # clean images embedded, corrupted ones expected as released

@@ -168,29 +168,28 @@ def test_regress_honours_the_ledger_beside_the_baseline(tmp_path, capsys):
 
 
 def test_a_cache_entry_of_other_arithmetic_is_computed_again_never_read(tmp_path, monkeypatch):
-    from transferbench import paths
+    from transferbench.paths import entries
+    from transferbench.paths.home import cache
 
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path))
-    entry = paths.cache("features") / "e.npy"
+    entry = cache("features") / "e.npy"
     entry.parent.mkdir(parents=True)
-    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "another-runner")
-    with paths.sealed(entry) as tmp:
+    monkeypatch.setattr(entries, "_computing_arithmetic", lambda: "another-runner")
+    with entries.sealed(entry) as tmp:
         tmp.write_bytes(b"theirs")
-    paths._WHOLE.clear()
-    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "this-runner")
-    assert paths.verified(entry) is False  # whole, but of other arithmetic: a miss
-    with paths.sealed(entry) as tmp:
+    monkeypatch.setattr(entries, "_computing_arithmetic", lambda: "this-runner")
+    assert entries.verified(entry) is False  # whole, but of other arithmetic: a miss
+    with entries.sealed(entry) as tmp:
         tmp.write_bytes(b"mine")
-    assert paths.verified(entry) is True and entry.read_bytes() == b"mine"
+    assert entries.verified(entry) is True and entry.read_bytes() == b"mine"
     # a timing cache is machine-specific by its key, and is read whoever wrote it
-    probe = paths.cache("bf16-probe") / "p.json"
+    probe = cache("bf16-probe") / "p.json"
     probe.parent.mkdir(parents=True)
-    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "another-runner")
-    with paths.sealed(probe) as tmp:
+    monkeypatch.setattr(entries, "_computing_arithmetic", lambda: "another-runner")
+    with entries.sealed(probe) as tmp:
         tmp.write_text("{}")
-    paths._WHOLE.clear()
-    monkeypatch.setattr(paths, "_computing_arithmetic", lambda: "this-runner")
-    assert paths.verified(probe) is True
+    monkeypatch.setattr(entries, "_computing_arithmetic", lambda: "this-runner")
+    assert entries.verified(probe) is True
 
 
 # --- item 4: the shipped pretraining profile trains in the precision it shipped in ------------------------------

@@ -167,6 +167,11 @@ def test_inline_is_jobs_1_and_bad_executor_options_are_one_line(tmp_path, capsys
         (["--executor", "ray", "--jobs", "2"], "--jobs is for --executor local"),
         (["--executor", "ray", "--cpus-per-cell", "0"], "--cpus-per-cell must be > 0, got 0"),
         (["--retries", "-1"], "--retries must be >= 0, got -1"),
+        # the local executor sets torch's threads: once clamped silently to 1, now refused
+        (["--cpus-per-cell", "0.5"], "--cpus-per-cell 0.5: the local executor gives each cell that many torch threads"),
+        (["--cpus-per-cell", "-2"], "--cpus-per-cell must be > 0, got -2"),
+        (["--workers", "-1"], "--workers must be >= 0, got -1"),
+        (["--micro-batch", "0"], "--micro-batch must be >= 1, got 0"),
     ):
         assert main(["run", "toy", "--backbone", "mu4", "--out", str(tmp_path / "never-made"), *argv]) == 2
         err = capsys.readouterr().err.strip()

@@ -94,7 +94,7 @@ def test_two_stages_at_both_resolutions_and_the_gain_table(suite_home, tmp_path)
 def test_a_checkpoint_head_with_the_classes_is_kept_unless_head_new(suite_home, tmp_path):
     from transferbench.adapters import resolve_backbone
     from transferbench.cell import make_cell
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
 
     model = create_backbone("mu4", img_size=16, num_classes=10)
     torch.nn.init.normal_(model.head.weight)
@@ -119,7 +119,7 @@ def test_a_base_resolution_not_below_the_high_one_is_refused(tmp_path):
 
 def test_missing_data_and_a_bad_borrowed_task_are_one_line(tmp_path):
     from transferbench.adapters import prepare_task
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
     from transferbench.errors import UserError
     from transferbench.spec import SpecError, load_spec_file
 

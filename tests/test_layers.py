@@ -19,7 +19,7 @@ LAYERS = [
     ("engine", ("engine",)),
     ("adapters", ("adapters",)),
     # "" = the package itself: a lazy facade that imports nothing at load
-    ("front", ("workflows", "night", "cli", "__main__", "")),
+    ("front", ("workflows", "night", "anchor", "cli", "__main__", "")),
 ]
 
 

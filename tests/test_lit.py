@@ -373,7 +373,7 @@ def test_lit_cells_share_cached_features_and_the_text_tower(suite_home, tmp_path
 
 def test_lit_without_pairs_stops_with_one_line(tmp_path):
     from transferbench.adapters import prepare_task
-    from transferbench.engine.runner import CellContext
+    from transferbench.engine.compute import CellContext
     from transferbench.errors import UserError
 
     task = prepare_task("lit", datasets=["heldout_i2t"])

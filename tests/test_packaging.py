@@ -27,6 +27,14 @@ def test_one_version_written_once():
     assert version("transferbench") == transferbench.__version__  # the installed metadata reads the package
 
 
+def test_report_kinds_are_registered_under_the_names_their_cells_carry():
+    from transferbench import cell
+
+    kinds = read_pyproject()["project"]["entry-points"]["transferbench.reports"]
+    names = {cell.CORRUPTION_REPORT: "robustness", cell.HIRES_REPORT: "hires", cell.DIAGNOSTICS_REPORT: "diagnostics"}
+    assert kinds == {name: f"transferbench.reporting.{module}:KIND" for name, module in names.items()}
+
+
 def test_changelog_names_this_version_and_every_tasks_protocol():
     from transferbench.spec import installed_specs
 
@@ -132,7 +140,7 @@ def test_a_record_names_its_schema_its_checkpoint_portably_and_its_environment(t
 
 
 def test_portable_paths_never_hold_this_machines_absolute_path(tmp_path, monkeypatch):
-    from transferbench.paths import expand, portable
+    from transferbench.paths.portable import expand, portable
 
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,5 @@
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ from transferbench.backbones import create_backbone
 from transferbench.engine.losses import cross_entropy, sigmoid_cross_entropy
 from transferbench.engine.train import cosine_lr
 from transferbench.hashing import file_sha256
-from transferbench.paths import expand, write_digest
+from transferbench.paths.entries import write_digest
+from transferbench.paths.portable import expand
 from transferbench.records.store import load_records
 
 SHORT = ("steps=3", "batch=8", "warmup_steps=1")
@@ -126,19 +128,55 @@ def test_shipped_checkpoint_is_used_only_when_its_cell_key_matches(suite_home, t
 
 
 def test_pretrain_command_trains_and_names_its_checkpoint(suite_home, capsys):
-    """`transferbench pretrain` (the documented way to make the shipped checkpoints) runs the cell and reports it."""
+    """`transferbench pretrain` (the documented way to make the shipped checkpoints) trains the cell the command
+    names and writes its checkpoint under the cell's name, {backbone}-{dataset}-{cell key}-{code}.safetensors in
+    $TRANSFERBENCH_HOME/checkpoints, as the record in the folder the command names says."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
     from transferbench.cli import main
 
     sets = [a for s in SHORT for a in ("--set", s)]
     assert main(["pretrain", "--backbone", "mu8", *sets, "--set", "lr=0.002", "--no-progress"]) == 0
+    out = capsys.readouterr()
+    assert "pretrain: 1 ok, 0 diverged, 0 failed" in out.out + out.err
+    assert f"1 backbones -> {suite_home / 'pretrain'}" in out.err  # where the command says its records go
     (rec,) = [
         r
         for r in load_records([suite_home / "pretrain"])
         if r["backbone"] == "mu8" and r["hparams"]["lr"] == 0.002 and r["hparams"]["steps"] == 3
     ]
-    assert rec["status"] == "ok" and Path(expand(rec["info"]["checkpoint"])).is_file()
-    out = capsys.readouterr()
-    assert "pretrain: 1 ok, 0 diverged, 0 failed" in out.out + out.err
+    assert rec["status"] == "ok" and rec["dataset"] == "upstream" and rec["seed"] == 0
+    # the checkpoint is named by the cell that made it, and is the file the record vouches for
+    name = rec["info"]["checkpoint"]
+    assert re.fullmatch(
+        rf"\$TRANSFERBENCH_HOME/checkpoints/mu8-upstream-{rec['key']}-[0-9a-f]{{16}}\.safetensors", name
+    )
+    path = Path(expand(name))
+    assert path.parent == suite_home / "checkpoints" and file_sha256(path) == rec["info"]["checkpoint_sha256"]
+    with safe_open(str(path), framework="pt") as f:
+        header = f.metadata()
+    assert {k: header[k] for k in ("name", "task", "dataset", "cell_key", "steps", "num_classes")} == {
+        "name": "mu8",
+        "task": "pretrain",
+        "dataset": "upstream",
+        "cell_key": rec["key"],
+        "steps": "3",
+        "num_classes": "144",  # the upstream set's classes (docs/data.md)
+    }
+    # it trained. The new head starts at zero weights and one bias for every class, so the first step's loss is
+    # that of the uniform prediction, ln 144, and no gradient reaches the backbone through the zero head at that
+    # step; the next two (lr 0.002 and 0.001 by the warm-up and cosine schedule: cosine_lr) move every tensor of
+    # the backbone away from the seed's init, by about the lr per step under AdamW: between 0.0005 and 2 x their
+    # sum, 0.006
+    assert rec["info"]["loss_at"]["1"] == pytest.approx(math.log(144), abs=1e-4)
+    assert [cosine_lr(s, base=0.002, warmup=1, total=3) for s in range(3)] == pytest.approx([0.002, 0.002, 0.001])
+    weights = load_file(path)
+    assert float(weights["head.weight"].abs().max()) > 0 and float(weights["head.bias"].std()) > 0  # trained head
+    torch.manual_seed(rec["seed"])  # the cell's init: the adapter seeds torch with the cell's seed, then builds it
+    init = create_backbone("mu8", img_size=16, rep_size=rec["info"]["rep_size"]).state_dict()
+    moved = {k: float((weights[k] - v).abs().max()) for k, v in init.items() if not k.startswith("head")}
+    assert len(moved) > 50 and all(0.0005 < m < 0.006 for m in moved.values()), moved
 
 
 def test_the_probe_signals_by_hand():

@@ -17,10 +17,11 @@ from scipy import stats
 
 from transferbench.cli import main
 from transferbench.hashing import canon
-from transferbench.records.gate import ALPHA, gate, words
+from transferbench.records.comparisons import ALPHA
+from transferbench.records.gate import gate
 from transferbench.records.stats import holm, mcnemar, variance_ratio
 from transferbench.records.store import RecordStore, load_records
-from transferbench.reporting.regress import verdict
+from transferbench.reporting.regress import verdict, words
 
 ENV = kit.ENV
 
@@ -140,7 +141,7 @@ def test_a_final_stage_selected_differently_is_matched_not_a_protocol_change():
             side.append(r)
     g = gate(base, cur)
     assert g.protocol == [] and len(g.of("cell")) == 1 and len(g.selection) == 3
-    assert g.selection[0][-2:] == ("lr=0.01", "lr=0.03")
+    assert (g.selection[0].before, g.selection[0].after) == ({"lr": 0.01}, {"lr": 0.03})
 
 
 def test_a_cell_that_diverged_tonight_fails_the_night():
@@ -521,7 +522,7 @@ def test_arithmetic_alone_raises_no_alarm(tmp_path, suite_home):
 
 @pytest.mark.slow
 def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home):
-    """The nightly's pretraining probe, shortened to 12 steps and 3 seeds in fp32, in a clean copy of the package and
+    """The nightly's pretraining probe, shortened to 6 steps and 3 seeds in fp32, in a clean copy of the package and
     in one whose new heads start with a bias 1 higher than asked, so that pretraining's -6.9 becomes -5.9
     (benchmarks/gate_power.py's `head_bias`): on one machine the exact tier fails it naming the module, and the moved
     training curve fails the statistical tier alone too (as on another machine)."""
@@ -536,7 +537,7 @@ def test_the_pretraining_probe_catches_a_pretraining_fault(tmp_path, suite_home)
         pkg, home = _copy(tmp_path / v.name, v), tmp_path / v.name / "home"
         kit.embedded_home(suite_home, home)
         cmd = [sys.executable, "-c", "import sys; from transferbench.cli import main; sys.exit(main())", "run"]
-        cmd += ["pretrain", "--suite", "nightly", "--set", "steps=12", "--set", "warmup_steps=2", "--seeds", "0,1,2"]
+        cmd += ["pretrain", "--suite", "nightly", "--set", "steps=6", "--set", "warmup_steps=2", "--seeds", "0,1,2"]
         cmd += ["--set", "bf16=off", "--jobs", "1"]  # no precision probe: fp32 in both
         done = subprocess.run(
             [*cmd, "--no-progress", "--out", str(tmp_path / v.name / "runs")],
@@ -600,6 +601,23 @@ def test_regress_fails_on_failed_cells_and_stops_on_an_empty_side(tmp_path, caps
         assert main(["regress", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("holds no records" in err[0] or "does not exist" in err[0]), err
+
+
+def test_regress_says_a_file_given_for_a_folder_is_not_a_folder(tmp_path, capsys):
+    """`regress --baseline README.md` said the file "does not exist" (or read it as a ledger): it is there, and
+    not a folder. Likewise --current."""
+    b = write(suite(noise()), tmp_path / "b")
+    readme = tmp_path / "README.md"
+    readme.write_text("# not records\n\n- a list\n")
+    for flag, args in (
+        ("--baseline", ["--baseline", str(readme), "--current", str(b)]),
+        ("--current", ["--baseline", str(b), "--current", str(readme)]),
+    ):
+        assert main(["regress", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"transferbench: error: {flag} {readme} is a file, not a records folder (give ") and (
+            err.count("\n") == 1
+        ), err
 
 
 def test_a_task_or_backbone_absent_tonight_fails_unless_named(tmp_path, capsys):
@@ -732,7 +750,7 @@ def test_a_training_signal_fails_the_noise_test_at_ten_times_arithmetics_rms():
     """A probe's held-out loss has no unit of its own: beyond significance its noise test needs a root mean square
     change of SIGNAL_NOISE (10) times the model's (here 1e-4 on a loss of 4), far below the cell test's floor of 0.5%
     of the loss (0.02). Runs moved by about 20 times the model's rms fail the night; by about 5 times they pass."""
-    from transferbench.records.gate import LOSS_FLOOR, SIGNAL_NOISE
+    from transferbench.records.comparisons import LOSS_FLOOR, SIGNAL_NOISE
 
     model = {"pretrain": {"loss_heldout": {"kernels": {"ms": 1e-8, "units": 400}}}}
 

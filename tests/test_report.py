@@ -2,6 +2,7 @@ import copy
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -273,6 +274,37 @@ def test_cli_errors_are_one_line_exit_2(argv, message, capsys):
     assert message in err and err.count("\n") == 1 and err.startswith("transferbench: error: ")
 
 
+def test_an_unwritable_output_is_one_line_exit_2_before_any_work(tmp_path, monkeypatch, capsys):
+    """`leaderboard results/runs -o /proc/x.md` ended in a FileNotFoundError traceback once the tables and figures
+    were made. -o of leaderboard and report is checked first: one line naming the problem and the fix, exit 2,
+    no record read. A missing folder on the way is made, as before, and the probe leaves nothing behind."""
+    import transferbench.records.store
+    import transferbench.reporting.leaderboard
+
+    def no_work(*a, **k):
+        raise AssertionError("the work began before -o was checked")
+
+    monkeypatch.setattr(transferbench.records.store, "load_records", no_work)
+    monkeypatch.setattr(transferbench.reporting.leaderboard, "write_leaderboard", no_work)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        (tmp_path / "a-file" / "x.md", f"-o {tmp_path}/a-file/x.md: {tmp_path}/a-file is a file, not a folder"),
+        (tmp_path, f"-o {tmp_path} is a folder, not a file"),
+    ]
+    if Path("/proc/self").is_dir():  # Linux: /proc takes no new files
+        cases.append((Path("/proc/x.md"), "-o /proc/x.md: cannot write in /proc (no such file or directory)"))
+    for out, message in cases:
+        for command in ("leaderboard", "report"):
+            assert main([command, str(runs), "-o", str(out)]) == 2, (command, out)
+            err = capsys.readouterr().err
+            assert err == f"transferbench: error: {message}; give -o a file in a writable folder\n", err
+    monkeypatch.setattr(transferbench.reporting.leaderboard, "write_leaderboard", lambda dirs, out, **k: out)
+    assert main(["leaderboard", str(runs), "-o", str(tmp_path / "new" / "deeper" / "LB.md")]) == 0
+    assert list((tmp_path / "new" / "deeper").iterdir()) == []
+
+
 def test_cli_run_prints_the_table_and_resumes(tmp_path, capsys):
     line = "run toy --suite quick --backbone mu4,mu4_dpn --no-progress --reference mu4 --out"
     assert cli(line, tmp_path) == 0
@@ -422,3 +454,14 @@ def test_pretrain_levers_reads_the_sanity_question_as_the_leaderboard_does():
             row = sanity.rows[f"{arch}@embedded"]
             assert (mean.mean, mean.ci) == pytest.approx((row["mean"].delta.mean, row["mean"].delta.ci), abs=1e-9)
             assert worse == [c for c in table.columns if c not in table.group_columns and row[c].worse]
+
+
+def test_a_records_folder_that_is_a_file_or_missing_is_named_so(tmp_path):
+    from transferbench.errors import UserError
+    from transferbench.records.store import load_records
+
+    (tmp_path / "notes.md").write_text("# not records\n")
+    with pytest.raises(UserError, match=r"notes\.md is a file, not a records folder \(give the --out folder"):
+        load_records([tmp_path / "notes.md"])
+    with pytest.raises(UserError, match=r"nowhere does not exist \(give the --out folder"):
+        load_records([tmp_path / "nowhere"])

@@ -10,7 +10,8 @@ from toyplugin import toy_accuracy
 
 from transferbench.adapters import prepare_task
 from transferbench.backbones.weights import resolve_backbone
-from transferbench.engine.runner import Diverged, RunOptions, check_finite, run_task
+from transferbench.engine.compute import Diverged, check_finite
+from transferbench.engine.runner import RunOptions, run_task
 from transferbench.records.aggregate import aggregate
 from transferbench.records.store import load_records
 from transferbench.reporting.formats import render

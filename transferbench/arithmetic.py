@@ -13,7 +13,7 @@ arithmetic*: everything that can change a number's bits while the code stays the
   them), the micro-batch training really used, torch.compile, the data workers, the device and the cell's execution
   settings (an evaluation batch size), where it has any.
 - **caches**: the machine digests of cache entries the cell read that were computed under another machine's
-  arithmetic (every cache entry's digest file records the arithmetic that wrote it, `paths.sealed`).
+  arithmetic (every cache entry's digest file records the arithmetic that wrote it, `paths.entries.sealed`).
 
 A record's `arithmetic.digest` is the digest of those three: two records with equal digests were computed in the
 same arithmetic, so unchanged code with unchanged inputs gives them the same bits (the gate's exact tier,

@@ -12,6 +12,13 @@ RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights
 DEFAULT_PIXELS = "inception"  # pixels in [-1, 1] (big_vision): for weights that state no normalisation (data.pixels)
 
 
+# the report kinds the built-in adapters' cells name (Cell.report), each registered under the same name in the
+# entry-point group `transferbench.reports` (pyproject.toml; tests/test_packaging.py pins that they agree)
+CORRUPTION_REPORT = "corruption"  # reporting.robustness
+HIRES_REPORT = "hires"  # reporting.hires
+DIAGNOSTICS_REPORT = "diagnostics"  # reporting.diagnostics
+
+
 @dataclass(frozen=True)
 class BackboneRef:
     """`NAME` or `NAME@CHECKPOINT` as given on the command line, resolved to a name and weights hash."""
@@ -113,7 +120,7 @@ def make_cell(
         hparams["backbone_preprocess"] = dict(backbone.preprocess)
         if "posemb" in hparams and "posemb" in hparams["backbone_preprocess"]:
             hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
-    model = getattr(task.adapter, "settings", None)
+    model = task.adapter.settings if task.adapter is not None else None
     execution = {k: hparams.pop(k) for k in (model.execution_names() if model else ()) if k in hparams}
     return Cell(
         task=spec.task,

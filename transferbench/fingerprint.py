@@ -38,6 +38,10 @@ NAME = PACKAGE.name
 NOT_COMPUTING = (f"{NAME}.reporting", f"{NAME}.cli")
 
 # the distributions whose versions a computation's fingerprint holds (Python's own minor version always)
+# what a run does with a finished cell whose record another code computed (its fingerprint differs from the code's at
+# hand): stop before computing anything and say so (the default), compute it again, or keep it (reports then name
+# both fingerprints)
+STALE = ("stop", "recompute", "keep")
 CORE = ("torch", "torchvision", "numpy", "pillow", "timm", "einops", "safetensors")
 DATA = ("scikit-learn", "scikit-image", "mlxtend", "matplotlib", "scipy", "tensorflow-datasets", "webdataset")
 TEXT = ("open_clip_torch",)
@@ -53,8 +57,8 @@ class CodePath:
     what: str = ""
 
 
-# Every cache folder of paths.CACHES and what computes its entries; the backbone's own code (backbone_code) is added
-# where an entry depends on a backbone. tests/test_fingerprint.py fails when a cache kind is missing here.
+# Every cache folder of paths.home.CACHES and what computes its entries; the backbone's own code (backbone_code) is
+# added where an entry depends on a backbone. tests/test_fingerprint.py fails when a cache kind is missing here.
 CACHE_CODE = {
     "embedded": CodePath((), CORE + DATA, "each set's generator module (data.embedded.common.GENERATOR_MODULE)"),
     "features": CodePath(
@@ -132,7 +136,8 @@ def of(roots, libraries=()) -> Fingerprint:
 
 
 def for_cache(kind: str, *roots: str) -> Fingerprint:
-    """The fingerprint of a cache entry of `kind` (a paths.CACHES folder), with more `roots` (a backbone's code)."""
+    """The fingerprint of a cache entry of `kind` (a folder of paths.home.CACHES), with more `roots` (a backbone's
+    code)."""
     path = CACHE_CODE[kind]
     return of((*path.roots, *roots), path.libraries)
 

@@ -21,22 +21,27 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from .anchor import (
+    ANCHOR_INFO,
+    ANCHORS,
+    ARITHMETIC_REPORT,
+    REBUILDING,
+    anchor_commit,
+    first_verdict,
+    foreign_cells,
+    home_anchors,
+    minutes,
+    other_code,
+    rebuild_anchor,
+    records_commit,
+)
 from .errors import UserError
-
-ANCHORS = "anchors"  # beside the rolling baselines (or in $TRANSFERBENCH_HOME): anchors rebuilt on a runner
-ANCHOR_INFO = "ANCHOR.yaml"  # in a rebuilt anchor: its commit, arithmetic, command, time and exit code
-# set in the anchor's rerun: a nightly that is itself rebuilding an anchor never rebuilds one (an anchor of code that
-# rebuilds would otherwise rebuild itself again and again)
-REBUILDING = "TRANSFERBENCH_REBUILDING_ANCHOR"
-ARITHMETIC_REPORT = "ARITHMETIC.md"  # in a rebuilt anchor: it against the committed anchor (a change of arithmetic)
 
 
 @dataclass
@@ -45,7 +50,7 @@ class Judgment:
 
     name: str  # 'the anchor' | 'the rolling baseline'
     folder: Path
-    verdict: object  # records.gate.Verdict
+    verdict: object  # records.gate.Decision
     ledger: list = field(default_factory=list)  # report lines: the ledger entries applied
 
     @property
@@ -156,7 +161,7 @@ class Night:
         """The anchor in tonight's arithmetic: itself, a cached rebuild, or a rebuild now (module docstring)."""
         from .records.store import load_records
 
-        foreign = _foreign(expected, tonight)
+        foreign = foreign_cells(expected, tonight)
         if not foreign:
             return Baseline(expected, self.anchor, f"the anchor {self.anchor}, computed in tonight's arithmetic")
         why = f"{foreign} of its cells were computed in other arithmetic than tonight's"
@@ -170,7 +175,7 @@ class Night:
         if problem:
             note = f"{why}; the anchor cannot be rebuilt: {problem}; judged statistically"
             return Baseline(expected, self.anchor, note, [note])
-        where = self.rolling / ANCHORS if self.rolling is not None else _home_anchors()
+        where = self.rolling / ANCHORS if self.rolling is not None else home_anchors()
         dest = where / f"{commit[:12]}-{key}"
         if (dest / ANCHOR_INFO).is_file():
             info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
@@ -187,9 +192,9 @@ class Night:
                 config=options.config,
             )
             info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
-            how = f"the anchor at {commit[:12]} rebuilt on this runner tonight in {_minutes(info['seconds'])} ({dest})"
+            how = f"the anchor at {commit[:12]} rebuilt on this runner tonight in {minutes(info['seconds'])} ({dest})"
         records = [r for r in load_records([dest]) if self._mine(r) and self._expected(r, ran)]
-        other = _other_code(expected, records)
+        other = other_code(expected, records)
         if other:  # code outside this checkout (a plugin) computed the anchor: the rerun is not the anchor's code
             shutil.rmtree(dest, ignore_errors=True)
             note = (
@@ -201,7 +206,7 @@ class Night:
         if (dest / ARITHMETIC_REPORT).is_file():
             notes.append(
                 f"The rebuilt anchor against the committed one, a pure change of arithmetic "
-                f"({dest / ARITHMETIC_REPORT}): {_first_verdict((dest / ARITHMETIC_REPORT).read_text())}"
+                f"({dest / ARITHMETIC_REPORT}): {first_verdict((dest / ARITHMETIC_REPORT).read_text())}"
             )
         return Baseline(records, dest, how, notes, dest)
 
@@ -214,18 +219,10 @@ class Night:
         base = [r for r in base if self._expected(r, ran)]
         book = ledgers.load(self.anchor)
         accept, accept_code, lines = book.accepts(records_commit(base))
-        options = dict(
-            floor=self.gate["floor"],
-            alpha=self.gate["alpha"],
-            accept=[*self.gate.get("accept", ()), *accept],
-            accept_code=[*self.gate.get("accept_code", ()), *accept_code],
-            fail_on_missing=True,
-            fail_on_failed=True,
-            allow_missing=self.allow_missing,
-            allow_improvement=self.gate.get("allow_improvement", False),
-        )
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
+        options = gate_options(self.gate, accept, accept_code)
+        options.update(fail_on_failed=True, allow_missing=self.allow_missing)
         return Judgment(name, folder, decide(base, tonight, **options), lines)
 
     # --- 4. keep ------------------------------------------------------------------------------------------------
@@ -295,17 +292,10 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         new = load_records([night.current])
         expected = [r for r in old if night._expected(r, ran)]
         accept, accept_code, lines = ledgers.load(anchor).accepts(records_commit(expected))
-        verdict = decide(
-            expected,
-            new,
-            gate.get("floor", 0.5),
-            alpha=gate.get("alpha", 0.01),
-            accept=[*gate.get("accept", ()), *accept],
-            accept_code=[*gate.get("accept_code", ()), *accept_code],
-            fail_on_missing=True,
-            allow_missing=True,
-            allow_improvement=True,  # re-anchoring takes changes on purpose: the report lists them
-        )
+        options = gate_options(gate, accept, accept_code)
+        # re-anchoring takes changes on purpose: the report lists them
+        options.update(allow_missing=True, allow_improvement=True)
+        verdict = decide(expected, new, **options)
         was = records_commit(expected) or "several commits"
         title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"
         text = report(verdict.gate, failed=verdict.failed, title=title, reasons=verdict.reasons)
@@ -328,199 +318,19 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     return text
 
 
-# --- the anchor and its rebuild -----------------------------------------------------------------------------------
+def gate_options(gate: dict, accept=(), accept_code=()) -> dict:
+    """`records.gate.decide`'s options from the command's gate flags (--floor, --alpha, --accept, --accept-code,
+    --allow-improvement) and the acceptance ledger's entries that apply."""
+    from .records.comparisons import ALPHA, FLOOR
 
-
-def _foreign(expected: list, tonight: list) -> int:
-    """How many of the anchor's expected cells tonight holds in another machine's arithmetic (or none recorded)."""
-    from .arithmetic import machine_differences
-
-    mine = {r["key"]: r for r in tonight if r.get("status") == "ok"}
-    return sum(
-        1
-        for r in expected
-        if r["key"] in mine and machine_differences(r.get("arithmetic"), mine[r["key"]].get("arithmetic"))
+    return dict(
+        floor=gate.get("floor", FLOOR),
+        alpha=gate.get("alpha", ALPHA),
+        accept=[*gate.get("accept", ()), *accept],
+        accept_code=[*gate.get("accept_code", ()), *accept_code],
+        fail_on_missing=True,
+        allow_improvement=gate.get("allow_improvement", False),
     )
-
-
-def _other_code(anchor: list, rerun: list) -> str:
-    """In words, the modules whose code differs between the anchor's records and their rerun, cell by cell; '' where
-    every rerun cell was computed by the anchor's own code."""
-    from .fingerprint import changed_modules
-
-    again = {r["key"]: r for r in rerun}
-    changed: set = set()
-    for r in anchor:
-        a, b = r.get("fingerprint"), (again.get(r["key"]) or {}).get("fingerprint")
-        if a and b and a.get("digest") != b.get("digest"):
-            changed |= {m for m, _ in changed_modules(a, b)} or {"libraries"}
-    return ", ".join(sorted(changed))
-
-
-def records_commit(records: list) -> str | None:
-    """The one commit that computed `records` (their `environment.git_sha`), or None where they name several."""
-    shas = {(r.get("environment") or {}).get("git_sha") for r in records}
-    return shas.pop() if len(shas) == 1 else None
-
-
-def anchor_commit(records: list) -> tuple[str | None, str | None]:
-    """(the commit the anchor's records were computed at, None) or (None, why it cannot be rebuilt)."""
-    envs = [r.get("environment") or {} for r in records]
-    shas = {e.get("git_sha") for e in envs}
-    if None in shas or not shas:
-        return None, "its records name no commit (computed outside a git checkout)"
-    if len(shas) > 1:
-        return None, f"its records name {len(shas)} commits; re-anchor from one (transferbench reanchor)"
-    if any(e.get("git_dirty") for e in envs):
-        return None, "its records were computed from uncommitted changes; re-anchor from a clean checkout"
-    return shas.pop(), None
-
-
-def _home_anchors() -> Path:
-    from .paths import home
-
-    return home() / ANCHORS
-
-
-def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backbones, seeds, config: dict) -> None:
-    """Rerun the anchor's code on this runner: a git worktree at `commit`, whose own `transferbench nightly` runs
-    `suite` for `tasks` (pinned to the committed anchor's precision choices, as tonight is) with the execution
-    options of `config`, into `dest`, with what it did (ANCHOR.yaml) and how it compares with the committed anchor
-    (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one line, exit 2; tonight's
-    records stay."""
-    repo = _repository_with(commit)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tree = dest.parent / f".worktree-{dest.name}-{os.getpid()}"
-    work = dest.parent / f".run-{dest.name}-{os.getpid()}"
-    log = dest.with_name(dest.name + ".log")
-    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
-    add = subprocess.run(
-        ["git", "worktree", "add", "--detach", str(tree), commit], cwd=repo, capture_output=True, text=True
-    )
-    if add.returncode:
-        raise UserError(f"cannot check out the anchor's commit {commit[:12]}: {add.stderr.strip().splitlines()[-1]}")
-    _own_tasks(tree)
-    cmd = [sys.executable, "-m", "transferbench.cli", "nightly", "--baseline", str(Path(anchor).resolve())]
-    cmd += ["--out", str(work.resolve()), "--date", "anchor", "--suite", suite, "--tasks", ",".join(tasks)]
-    cmd += ["--no-progress", *_execution_argv(config)]
-    cmd += ["--backbone", ",".join(backbones)] if backbones else []
-    cmd += ["--seeds", ",".join(map(str, seeds))] if seeds else []
-    print(
-        f"the anchor's records were computed in other arithmetic: rebuilding it at {commit[:12]} on this runner "
-        f"(log: {log})",
-        file=sys.stderr,
-    )
-    started = time.monotonic()
-    try:
-        rc = _stream(cmd, tree, log, commit)
-        seconds = time.monotonic() - started
-        if rc not in (0, 1) or not (work / "anchor").is_dir():
-            raise UserError(
-                f"rebuilding the anchor at {commit[:12]} failed (exit {rc}): see {log}; tonight's records stay in "
-                "their folder, and a rerun of the same --date judges them without running them again"
-            )
-        info = {"commit": commit, "anchor": str(anchor), "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        info.update(seconds=round(seconds, 1), exit=rc, command=cmd[1:])
-        _seal(work / "anchor", dest, anchor, suite, tasks, info)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True)
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
-    print(f"rebuilt the anchor at {commit[:12]} in {_minutes(seconds)}: {dest}", file=sys.stderr)
-
-
-def _repository_with(commit: str) -> Path:
-    """The git checkout this package runs from, where it holds `commit`; else one line naming the fix."""
-    from .records.ledger import repository
-
-    repo = repository()
-    if repo is None:
-        raise UserError(
-            f"the anchor's code (commit {commit[:12]}) cannot be checked out: transferbench does not run from a git "
-            "checkout; run the nightly from a clone with its history (actions/checkout: fetch-depth: 0), or pass "
-            "--no-rebuild to judge statistically"
-        )
-    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo, capture_output=True)
-    if known.returncode:
-        raise UserError(
-            f"the anchor's commit {commit[:12]} is not in {repo}'s history: fetch it (git fetch --unshallow; "
-            "actions/checkout: fetch-depth: 0), or pass --no-rebuild to judge statistically"
-        )
-    return repo
-
-
-def _stream(cmd: list, tree: Path, log: Path, commit: str) -> int:
-    """Run the anchor's nightly in its worktree (its package first on the path, marked as a rebuild so that it
-    rebuilds nothing itself); its output goes to `log`, its progress lines to the terminal too. Returns its exit."""
-    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, REBUILDING: commit, "PYTHONPATH": path}
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.PIPE, text=True)
-        for line in proc.stderr:
-            f.write(line)
-            f.flush()
-            sys.stderr.write(f"  anchor {commit[:7]}: {line}")
-        return proc.wait()
-
-
-def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: dict) -> None:
-    """Put the rerun's records in place at `dest` with what it did (ANCHOR.yaml) and its comparison with the
-    committed anchor (ARITHMETIC.md), its own night's report and leaderboard left out."""
-    from .records.store import load_records
-    from .reporting.regress import verdict
-
-    for name in ("REGRESSION.md", "LEADERBOARD.md"):
-        (night / name).unlink(missing_ok=True)
-    committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
-    title = f"The anchor rebuilt on this runner vs {anchor}"
-    text, _ = verdict(committed, load_records([night]), title=title, allow_missing=True)
-    (night / ARITHMETIC_REPORT).write_text(text)
-    (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(night, dest)
-
-
-def _own_tasks(tree: Path) -> None:
-    """The task specs ship as `transferbench.tasks` from the repository's top-level tasks/ folder; an editable
-    install maps that name to the working tree's folder, whatever package is imported. A link inside the worktree's
-    package makes the anchor's code read the anchor's own specs (the link is untracked: the checkout stays clean)."""
-    link = tree / "transferbench" / "tasks"
-    if (tree / "tasks").is_dir() and not link.exists():
-        link.symlink_to(Path("..") / "tasks", target_is_directory=True)
-
-
-def _execution_argv(config: dict) -> list[str]:
-    """The execution options of tonight's command (its records' `config`), as the anchor's rerun takes them."""
-    argv = ["--jobs", str(config.get("jobs") or 1)]
-    for name, flag in (
-        ("device", "--device"),
-        ("data_dir", "--data-dir"),
-        ("micro_batch", "--micro-batch"),
-        ("cpus_per_cell", "--cpus-per-cell"),
-        ("executor", "--executor"),
-        ("address", "--address"),
-    ):
-        if config.get(name) not in (None, "", "local" if name == "executor" else None):
-            argv += [flag, str(config[name])]
-    if config.get("workers"):
-        argv += ["--workers", str(config["workers"])]
-    if config.get("compile") in (True, "on"):
-        argv.append("--compile")
-    elif config.get("compile") == "off":
-        argv += ["--compile", "off"]
-    return argv
-
-
-def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
-
-
-def _first_verdict(report: str) -> str:
-    lines = [line for line in report.splitlines() if line.startswith("**")]
-    return lines[0] if lines else "(no verdict line)"
 
 
 def keep_rolling(night: Path, roll: Path) -> None:
@@ -539,7 +349,7 @@ def keep_rolling(night: Path, roll: Path) -> None:
 
 
 def _write_board(current: Path) -> None:
-    from .engine.runner import environment
+    from .engine.compute import environment
     from .reporting.leaderboard import write_leaderboard
 
     board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])

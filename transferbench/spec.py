@@ -111,7 +111,8 @@ def settings_model(adapter: str):
     model = load_one("transferbench.settings", adapter)
     if model is not None:
         return model
-    return getattr(load_group("transferbench.adapters").get(adapter), "settings", None)
+    installed = load_group("transferbench.adapters").get(adapter)
+    return installed.settings if installed is not None else None
 
 
 def parse_spec(data: dict, source: str = "<spec>", defaults: bool = True) -> TaskSpec:

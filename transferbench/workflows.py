@@ -5,12 +5,13 @@ records (the nightly run is transferbench.night's). The command line only parses
 from __future__ import annotations
 
 import json
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import UserError
+from .paths.writes import atomic_path, check_home, clean_home, probe
 
 if TYPE_CHECKING:
     from .engine.runner import RunOptions
@@ -21,10 +22,7 @@ def records_folder(out: Path) -> list[Path]:
     run stopped by bad input before any cell can remove them again."""
     made = [p for p in (out, *out.parents) if not p.exists()][::-1]
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        probe(out)
     except OSError as e:
         remove_empty(made)
         raise UserError(
@@ -60,15 +58,13 @@ def prepare(task, names: list[str], out: Path, data_dir=None) -> tuple[list, lis
     """Make `out` and check the data (removing the folders it made when either fails), then resolve the checked
     backbones `names` (NAME@embedded may pretrain); returns their cell.BackboneRefs and the folders made."""
     from .adapters import resolve_backbone
-    from .engine.runner import CellContext
-    from .paths import check_home, clean_home
+    from .engine.compute import CellContext
 
     check_home()  # before anything is generated or cached there
     clean_home()
     made = records_folder(out)
     try:
-        if hasattr(task.adapter, "check_data"):
-            task.adapter.check_data(task, CellContext("cpu", data_dir=data_dir))
+        task.adapter.check_data(task, CellContext("cpu", data_dir=data_dir))
         return [resolve_backbone(b) for b in names], made
     except UserError:
         remove_empty(made)
@@ -99,11 +95,25 @@ def run_cells(task, backbones: list, out: Path, options: RunOptions, executor, m
     return summary
 
 
-def run(task, names: list[str], out: Path, options: RunOptions, executor, reference: str | None = None) -> int:
+@dataclass
+class TaskRun:
+    """What `run` returns: the run's summary, the records of its backbones in the task's folder (this run's and
+    earlier ones') and their tables; printing and writing them is the caller's."""
+
+    summary: object  # engine.runner.RunSummary
+    records: list
+    tables: list
+
+    @property
+    def code(self) -> int:
+        """The command's exit code: 1 where a cell failed, else 0."""
+        return 1 if self.summary.failed else 0
+
+
+def run(task, names: list[str], out: Path, options: RunOptions, executor, reference: str | None = None) -> TaskRun:
     """One task into `out`: the checks that cost nothing first, then the data, then pretraining (NAME@embedded)
-    and the cells; then the table (printed) and `results.json` beside the records. Returns the exit code."""
-    from .records.store import RESULTS_FILE, load_records
-    from .reporting.formats import render
+    and the cells; returns the summary, the records and their tables (`write_results` writes `results.json`)."""
+    from .records.store import load_records
     from .reporting.kinds import report_tables
 
     if reference and reference not in names:
@@ -112,19 +122,14 @@ def run(task, names: list[str], out: Path, options: RunOptions, executor, refere
     summary = run_cells(task, backbones, out, options, executor, made)
     folder = out / task.name
     records = [r for r in load_records([folder]) if r["backbone"] in names] if folder.is_dir() else []
-    if records:
-        tables = report_tables(records, reference=reference)
-        print(render(tables))
-        write_results(folder / RESULTS_FILE, task, options.config, summary, records, tables)
-    return 1 if summary.failed else 0
+    return TaskRun(summary, records, report_tables(records, reference=reference) if records else [])
 
 
 def write_results(path: Path, task, config: dict, summary, records: list, tables: list) -> None:
     """lm-eval's results file: what ran (options, versions), what happened (the run's counts) and the table's rows,
     beside the records; rewritten by each run of the task into this folder."""
-    from .engine.runner import environment
-    from .paths import atomic_path
-    from .reporting.formats import render
+    from .engine.compute import environment
+    from .reporting.formats import json_data
     from .reporting.provenance import report_header
 
     body = {
@@ -143,7 +148,7 @@ def write_results(path: Path, task, config: dict, summary, records: list, tables
             "stale_policy": summary.stale_policy,
             "caches": summary.caches,
         },
-        "results": json.loads(render(tables, "json", header=report_header(records, tables))),
+        "results": json_data(tables, header=report_header(records, tables)),
     }
     with atomic_path(path, needed=0, what="results file") as tmp:
         tmp.write_text(json.dumps(body, indent=1, default=str))

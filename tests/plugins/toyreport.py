@@ -12,7 +12,15 @@ def best_seed_tables(records: list, reference=None) -> list:
     """One table: per backbone and dataset, the best test accuracy over seeds (not a mean: a report unlike the
     built-in ones)."""
     datasets = sorted({r["dataset"] for r in records})
-    t = TaskTable("toybest", ["1"], "accuracy", "max", datasets, [], footnote="best seed")
+    t = TaskTable(
+        task="toybest",
+        protocol_versions=["1"],
+        metric="accuracy",
+        mode="max",
+        columns=datasets,
+        group_columns=[],
+        footnote="best seed",
+    )
     for b in sorted({r["backbone"] for r in records}):
         t.rows[b] = {
             d: Cellv(

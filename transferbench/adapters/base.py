@@ -53,7 +53,7 @@ class Adapter:
     def entry(cls, name: str, fields: dict) -> dict:
         """Dataset `name`'s entry (`fields`: a spec's or a cell's `dataset_config`) validated by `dataset_schema`,
         its defaults filled in (source tfds, label rule 'label', ...)."""
-        return cls.dataset_schema.model_validate({**fields, "name": name}).model_dump()
+        return validated_entry(cls.dataset_schema, name, fields)
 
     def training_images(self, cell) -> int:
         """Images the cell passes forward and backward through the backbone (`run --dry-run`'s cost): steps x
@@ -68,6 +68,11 @@ class Adapter:
         (224 for an adapter without settings)."""
         return int(self.settings_of(cell).resolution) if self.settings is not None else 224
 
+    def check_data(self, task: Task, ctx) -> None:
+        """Check that `task`'s data is where the run reads it (`ctx.data_dir`), before anything is generated or
+        computed: a missing dataset is one line naming it and how to get it (UserError). The default checks nothing:
+        an adapter whose data is generated or embedded has nothing to check."""
+
     def extras(self, task: Task) -> set[str]:
         """The package extras (`pip install 'transferbench[EXTRA]'`) that running `task` needs beyond the base
         install; the nightly workflow installs those of its baseline's tasks."""
@@ -75,6 +80,11 @@ class Adapter:
 
     def run(self, cell, ctx) -> dict:
         raise NotImplementedError
+
+
+def validated_entry(schema: type[BaseModel], name: str, fields: dict) -> dict:
+    """Dataset `name`'s entry validated by `schema`, its defaults filled in (`Adapter.entry`)."""
+    return schema.model_validate({**fields, "name": name}).model_dump()
 
 
 def plan_select_then_final(task: Task, backbone, results) -> list:

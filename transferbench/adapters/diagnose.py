@@ -34,12 +34,11 @@ from ..backbones import create_backbone
 from ..backbones.api import patch_grid, patch_size, require
 from ..backbones.checkpoint import read_training_log
 from ..backbones.measures import Probe, layer_grad_norms, summarise, weight_measures
-from ..cell import make_cell
+from ..cell import DIAGNOSTICS_REPORT, make_cell
 from ..data.transforms import eval_transform
 from ..engine.batches import eval_batches
 from ..engine.precision import autocast, for_forward
 from ..errors import UserError
-from ..reporting.diagnostics import REPORT
 from ..settings.choices import IMAGE_SAMPLES
 from ..settings.finetune import DiagnoseSettings
 from .classify import ClassificationAdapter, finetune, open_split
@@ -147,7 +146,9 @@ class DiagnoseAdapter(ClassificationAdapter):
                 for seed in task.seeds:
                     for stage, (metric, mode) in STAGES.items():
                         cells.append(
-                            make_cell(task, ds, backbone, hp, seed, stage, metric=metric, mode=mode, report=REPORT)
+                            make_cell(
+                                task, ds, backbone, hp, seed, stage, metric=metric, mode=mode, report=DIAGNOSTICS_REPORT
+                            )
                         )
         return cells
 

@@ -207,14 +207,14 @@ class FewshotAdapter(Adapter):
         return plan_select_then_final(task, backbone, results)  # shots is a report axis: no select stage
 
     def check_data(self, task, ctx) -> None:
-        entries = [FewshotDataset.model_validate(ds.model_dump()).model_dump() for ds in task.datasets]
+        entries = [self.entry(ds.name, ds.model_dump()) for ds in task.datasets]
         missing = find_missing(entries, lambda e: [e["train"], e["test"]], ctx.data_dir)
         if missing:
             raise missing_data("few-shot", missing, len(entries), ctx.data_dir)
 
     def run(self, cell, ctx):
         s = self.settings_of(cell)
-        ds = FewshotDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        ds = self.entry(cell.dataset, cell.dataset_config)
         identity = {k: ds[k] for k in ("name", "source", "tfds", "set")} | {"version": cell.data_version}
         frozen = FrozenFeatures.of(cell, s, ctx)
         sizes = {("resize_square" if s.resize_mode == "square" else "resize_small"): s.resize}

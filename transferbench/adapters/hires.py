@@ -24,11 +24,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..backbones.checkpoint import checkpoint_resolution
-from ..cell import make_cell
+from ..cell import HIRES_REPORT, make_cell
 from ..data.transforms import eval_transform
 from ..engine.evaluate import Evaluation, accuracy
 from ..errors import UserError
-from ..reporting.hires import REPORT
 from ..settings.finetune import HiresSettings
 from .classify import ClassificationAdapter, finetune, open_split
 
@@ -104,7 +103,7 @@ class HiresAdapter(ClassificationAdapter):
                 fixed = {**hp, "base_resolution": base}
                 for seed in task.seeds:
                     for stage in STAGES:
-                        cells.append(make_cell(task, ds, backbone, fixed, seed, stage, report=REPORT))
+                        cells.append(make_cell(task, ds, backbone, fixed, seed, stage, report=HIRES_REPORT))
         return cells
 
     def run(self, cell, ctx):

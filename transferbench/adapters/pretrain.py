@@ -37,7 +37,10 @@ from ..engine.train import fit_protocol
 from ..errors import UserError
 from ..fingerprint import for_cache
 from ..hashing import file_sha256
-from ..paths import atomic_path, cache, damage, expand, portable, quarantine
+from ..paths.entries import damage, quarantine
+from ..paths.home import cache
+from ..paths.portable import expand, portable
+from ..paths.writes import atomic_path
 from ..records.store import RecordStore
 from ..settings.choices import MIXUP, RANDAUG
 from ..settings.pretrain import PretrainSettings

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 
-from ..paths import atomic_path
+from ..paths.writes import atomic_path
 from ..settings.choices import POSEMB_METHODS
 from .convert import Checkpoint, CheckpointError, convert_big_vision, convert_timm, unwrap_state_dict
 

@@ -9,6 +9,7 @@ import os
 import sys
 
 from ..errors import UserError
+from ..paths.writes import RESUME
 from . import data, ls, pretrain, regress, report, run
 from .options import apply_deprecated, with_config
 
@@ -16,7 +17,7 @@ EXAMPLES = """\
 examples:
   transferbench list backbones
   transferbench list tasks
-  transferbench run vtab --suite embedded        # offline mini-VTAB, shipped mu4 checkpoints, ~8 min on 2 cores
+  transferbench run vtab --suite embedded        # offline mini-VTAB, shipped mu4 checkpoints; cost: docs/install.md
   transferbench run vtab --backbone b32,b32_dpn --reference b32 --data-dir ~/tensorflow_datasets
   transferbench run seg --suite embedded         # ADE20K's linear-decoder protocol on the embedded scenes
   transferbench run seg --backbone b16,b16_dpn@b16_dpn.npz --data-dir data/ade --reference b16
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
         print(f"transferbench: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("transferbench: interrupted; finished cells are saved, rerun the same command to resume", file=sys.stderr)
+        print(f"transferbench: interrupted; {RESUME}", file=sys.stderr)
         return 130
 
 

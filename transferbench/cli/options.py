@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, close_matches
+from ..fingerprint import STALE
 
 
 def csv_list(text: str) -> list[str]:
@@ -48,7 +49,7 @@ def execution_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute cells that already have a record")
     p.add_argument(
         "--stale",
-        choices=("recompute", "keep"),
+        choices=STALE[1:],  # stop: the default, asked for by giving none
         help="what to do with finished cells whose record another code or library version computed (each record "
         "holds the fingerprint of the code that computed it): by default the run stops before computing anything "
         "and names how many differ and what changed; recompute: compute them again; keep: keep them as finished "
@@ -162,12 +163,7 @@ def check_execution_options(args):
 
     if args.jobs is None:  # resolved here, so that records and results.json store what ran
         args.jobs = default_jobs() if args.executor == "local" else 1
-    if args.workers < 0:
-        raise UserError(f"--workers must be >= 0, got {args.workers}")
-    if args.micro_batch is not None and args.micro_batch < 1:
-        raise UserError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    if args.retries < 0:
-        raise UserError(f"--retries must be >= 0, got {args.retries}")
+    run_options(args)  # the options object checks its own values (engine.runner.RunOptions)
     return make_executor(
         args.executor,
         jobs=args.jobs,
@@ -178,7 +174,7 @@ def check_execution_options(args):
 
 
 def gate_options(p) -> None:
-    from ..records.gate import ALPHA, FLOOR
+    from ..records.comparisons import ALPHA, FLOOR
 
     p.add_argument(
         "--allow-improvement",
@@ -289,6 +285,27 @@ def seeds_option(p: argparse.ArgumentParser, help: str) -> None:
 
 def output_option(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--output", "-o", type=Path, help=help)
+
+
+def check_output(path: Path) -> None:
+    """-o's file can be written (its folder made if missing, then a probe written there and removed), or one
+    UserError naming the problem and the fix: checked before the command does its work, not after."""
+    from ..paths.writes import probe
+    from ..workflows import remove_empty
+
+    fix = "give -o a file in a writable folder"
+    if path.is_dir():
+        raise UserError(f"-o {path} is a folder, not a file; {fix}")
+    folder = path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"-o {path}: {existing} is a file, not a folder; {fix}")
+    made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+    try:
+        probe(folder)
+    except OSError as e:
+        remove_empty(made)  # no empty folders left behind
+        raise UserError(f"-o {path}: cannot write in {folder} ({(e.strerror or str(e)).lower()}); {fix}") from None
 
 
 def reference_option(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ def add_parser(sub, fmt) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from ..paths import cache
+    from ..paths.home import cache
     from .run import command as run
 
     if not args.backbone:

@@ -11,6 +11,7 @@ from .options import (
     backbone_option,
     check_execution_options,
     check_gate_options,
+    check_output,
     csv_list,
     deprecated,
     execution_options,
@@ -175,12 +176,20 @@ def allow_missing_option(p) -> None:
 
 
 def regress(args) -> int:
-    from ..night import records_commit
+    from ..anchor import records_commit
     from ..records import ledger
     from ..records.store import load_records
     from ..reporting.regress import verdict
 
     check_gate_options(args)
+    for flag, folder in (("--baseline", args.baseline), ("--current", args.current)):
+        if folder.exists() and not folder.is_dir():  # a missing one is the records' error, said when they are read
+            raise UserError(
+                f"{flag} {folder} is a file, not a records folder (give the --out folder of a `transferbench run` "
+                "or `nightly`)"
+            )
+    if args.output:
+        check_output(args.output)
     if args.ledger is not None and not args.ledger.is_file():
         raise UserError(f"--ledger {args.ledger}: no such file (give an ACCEPTED.yaml, or leave --ledger out)")
     book = ledger.load(args.ledger or args.baseline)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .options import csv_list, output_option, reference_option, strict_option
+from .options import check_output, csv_list, output_option, reference_option, strict_option
 
 
 def add_parsers(sub, fmt) -> None:
@@ -85,6 +85,8 @@ def report(args) -> int:
     from ..reporting.provenance import report_header
     from ..reporting.tables import check_reference
 
+    if args.output:
+        check_output(args.output)
     records = load_records(args.dirs, strict=args.strict)
     if args.task:
         records = [r for r in records if r["task"] in args.task]
@@ -109,7 +111,6 @@ def report(args) -> int:
         tables = report_tables(records, reference=args.reference, split_axes=args.format in ("md", "latex"))
         text = render(tables, args.format, header=report_header(records, tables))
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)
     else:
@@ -118,12 +119,15 @@ def report(args) -> int:
 
 
 def leaderboard(args) -> int:
-    from ..engine.runner import environment
+    from ..engine.compute import environment
     from ..reporting.leaderboard import write_leaderboard
 
+    out = args.output or args.dirs[0] / "LEADERBOARD.md"  # a committed leaderboard only when -o names it
+    if args.output or args.dirs[0].is_dir():  # a missing DIR is the records' error, said when they are read
+        check_output(out)  # the markdown and its figures beside it: writable, before the work
     out = write_leaderboard(
         args.dirs,
-        args.output or args.dirs[0] / "LEADERBOARD.md",  # a committed leaderboard only when -o names it
+        out,
         reference=args.reference,
         git_sha=environment()["git_sha"],
         correct=args.holm,

@@ -118,9 +118,17 @@ def dry_run(name: str, args) -> int:
 def run_one(name: str, args) -> int:
     from .. import workflows
     from ..adapters import prepare_task
+    from ..records.store import RESULTS_FILE
+    from ..reporting.formats import render
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = workflows.check_backbones(task, args.backbone)
     executor = check_execution_options(args)  # workflows.run checks --reference against `names` first
-    return workflows.run(task, names, args.out, run_options(args), executor, reference=args.reference)
+    options = run_options(args)
+    done = workflows.run(task, names, args.out, options, executor, reference=args.reference)
+    if done.records:
+        print(render(done.tables))
+        path = args.out / task.name / RESULTS_FILE
+        workflows.write_results(path, task, options.config, done.summary, done.records, done.tables)
+    return done.code

@@ -30,7 +30,8 @@ from PIL import Image
 
 from ..errors import UserError
 from ..fingerprint import for_cache, stamp
-from ..paths import cache, sealed, verified
+from ..paths.entries import sealed, verified
+from ..paths.home import cache
 from .folder import DataMissingError
 from .imagenet_c import CORRUPTIONS, FAMILIES, SEVERITIES  # noqa: F401 (public names)
 
@@ -240,7 +241,7 @@ def cached(key: str, compute) -> tuple[ArraySet, bool]:
     """(the cached images and labels, hit). On a miss `compute()` -> (images, labels) is stored: written in a
     folder aside with its manifest (each array's size and checksum) and renamed, under a file lock, so
     concurrent runs generate an entry once. An entry is verified before it is read: a damaged one is set aside
-    and generated again (paths.verified)."""
+    and generated again (paths.entries.verified)."""
     from filelock import FileLock
 
     key = entry_name(key)

@@ -23,7 +23,7 @@ from PIL import Image
 
 from ..errors import UserError
 from ..hashing import sha256_file
-from ..paths import atomic_path
+from ..paths.writes import atomic_path
 
 SPLITS = ("train800", "val200", "train800val200", "test")
 MANIFEST = "MANIFEST.sha256"

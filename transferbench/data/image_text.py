@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..errors import UserError
-from ..paths import atomic_path
+from ..paths.writes import atomic_path
 from .folder import DataMissingError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..data.pixels import DEFAULT_PIXELS, normalise_uint8
+from ..settings.base import EVAL_BATCH
 
 log = logging.getLogger("transferbench")
 
@@ -161,7 +162,9 @@ class _InOrder(_Seeded):
         return super().__getitem__((i, None))
 
 
-def eval_batches(dataset, transform, *, batch: int = 256, workers: int = 0, per_example: bool = False) -> Iterator:
+def eval_batches(
+    dataset, transform, *, batch: int = EVAL_BATCH, workers: int = 0, per_example: bool = False
+) -> Iterator:
     if not per_example and batched(dataset, transform):
         return _array_eval_batches(dataset, transform, batch)
     return iter(
@@ -176,7 +179,7 @@ def _array_eval_batches(dataset, transform, batch: int) -> Iterator:
         yield transform.batch(transform.prepare(images[i : i + batch])), labels[i : i + batch]
 
 
-def array_batches(images: np.ndarray, labels, *, batch: int = 256, pixels: str = DEFAULT_PIXELS) -> Iterator:
+def array_batches(images: np.ndarray, labels, *, batch: int = EVAL_BATCH, pixels: str = DEFAULT_PIXELS) -> Iterator:
     """Batches of uint8 (N, H, W, 3) images already at the input size, normalised as the eval transform
     normalises them (`pixels`, data.pixels), converted a batch at a time."""
     labels = np.asarray(labels)

@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import UserError
+from ..paths.ledger import Ledger, current
 
 
 class Diverged(Exception):
@@ -42,7 +43,7 @@ class CellContext:
     whether the training steps run through torch.compile (`compile`: auto, the default, compiles them on CUDA;
     `compiles` resolves it)."""
 
-    device: str | None
+    device: str | None = None
     show_progress: bool = True
     data_dir: str | None = None
     workers: int = 0
@@ -180,18 +181,22 @@ def cell_code(adapter, backbone: str):
     from ..backbones.registry import backbone_code
     from ..fingerprint import CORE, DATA, of
 
-    return of(
-        (type(adapter).__module__, *backbone_code(backbone)), CORE + DATA + tuple(getattr(adapter, "libraries", ()))
-    )
+    return of((type(adapter).__module__, *backbone_code(backbone)), CORE + DATA + tuple(adapter.libraries))
 
 
 def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     """Run one cell where the executor put it and return its outcome (status, metrics, info, reason,
     seconds, environment, traceback, the fingerprint of the code that computed it, the cache entries it read
     and computed): everything its record needs besides the cell. A UserError comes back as {"stop": message}:
-    the runner stops the run with it."""
+    the runner stops the run with it. The cache entries are counted and checked in the ledger held in this process
+    (`paths.ledger`: the run's), or in the cell's own where none is (a Ray task, a cell computed alone)."""
+    ledger = current()
+    with ledger.held():
+        return _compute(adapter, cell, ctx, ledger)
+
+
+def _compute(adapter, cell, ctx: CellContext, ledger: Ledger) -> dict:
     from .. import arithmetic
-    from ..paths import TALLY, tally_since
 
     if ctx.device is None:
         ctx = dataclasses.replace(ctx, device=default_device())
@@ -199,7 +204,7 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         code = cell_code(adapter, cell.backbone).record()  # the code as the cell starts
     except UserError as e:
         return {"stop": str(e)}
-    before = TALLY.copy()
+    before = ledger.snapshot()
     arithmetic.begin((ctx.pins or {}).get(cell.key))
     started = time.time()
     metrics, info, reason, tb, samples = {}, {}, "", None, {}
@@ -235,14 +240,13 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
         "fingerprint": code,
         "arithmetic": arith,
         "outputs": outputs,
-        "caches": tally_since(before),
+        "caches": ledger.since(before),
         "traceback": tb,
         **({"samples": samples} if status == "ok" and samples else {}),
     }
 
 
 KILLED_WORKER = ("DataLoader worker", "killed by signal", "exited unexpectedly")
-RESUME = "then rerun the same command: finished cells are kept and the unfinished ones are computed again"
 
 
 def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
@@ -251,7 +255,8 @@ def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
     stops the run: every later cell would meet it too."""
     import errno
 
-    from ..paths import DISK_FULL, home, write_error
+    from ..paths.home import home
+    from ..paths.writes import DISK_FULL, RESUME, write_error
 
     if isinstance(e, OSError):
         # a full or read-only disk; a permission error may come from a read, and stays the cell's
@@ -269,13 +274,13 @@ def environment_fault(e: BaseException, ctx: CellContext) -> str | None:
                 ),
             ):
                 if root and Path(root).expanduser().resolve() in (missing.resolve(), *missing.resolve().parents):
-                    return f"{name} {root}: {missing} vanished while a cell was reading it; {fix}, {RESUME}"
+                    return f"{name} {root}: {missing} vanished while a cell was reading it; {fix}, then {RESUME}"
     text = str(e)
     if isinstance(e, RuntimeError) and KILLED_WORKER[0] in text and any(k in text for k in KILLED_WORKER[1:]):
         return (
             f"{text.splitlines()[0].strip()} (the system killed a data-loading process; the usual cause is the "
             f"out-of-memory killer): rerun with fewer --workers (--workers 0 loads in the cell's own process) or "
-            f"with more memory; {RESUME.removeprefix('then ')}"
+            f"with more memory; {RESUME}"
         )
     return None
 

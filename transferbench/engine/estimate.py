@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from ..backbones.registry import backbone_code
 from ..fingerprint import for_cache
 from ..hashing import digest
-from ..paths import cache, sealed, verified
+from ..paths.entries import sealed, verified
+from ..paths.home import cache
 
 log = logging.getLogger("transferbench")
 
@@ -49,15 +50,13 @@ class Stage:
 
 def shape_of(task, cell) -> tuple[str, int]:
     """The model shape a cell trains: the backbone's architecture name and the side of its images, as its adapter
-    says (224 for an adapter that does not)."""
-    size = getattr(task.adapter, "input_size", None)
-    return cell.backbone_name, int(size(cell)) if size else 224
+    says (`Adapter.input_size`)."""
+    return cell.backbone_name, int(task.adapter.input_size(cell))
 
 
 def training_images(task, cell) -> int:
-    """The images `cell` trains the backbone on, as its adapter counts them (0 for an adapter that does not say)."""
-    count = getattr(task.adapter, "training_images", None)
-    return count(cell) if count else 0
+    """The images `cell` trains the backbone on, as its adapter counts them (`Adapter.training_images`)."""
+    return int(task.adapter.training_images(cell))
 
 
 def trained_shapes(task, cells: list) -> list[tuple[str, int]]:

@@ -11,6 +11,7 @@ import torch
 
 from ..arithmetic import output
 from ..data.pixels import DEFAULT_PIXELS
+from ..settings.base import EVAL_BATCH
 from .batches import array_batches, eval_batches
 from .precision import autocast
 
@@ -37,7 +38,7 @@ class Evaluation:
 
     device: str
     bf16: bool
-    batch: int = 256
+    batch: int = EVAL_BATCH
     workers: int = 0
     progress: object = None
     desc: str = "evaluate"

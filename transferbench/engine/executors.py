@@ -9,6 +9,10 @@ need no shared file system for them, and a worker that dies leaves nothing behin
 - `RayExecutor`: one Ray task per cell on a Ray cluster (`--executor ray`; extra `scale`).
 
 `submit(cell)` returns a `concurrent.futures.Future` of the cell's outcome (`engine.compute.compute_cell`).
+The cache entries a cell meets are counted and checked in the run's ledger of the process that computes it
+(`paths.ledger`): the driver's for `InlineExecutor`, each worker's own for `PoolExecutor` (a worker serves one run),
+and the cell's own in a Ray task (a Ray worker outlives the run).
+
 A future that fails with `WorkerLost` means that the process computing it died (kill -9, the out-of-memory
 killer, a lost node): the runner submits the cell again or records it failed. `slots` is how many cells
 may be in flight at once.
@@ -25,6 +29,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from ..errors import UserError
+from ..paths.ledger import Ledger
 
 EXECUTORS = ("local", "ray")
 
@@ -135,6 +140,7 @@ def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.
     torch.set_num_threads(threads)
     threadpool_limits(threads)  # numpy's BLAS (few-shot solvers, statistics) too
     pid.value = os.getpid()
+    Ledger().hold()  # this worker's ledger for the run (paths.ledger): the pool and its workers live for one run
 
 
 def _compute_in_worker(adapter, cell, ctx) -> dict:
@@ -267,7 +273,9 @@ def local_checkpoint(cell, checkpoint_ref) -> Path:
     store written into $TRANSFERBENCH_HOME/checkpoints/<sha256><suffix> (atomically: tasks on one node may
     race)."""
     from ..hashing import file_sha256
-    from ..paths import atomic_path, cache, entry_lock, quarantine
+    from ..paths.entries import entry_lock, quarantine
+    from ..paths.home import cache
+    from ..paths.writes import atomic_path
 
     path = Path(cell.checkpoint)
     if path.is_file() and file_sha256(path) == cell.checkpoint_sha256:
@@ -316,8 +324,6 @@ class RayExecutor:
         runtime_env: dict | None = None,
         init: dict | None = None,
     ):
-        if cpus_per_cell <= 0:
-            raise UserError(f"--cpus-per-cell must be > 0, got {cpus_per_cell}")
         if gpus_per_cell is not None and gpus_per_cell < 0:
             raise UserError(f"--gpus-per-cell must be >= 0, got {gpus_per_cell}")
         self.address, self.cpus, self.gpus = address, cpus_per_cell, gpus_per_cell
@@ -431,15 +437,24 @@ def make_executor(
     cpus_per_cell: float | None = None,
     gpus_per_cell: float | None = None,
 ):
-    """The executor that `transferbench run --executor NAME` asks for (`jobs` None: `default_jobs()` locally)."""
+    """The executor that `transferbench run --executor NAME` asks for (`jobs` None: `default_jobs()` locally). Every
+    execution flag of the executors is checked here: a bad one is one line (UserError)."""
+    if cpus_per_cell is not None and not cpus_per_cell > 0:
+        raise UserError(f"--cpus-per-cell must be > 0, got {cpus_per_cell}")
     if name == "local":
+        if cpus_per_cell is not None and cpus_per_cell != int(cpus_per_cell):
+            raise UserError(
+                f"--cpus-per-cell {cpus_per_cell:g}: the local executor gives each cell that many torch threads, a "
+                "whole number (fractions of a CPU are for --executor ray)"
+            )
+
         jobs = default_jobs() if jobs is None else jobs
         if address is not None or gpus_per_cell is not None:
             raise UserError(
                 "--address and --gpus-per-cell are for --executor ray; the local executor takes --jobs "
                 "(each job gets its share of the cores and, with several GPUs, its own)"
             )
-        threads = None if cpus_per_cell is None else max(1, int(cpus_per_cell))
+        threads = None if cpus_per_cell is None else int(cpus_per_cell)
         return InlineExecutor(threads) if jobs == 1 else PoolExecutor(jobs, threads)
     if name == "ray":
         if jobs not in (None, 1):

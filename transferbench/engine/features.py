@@ -6,7 +6,7 @@ representation (pre-logits, and which pooling), the transform (resolution, resiz
 that compute them (`code`: the extractor, the data readers and transforms, the backbone family's modules and a `py:`
 model's own). Change any one and the cache misses. Entries are `.npz` files (features float32, labels int64) under
 $TRANSFERBENCH_HOME/features, written atomically with their size and checksum beside them (`KEY.npz.digest`),
-checked before a hit is read: a damaged entry is set aside and computed again (paths.verified).
+checked before a hit is read: a damaged entry is set aside and computed again (paths.entries.verified).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 from ..arithmetic import output
 from ..backbones.registry import backbone_code
 from ..fingerprint import Fingerprint, for_cache
-from ..paths import cache, sealed, verified
+from ..paths.entries import sealed, verified
+from ..paths.home import cache
+from ..settings.base import EVAL_BATCH
 from .evaluate import Evaluation
 
 log = logging.getLogger("transferbench")
@@ -30,7 +32,7 @@ def cache_dir() -> Path:
     return cache("features")
 
 
-def precision(setting, device: str, *, backbone: str, resolution: int, pool: str, build, batch: int = 256):
+def precision(setting, device: str, *, backbone: str, resolution: int, pool: str, build, batch: int = EVAL_BATCH):
     """bf16 or fp32 for extracting this backbone's features (engine.precision: `auto` probes a forward of
     `batch` images on a cache miss of its own; `build()` makes the model only then)."""
     from .precision import forward_step, probe_images, resolve

@@ -34,7 +34,8 @@ import torch
 from ..arithmetic import note_precision, pinned
 from ..fingerprint import for_cache
 from ..hashing import digest
-from ..paths import cache, quarantine, sealed, verified
+from ..paths.entries import quarantine, sealed, verified
+from ..paths.home import cache
 
 PROBE_PAIRS = 7  # timed (fp32, bf16) step pairs at most ...
 PROBE_SECONDS = 2.0  # ... or fewer once this much time is spent (at least one pair)
@@ -186,7 +187,7 @@ def probe(step: Callable[[bool], None], pairs: int = PROBE_PAIRS, seconds: float
 
 
 def _read(path: Path) -> dict | None:
-    """A cached decision, or None where there is none; a damaged one is set aside (paths.verified) and probed
+    """A cached decision, or None where there is none; a damaged one is set aside (paths.entries.verified) and probed
     again."""
     if not verified(path, "bf16 probe cache entry"):
         return None

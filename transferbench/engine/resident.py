@@ -32,7 +32,8 @@ import torch
 
 from ..fingerprint import for_cache
 from ..hashing import digest
-from ..paths import cache, sealed, verified
+from ..paths.entries import sealed, verified
+from ..paths.home import cache
 
 log = logging.getLogger("transferbench")
 RESIDENT_BYTES = 1 << 30

@@ -3,6 +3,7 @@ against a second run writing into the same folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -16,42 +17,15 @@ from tqdm.auto import tqdm
 
 from ..cell import DEFAULT_PIXELS
 from ..errors import UserError
-from ..fingerprint import differences
+from ..fingerprint import STALE, differences
+from ..paths.ledger import Ledger
 from ..records.aggregate import select_best
 from ..records.store import FINISHED, RecordStore, Timeout, record_of
-from .compute import (  # the names other modules and plugins import from here
-    CellContext,
-    Diverged,
-    cell_code,
-    check_finite,
-    compute_cell,
-    default_device,
-    environment,
-    lost_outcome,
-)
+from .compute import CellContext, cell_code, lost_outcome
 
-__all__ = [
-    "CellContext",
-    "Diverged",
-    "Results",
-    "RunSummary",
-    "STALE",
-    "cell_code",
-    "check_finite",
-    "compute_cell",
-    "default_device",
-    "environment",
-    "headline",
-    "lost_outcome",
-    "run_task",
-]
+__all__ = ["Results", "RunOptions", "RunSummary", "headline", "run_task"]
 
 log = logging.getLogger("transferbench")
-
-# what `run` does with a finished cell whose record another code computed (its fingerprint differs from the code's at
-# hand): stop before computing anything and say so (the default), compute it again, or keep it (reports then name
-# both fingerprints)
-STALE = ("stop", "recompute", "keep")
 
 
 class Results:
@@ -134,38 +108,33 @@ class RunSummary:
         )
 
 
-@dataclass
-class RunOptions:
+@dataclass(kw_only=True)
+class RunOptions(CellContext):
     """How a task's cells run: the one options object from the command line (`cli.options.run_options`) to the
-    runner and each cell's context. None of them is part of a cell key."""
+    runner, each cell's context (the fields of `CellContext` it extends) and the records' `config`. None of them
+    is part of a cell key. It checks its values when made: a bad one is one line (UserError)."""
 
     force: bool = False
-    stale: str | None = None  # None: stop on records of other code (STALE: stop | recompute | keep)
-    device: str | None = None
-    data_dir: str | None = None
-    workers: int = 0
-    micro_batch: int | None = None
-    show_progress: bool = True
-    log_samples: bool = False
-    compile: bool | str = "auto"  # auto | on | off (engine.compute.compiles)
+    stale: str | None = None  # None: stop on records of other code (fingerprint.STALE: stop | recompute | keep)
     retries: int = 1
     executor_name: str = "local"
     jobs: int = 1
     config: dict = field(default_factory=dict)  # the resolved options, stored in each record
-    pins: dict | None = None  # cell key -> the precision of each `bf16: auto` step (nightly: the baseline's choices)
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.workers >= 0, f"--workers must be >= 0, got {self.workers}"),
+            (self.micro_batch is None or self.micro_batch >= 1, f"--micro-batch must be >= 1, got {self.micro_batch}"),
+            (self.retries >= 0, f"--retries must be >= 0, got {self.retries}"),
+            (self.stale in (None, *STALE), f"--stale {self.stale!r} is not one of {', '.join(STALE)}"),
+        )
+        for ok, problem in checks:
+            if not ok:
+                raise UserError(problem)
 
     def context(self) -> CellContext:
-        """What each cell's `run` gets of these options."""
-        return CellContext(
-            self.device,
-            self.show_progress,
-            self.data_dir,
-            self.workers,
-            self.micro_batch,
-            self.log_samples,
-            self.compile,
-            self.pins,
-        )
+        """What each cell's `run` gets of these options: the fields of CellContext."""
+        return CellContext(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CellContext)})
 
 
 def run_task(
@@ -190,8 +159,6 @@ def run_task(
 
     options = options or RunOptions()
     stale = options.stale or "stop"
-    if stale not in STALE:
-        raise ValueError(f"stale={stale!r}; one of {', '.join(STALE)}")
 
     adapter = adapter or task.adapter
     if adapter is None:
@@ -227,6 +194,7 @@ class _TaskRun:
         self.check = CodeCheck(adapter)  # whether a finished cell's record is of the code at hand
         self.results = Results(store, None if stale == "keep" else self.check.current)
         self.summary = RunSummary(uuid.uuid4().hex[:12], stale_policy=stale)
+        self.ledger = Ledger()  # the cache entries that the cells computed in this process meet (paths.ledger)
         self.attempted: set[str] = set()  # planned in this run: computed, skipped, or queued (failed ones wait)
         self.queue: deque = deque()  # cells to compute: plan order, newly unlocked ones first
         self.held: dict[str, object] = {}  # cells whose lock another run holds: computed or skipped once it lets go
@@ -348,18 +316,19 @@ class _TaskRun:
         return True
 
     def run(self, ctx) -> RunSummary:
-        self.executor.start(self.adapter, ctx)
-        interrupted = True
-        try:
-            while self.step():
-                pass
-            self.show()
-            interrupted = False
-        finally:
-            self.executor.close(interrupted=interrupted)
-            for _cell, lock, _ in self.inflight.values():  # interrupted: nothing of theirs was written
-                lock.release()
-            self.bar.close()
+        with self.ledger.held():  # while the run lasts: the inline executor's cells count in it
+            self.executor.start(self.adapter, ctx)
+            interrupted = True
+            try:
+                while self.step():
+                    pass
+                self.show()
+                interrupted = False
+            finally:
+                self.executor.close(interrupted=interrupted)
+                for _cell, lock, _ in self.inflight.values():  # interrupted: nothing of theirs was written
+                    lock.release()
+                self.bar.close()
         return self.summary
 
 

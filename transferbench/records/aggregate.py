@@ -15,12 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hashing import canon
+from .record import latest, value
 from .stats import Estimate, mean_ci
 from .store import read_samples
-
-
-def _value(rec: dict, split: str):
-    return (rec.get("metrics") or {}).get(split, {}).get(rec["metric"]) if rec["status"] == "ok" else None
 
 
 def select_best(records: list[dict], select: tuple | list, mode: str) -> dict | None:
@@ -28,7 +25,7 @@ def select_best(records: list[dict], select: tuple | list, mode: str) -> dict | 
     Ties go to the first setting in sorted order, so the choice is deterministic."""
     by_setting = defaultdict(list)
     for r in records:
-        v = _value(r, "val")
+        v = value(r, "val")
         if v is not None:
             by_setting[canon({k: r["hparams"][k] for k in select})].append(v)
     if not by_setting:
@@ -38,7 +35,7 @@ def select_best(records: list[dict], select: tuple | list, mode: str) -> dict | 
     return json.loads(best)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Entry:
     task: str
     protocol_version: str
@@ -129,33 +126,33 @@ def aggregate(records: list[dict]) -> list[Entry]:
                 finals = [
                     r
                     for r in grp
-                    if all(r["hparams"][k] == v for k, v in chosen.items()) and _value(r, "test") is not None
+                    if all(r["hparams"][k] == v for k, v in chosen.items()) and value(r, "test") is not None
                 ]
-                for r in sorted(finals, key=lambda r: r.get("finished_at", "")):
-                    per_seed[int(r["seed"])] = float(_value(r, "test"))  # the latest record of a seed wins
+                for r in latest(finals):  # the latest record of a seed wins
+                    per_seed[int(r["seed"])] = value(r, "test")
                     if r.get("samples"):
                         got = read_samples(r, "test")
                         if got is not None:
                             samples[int(r["seed"])] = got
             entries.append(
                 Entry(
-                    task,
-                    first["protocol_version"],
-                    dataset,
-                    column,
-                    first.get("group"),
-                    first["order"],
-                    axis_values,
-                    backbone,
-                    first["metric"],
-                    first["mode"],
-                    chosen or {},
-                    per_seed,
-                    mean_ci(list(per_seed.values())) if per_seed else None,
-                    counts,
-                    note,
-                    str(first["hparams"].get("pixels", "")),
-                    samples,
+                    task=task,
+                    protocol_version=first["protocol_version"],
+                    dataset=dataset,
+                    column=column,
+                    group=first.get("group"),
+                    order=first["order"],
+                    axes=axis_values,
+                    backbone=backbone,
+                    metric=first["metric"],
+                    mode=first["mode"],
+                    selected=chosen or {},
+                    per_seed=per_seed,
+                    estimate=mean_ci(list(per_seed.values())) if per_seed else None,
+                    counts=counts,
+                    note=note,
+                    pixels=str(first["hparams"].get("pixels", "")),
+                    samples=samples,
                 )
             )
     return entries

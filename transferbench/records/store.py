@@ -23,7 +23,9 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import UserError
-from ..paths import atomic_path, portable, quarantine, remove_stale_temps
+from ..paths.entries import quarantine
+from ..paths.portable import portable
+from ..paths.writes import atomic_path, remove_stale_temps
 
 log = logging.getLogger("transferbench")
 
@@ -213,7 +215,8 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
     for d in dirs:
         d = Path(d)
         if not d.is_dir():
-            raise UserError(f"records folder {d} does not exist (give the --out folder of a `transferbench run`)")
+            what = "is a file, not a records folder" if d.exists() else "does not exist"
+            raise UserError(f"records folder {d} {what} (give the --out folder of a `transferbench run`)")
         for p in sorted(d.rglob("*.json")):
             if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name == RESULTS_FILE:
                 continue

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cell import DIAGNOSTICS_REPORT
+from ..records.record import latest
 from ..records.stats import Estimate, estimate, half_width, pool
 from .figures import colour, finish, pyplot
 from .formats import to_markdown
 from .kinds import Report
 from .tables import Cellv, TaskTable
 
-REPORT = "diagnostics"
 DEPTH_MEASURES = {  # key -> title
     "patch_cosine": "patch cosine similarity",
     "attn_std": "attention row std",
@@ -41,18 +42,32 @@ DECIMALS = {
 
 
 def is_diagnostics(record: dict) -> bool:
-    return record.get("report") == REPORT
+    return record.get("report") == DIAGNOSTICS_REPORT
+
+
+def _table(task: str, versions: list, dataset: str, metric: str, columns: list, **more) -> TaskTable:
+    """A diagnostics table: one dataset's measure per column, no group columns, no better or worse (`mode` none)."""
+    return TaskTable(
+        task=task,
+        protocol_versions=versions,
+        metric=metric,
+        mode="none",
+        columns=columns,
+        group_columns=[],
+        setting=dataset,
+        **more,
+    )
 
 
 def collect(records: list[dict]) -> dict:
     """(task, dataset) -> {"order", "versions", "forward": backbone -> [diag per seed], "gradients": same}; the
     latest record of a (backbone, seed, stage) wins."""
-    latest = {}
-    for r in sorted(records, key=lambda r: r.get("finished_at", "")):
+    newest = {}
+    for r in latest(records):
         if r["status"] == "ok" and is_diagnostics(r):
-            latest[(r["task"], r["dataset"], r["backbone"], r["stage"], int(r["seed"]))] = r
+            newest[(r["task"], r["dataset"], r["backbone"], r["stage"], int(r["seed"]))] = r
     out: dict = {}
-    for (task, ds, b, stage, _seed), r in sorted(latest.items()):
+    for (task, ds, b, stage, _seed), r in sorted(newest.items()):
         t = out.setdefault(
             (task, ds),
             {
@@ -105,14 +120,12 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             depth = max(len(m) for m, _, _ in curves.values())
             cols = [f"L{i}" for i in range(depth)]
             what = "images" if key != "grad_norm" else "steps"
-            table = TaskTable(
+            table = _table(
                 task,
                 versions,
+                ds,
                 DEPTH_MEASURES[key],
-                "none",
                 cols,
-                [],
-                setting=ds,
                 decimals=DECIMALS[key],
                 pixels=dict(t["pixels"]),
                 footnote=f"Cells: mean ± 95% CI half-width (t-interval over the {what} of all seeds); "
@@ -138,14 +151,12 @@ def _upstream_tables(task, ds, versions, t) -> list[TaskTable]:
         return []
     depth = max(len(u["grad_norm_last"]) for u in logs.values())
     cols = ["embed", *[f"L{i}" for i in range(depth)]]
-    table = TaskTable(
+    table = _table(
         task,
         versions,
+        ds,
         "upstream gradient norm per layer (pretraining's last steps)",
-        "none",
         cols,
-        [],
-        setting=ds,
         decimals=3,
         footnote="The L2 norm of each block's (and the patch embedding's) parameter gradients, before "
         "clipping, averaged over the last steps of the checkpoint's upstream training (DPN "
@@ -171,14 +182,12 @@ def _dtn_tables(task, ds, versions, t) -> list[TaskTable]:
             continue
         heads = len(norms[0]["width"])
         cols = [f"{what} h{h}" for what in ("λμ", "λσ", "width") for h in range(heads)]
-        table = TaskTable(
+        table = _table(
             task,
             versions,
+            ds,
             f"DTN per norm and head of {b}",
-            "none",
             cols,
-            [],
-            setting=ds,
             decimals=3,
             row_label="block.norm",
             footnote="λμ = sigmoid(mix_mean), λσ = sigmoid(mix_var) (1: LayerNorm's statistics, 0: "
@@ -202,14 +211,12 @@ def _stem_tables(task, ds, versions, t) -> list[TaskTable]:
         return []
     channels = min(m.shape[0] for m in rows.values())
     cols = [f"{c} {s}" for c in "RGB"[:channels] for s in ("mean", "min", "max")]
-    table = TaskTable(
+    table = _table(
         task,
         versions,
+        ds,
         "stem LayerNorm scale per colour channel",
-        "none",
         cols,
-        [],
-        setting=ds,
         decimals=3,
         footnote="The first LayerNorm's scale over the p x p pixels of each channel (the maps are in the figure).",
     )

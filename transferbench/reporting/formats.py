@@ -232,6 +232,11 @@ def to_latex(t: TaskTable) -> str:
 FORMATS = ("md", "csv", "json", "long", "latex")
 
 
+def json_data(tables: list[TaskTable], header: dict | None = None) -> dict:
+    """The json format's object: a header with what made the tables, then a row per cell."""
+    return {"header": header or {}, "rows": [r for t in tables for r in to_rows(t)]}
+
+
 def render(tables: list[TaskTable], fmt: str = "md", header: dict | None = None) -> str:
     """The tables as markdown, LaTeX (booktabs), csv (a row per cell), long (csv, a row per seed) or json (a
     header with what made them, then the rows)."""
@@ -239,9 +244,9 @@ def render(tables: list[TaskTable], fmt: str = "md", header: dict | None = None)
         return "\n".join(to_markdown(t) for t in tables)
     if fmt == "latex":
         return "\n".join(to_latex(t) for t in tables)
-    rows = [r for t in tables for r in (seed_rows(t) if fmt == "long" else to_rows(t))]
     if fmt == "json":
-        return json.dumps({"header": header or {}, "rows": rows}, indent=1)
+        return json.dumps(json_data(tables, header), indent=1)
+    rows = [r for t in tables for r in (seed_rows(t) if fmt == "long" else to_rows(t))]
     if fmt in ("csv", "long"):
         buf = io.StringIO()
         if rows:

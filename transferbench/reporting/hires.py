@@ -8,22 +8,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..records.record import latest
 from ..records.stats import mean_ci, suite_mean
 from .kinds import Report
 from .tables import Cellv, TaskTable, check_reference, pair, seed_counts, stem_references
 
-REPORT = "hires"
 PARTS = ("base", "high", "gain")
-
-
-def is_hires(record: dict) -> bool:
-    return record.get("report") == REPORT
 
 
 def collect(records: list[dict]) -> dict:
     """(task, base px, high px) -> {"rows": backbone -> dataset -> part -> {seed: accuracy}, "order", "versions"}."""
     out: dict = {}
-    for r in sorted(records, key=lambda r: r.get("finished_at", "")):  # the latest record of a seed wins
+    for r in latest(records):  # the latest record of a seed wins
         if r["status"] != "ok" or r.get("stage") not in ("base", "high"):
             continue
         key = (r["task"], int(r["hparams"]["base_resolution"]), int(r["hparams"]["resolution"]))
@@ -57,12 +53,12 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
         columns = [f"{d} {p}" for d in datasets for p in PARTS]
         means = [f"mean {p}" for p in PARTS] if len(datasets) > 1 else []
         table = TaskTable(
-            task,
-            sorted(t["versions"]),
-            "accuracy, %",
-            "max",
-            columns + means,
-            means,
+            task=task,
+            protocol_versions=sorted(t["versions"]),
+            metric="accuracy, %",
+            mode="max",
+            columns=columns + means,
+            group_columns=means,
             setting=f"base {base} px → high {high} px; gain = high − base, paired by seed",
             pixels=dict(t["pixels"]),
             members={f"mean {p}": [f"{d} {p}" for d in datasets] for p in PARTS} if means else {},

@@ -6,16 +6,31 @@ import math
 
 from tabulate import tabulate
 
-from ..records.gate import (
-    FLOOR,
-    LOSS_FLOOR,
-    POOLED_FLOOR,
-    SIGNAL_NOISE,
-    SPREAD_FLOOR,
-    Gate,
-    decide,
-    words,
-)
+from ..records.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, SPREAD_FLOOR, Comparison, Kind
+from ..records.comparisons import Verdict as V
+from ..records.gate import Gate, decide
+from ..records.match import CellKey, ExactCell, value_text
+
+
+def words(axes: dict) -> str:
+    """Axes in words: `shots=25, lr=0.01`."""
+    return ", ".join(f"{k}={value_text(v)}" for k, v in axes.items())
+
+
+def setting(x: Comparison) -> str:
+    """A cell comparison's stage and axes in words: `final lr=0.01`."""
+    return " ".join(y for y in (x.stage, words(x.axes)) if y)
+
+
+def cell_name(x: ExactCell) -> str:
+    """`task / dataset / backbone stage axes seed N`."""
+    k = x.key
+    axes = f" {words(x.axes)}" if x.axes else ""
+    return f"{k.task} / {k.dataset} / {k.backbone} {k.stage}{axes} seed {k.seed}".replace("  ", " ")
+
+
+def _key(k: CellKey) -> str:
+    return f"{k.task} / {k.dataset} / {k.backbone} {k.stage} seed {k.seed}"
 
 
 def verdict(
@@ -56,22 +71,22 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
 def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
     """The verdict line, the counts and how a test fires."""
     lines: list[str] = []
-    cells = g.of("cell")
-    counts = {v: sum(c.verdict == v for c in cells) for v in ("regressed", "improved", "unchanged", "untested")}
-    pooled_bad = g.of("pooled", "regressed")
-    spread = g.of("spread", "spread")
+    cells = g.of(Kind.CELL)
+    counts = {v: sum(c.verdict == v for c in cells) for v in (V.REGRESSED, V.IMPROVED, V.UNCHANGED, V.UNTESTED)}
+    pooled_bad = g.of(Kind.POOLED, V.REGRESSED)
+    spread = g.of(Kind.SPREAD, V.SPREAD)
     head = f"**{'REGRESSION' if reasons else 'OK'}**" + (f" ({', '.join(reasons)})" if reasons else "")
     lines += [
         f"# {title}",
         "",
         f"{head}: {_tiers(g)}",
         "",
-        f"Statistical tier: {counts['regressed']} regressed, {counts['improved']} improved, "
-        f"{counts['unchanged']} unchanged, "
-        f"{counts['untested']} untested of {len(cells)} compared; pooled over each task and backbone "
-        f"{len(pooled_bad)} regressed, {len(g.of('pooled', 'improved'))} improved of {len(g.of('pooled'))}, "
-        f"{len(g.of('moved', 'moved'))} moved either way, {len(g.of('noise', 'noise'))} beyond arithmetic noise, "
-        f"{len(g.of('shift', 'shift'))} consistent shifts; "
+        f"Statistical tier: {counts[V.REGRESSED]} regressed, {counts[V.IMPROVED]} improved, "
+        f"{counts[V.UNCHANGED]} unchanged, "
+        f"{counts[V.UNTESTED]} untested of {len(cells)} compared; pooled over each task and backbone "
+        f"{len(pooled_bad)} regressed, {len(g.of(Kind.POOLED, V.IMPROVED))} improved of {len(g.of(Kind.POOLED))}, "
+        f"{len(g.of(Kind.MOVED, V.MOVED))} moved either way, {len(g.of(Kind.NOISE, V.NOISE))} beyond arithmetic noise, "
+        f"{len(g.of(Kind.SHIFT, V.SHIFT))} consistent shifts; "
         f"{len(spread)} seed spreads changed; "
         f"{len(g.unaccepted)} protocol changes"
         + (f" ({len(g.protocol) - len(g.unaccepted)} accepted)" if len(g.protocol) > len(g.unaccepted) else "")
@@ -127,7 +142,7 @@ def _protocol_section(g: Gate) -> list[str]:
 def _pooled_section(g: Gate) -> list[str]:
     """The pooled test of each task and backbone."""
     lines: list[str] = []
-    pooled = g.of("pooled")
+    pooled = g.of(Kind.POOLED)
     if pooled:
         lines += [
             "## Pooled over each task and backbone",
@@ -160,8 +175,8 @@ def _moved_section(g: Gate) -> list[str]:
     lines: list[str] = []
     either = [
         x
-        for x in g.of("moved") + g.of("noise")
-        if x.verdict in ("moved", "noise", "see pooled") or (x.p is not None and x.p < g.alpha)
+        for x in g.of(Kind.MOVED) + g.of(Kind.NOISE)
+        if x.verdict in (V.MOVED, V.NOISE, V.SEE_POOLED) or (x.p is not None and x.p < g.alpha)
     ]
     if either:
         lines += [
@@ -177,10 +192,10 @@ def _moved_section(g: Gate) -> list[str]:
                         x.task,
                         x.backbone,
                         x.metric,
-                        "seed spread" if x.kind == "moved" else "noise model",
+                        "seed spread" if x.kind == Kind.MOVED else "noise model",
                         x.n,
                         f"{x.current:.3g}",
-                        f"{x.baseline:.3g}" if x.kind == "noise" else "",
+                        f"{x.baseline:.3g}" if x.kind == Kind.NOISE else "",
                         _p(x.p),
                         x.verdict,
                     ]
@@ -199,7 +214,7 @@ def _moved_section(g: Gate) -> list[str]:
 def _spread_section(g: Gate) -> list[str]:
     """The seed-spread tests that fired or came close."""
     lines: list[str] = []
-    spreads = [x for x in g.of("spread") if x.verdict == "spread" or (x.p is not None and x.p < g.alpha)]
+    spreads = [x for x in g.of(Kind.SPREAD) if x.verdict == V.SPREAD or (x.p is not None and x.p < g.alpha)]
     if spreads:
         lines += [
             "## Seed spread",
@@ -242,7 +257,7 @@ def _cell_sections(g: Gate) -> list[str]:
         "n",
         "setting",
     ]
-    for heading, rows in (("Regressions", g.of("cell", "regressed")), ("Improvements", g.of("cell", "improved"))):
+    for heading, rows in (("Regressions", g.of(Kind.CELL, V.REGRESSED)), ("Improvements", g.of(Kind.CELL, V.IMPROVED))):
         if rows:
             lines += [
                 f"## {heading}",
@@ -261,7 +276,7 @@ def _cell_sections(g: Gate) -> list[str]:
                             f"[{_num(x.low)}, {_num(x.high)}]" if x.low is not None else "",
                             _p(x.p),
                             x.n,
-                            x.setting,
+                            setting(x),
                         ]
                         for x in rows
                     ],
@@ -351,7 +366,7 @@ def _first_50(lines: list[str]) -> list[str]:
 
 
 def _cell_list(cells, tail) -> list[str]:
-    return _first_50([f"- {x.cell}{tail(x)}" for x in cells])
+    return _first_50([f"- {cell_name(x)}{tail(x)}" for x in cells])
 
 
 def _failed_section(failed) -> list[str]:
@@ -391,8 +406,15 @@ def _missing_sections(g: Gate) -> list[str]:
         lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
     if g.nonfinite:
         lines += ["## Non-finite values", "", "A metric that is NaN or infinite on either side fails the night:", ""]
-        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {seed}: {k[5]} {k[6]}" for k, seed in g.nonfinite])
-    shifts = [x for x in g.of("shift") if x.verdict in ("shift", "see pooled") or (x.p is not None and x.p < g.alpha)]
+        lines += _first_50(
+            [
+                f"- {k.task} / {k.dataset} / {k.backbone} {k.stage} seed {seed}: {k.split} {k.metric}"
+                for k, seed in g.nonfinite
+            ]
+        )
+    shifts = [
+        x for x in g.of(Kind.SHIFT) if x.verdict in (V.SHIFT, V.SEE_POOLED) or (x.p is not None and x.p < g.alpha)
+    ]
     if shifts:
         lines += [
             "## Consistent shifts",
@@ -410,7 +432,7 @@ def _missing_sections(g: Gate) -> list[str]:
         ]
     if g.vanished:
         lines += ["## Vanished metrics", ""]
-        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}: {s} {m}" for k, s, m in g.vanished])
+        lines += _first_50([f"- {_key(v.cell)}: {v.split} {v.metric}" for v in g.vanished])
     if g.stale:
         lines += [
             "## Kept from other code",
@@ -419,12 +441,12 @@ def _missing_sections(g: Gate) -> list[str]:
             "and backbone (`--stale keep`): not judged, counted as missing.",
             "",
         ]
-        lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}" for k in g.stale])
+        lines += _first_50([f"- {_key(k)}" for k in g.stale])
     for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
         if keys:
-            axes = lambda k: f" ({_axes_text(k[5])})" if k[5] != "{}" else ""  # noqa: E731
+            axes = lambda k: f" ({_axes_text(k.axes)})" if k.axes != "{}" else ""  # noqa: E731
             lines += [f"## {heading}", ""]
-            lines += _first_50([f"- {k[0]} / {k[1]} / {k[2]} {k[3]} seed {k[4]}{axes(k)}" for k in keys])
+            lines += _first_50([f"- {_key(k)}{axes(k)}" for k in keys])
     return lines
 
 
@@ -435,8 +457,9 @@ def _axes_text(key: str) -> str:
 
 
 def _selection(s) -> str:
-    task, dataset, backbone, ax, seed, before, after = s
-    return f"{task} / {dataset} / {backbone}{f' {ax}' if ax else ''} seed {seed}: {before} → {after}"
+    ax = words(s.axes)
+    cell = f"{s.task} / {s.dataset} / {s.backbone}{f' {ax}' if ax else ''} seed {s.seed}"
+    return f"{cell}: {words(s.before)} → {words(s.after)}"
 
 
 def _direction(g: Gate) -> str:

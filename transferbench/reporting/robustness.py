@@ -9,7 +9,7 @@ seeds, paired differences vs a reference) and the error-vs-severity figure.
 
 E_base is AlexNet's published error on ImageNet; on any other dataset, where AlexNet's does not exist,
 the row's reference backbone's mean error over its seeds (so the reference scores 100 and the others are
-measured in its units). The formulas are `records.stats.mce` and `relative_mce`; this module renders them.
+measured in its units). The formulas are `data.imagenet_c.mce` and `relative_mce`; this module renders them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, FAMILIES  # noqa: F401 (public names)
-from ..records.stats import mce, mean_ci, relative_mce
+from ..data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, FAMILIES, mce, relative_mce  # noqa: F401 (public names)
+from ..records.record import latest
+from ..records.stats import mean_ci
 from .figures import plot_deltas
 from .formats import to_markdown
 from .kinds import Report
@@ -48,22 +49,17 @@ SHORT = dict(
         ),
     )
 )
-REPORT = "corruption"  # the report kind the robustness cells name
 CLEAN, MCE, REL_MCE = "clean err", "mCE", "rel. mCE"
 
 
 # --- records -> tables ------------------------------------------------------------------------------------
 
 
-def is_robustness(record: dict) -> bool:
-    return record.get("report") == REPORT
-
-
 def _collect(records: list[dict]) -> dict:
     """(task, dataset) -> backbone -> {"clean": {seed: err}, "sev": {corruption: {seed: [e1..e5]}}, ...}."""
     out: dict = defaultdict(lambda: defaultdict(lambda: {"clean": {}, "sev": defaultdict(dict)}))
     meta: dict = {}
-    for r in sorted(records, key=lambda r: r.get("finished_at", "")):  # the latest record of a seed wins
+    for r in latest(records):  # the latest record of a seed wins
         if r["status"] != "ok":
             continue
         test = (r.get("metrics") or {}).get("test", {})
@@ -164,12 +160,12 @@ def _dataset_table(task, dataset, meta, by_backbone, base, base_clean, words, re
     present = [c for c in [CLEAN, *(SHORT[c] for c in CORRUPTIONS), MCE, REL_MCE] if any(c in p for p in per.values())]
     groups = [c for c in (MCE, REL_MCE) if c in present]
     t = TaskTable(
-        task,
-        sorted(meta["versions"]),
-        "top-1 error / CE, %",
-        "min",
-        present,
-        groups,
+        task=task,
+        protocol_versions=sorted(meta["versions"]),
+        metric="top-1 error / CE, %",
+        mode="min",
+        columns=present,
+        group_columns=groups,
         setting=f"{dataset}; {words}",
         pixels={b: v for b, v in meta.get("pixels", {}).items() if b in by_backbone},
         tally=[c for c in present if c not in groups],

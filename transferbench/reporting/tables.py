@@ -37,7 +37,7 @@ class Cellv:
     shared: bool = False  # a suite mean whose seeds are shared by its datasets (spec seed_scope: task)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaskTable:
     task: str
     protocol_versions: list[str]
@@ -249,12 +249,12 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
     group_columns = groups + ([ALL] if len(columns) > 1 and not wide else [])
     first = ents[0]
     t = TaskTable(
-        task,
-        sorted({e.protocol_version for e in ents}),
-        first.metric,
-        first.mode,
-        columns + group_columns,
-        group_columns,
+        task=task,
+        protocol_versions=sorted({e.protocol_version for e in ents}),
+        metric=first.metric,
+        mode=first.mode,
+        columns=columns + group_columns,
+        group_columns=group_columns,
         setting=setting,
         axes=dict(axes or {}),
     )

@@ -39,6 +39,7 @@ BF16_HELP = "bf16 autocast: auto (where a probe of this step measures it faster;
 # the sources of settings that are no paper's fact
 BF16_SOURCE = "no paper fixes it: bf16 autocast where it measures faster on the device (engine.precision)"
 EXECUTION = "an execution setting outside the protocol: the numbers do not depend on it"
+EVAL_BATCH = 256  # images per evaluation batch, the engine's default and the protocols' (an EXECUTION setting)
 
 
 def setting(default, source: str, help: str, *, keyed: bool = True, **constraints) -> Any:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import BF16, BF16_HELP, BF16_SOURCE, EXECUTION, PIXELS_HELP, Settings, setting
+from .base import BF16, BF16_HELP, BF16_SOURCE, EVAL_BATCH, EXECUTION, PIXELS_HELP, Settings, setting
 from .choices import ATTN_STD_TOKENS, AUGMENTATIONS, IMAGE_SAMPLES, LOSSES, POSEMB_METHODS
 
 APP_E = "DPN App. E (its big_vision config)"
@@ -109,7 +109,7 @@ class CorruptionSettings(FinetuneSettings):
         "auto: the checkpoint's head where it has the classes, else fine-tune | finetune | checkpoint",
     )
     lr: float = setting(0.01, CLASSIFIER, "learning rate of the classifier's fine-tuning", gt=0)
-    eval_batch: int = setting(256, EXECUTION, "images per evaluation batch", ge=1)
+    eval_batch: int = setting(EVAL_BATCH, EXECUTION, "images per evaluation batch", ge=1)
     render: int | None = setting(
         None,
         "hendrycks/robustness: ImageNet-C made at 224",

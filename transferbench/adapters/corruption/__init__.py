@@ -21,13 +21,13 @@ The clean error of a released set comes from the clean split with the same geome
 resolution / crop_pct, centre crop); of a generated set, from the rendered clean images themselves, so that
 clean and corrupted differ by the corruption alone.
 
-Modules: settings (the classifier under test and the corrupted data's entry), images (clean and corrupted images
-and their top-1 error), classifier (the classifier under test and its cache), adapter (the cells). The formulas,
-CE, mCE and relative mCE, are `records.stats.mce` and `relative_mce`.
+Modules: dataset (the corrupted data's entry), images (clean and corrupted images and their top-1 error),
+classifier (the classifier under test and its cache), adapter (the cells). The settings of the classifier under
+test are `settings.finetune.CorruptionSettings`; the formulas, CE, mCE and relative mCE, are
+`data.imagenet_c.mce` and `relative_mce`.
 """
 
-from ...data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS
-from ...records.stats import mce, relative_mce
+from ...data.imagenet_c import ALEXNET_CLEAN_ERROR, ALEXNET_ERRORS, CORRUPTIONS, mce, relative_mce
 from ...settings.finetune import CorruptionSettings
 from .adapter import CorruptionAdapter
 from .classifier import classifier, classifier_key, home_dir

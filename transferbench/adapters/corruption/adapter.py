@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ...cell import make_cell
+from ...cell import CORRUPTION_REPORT, make_cell
 from ...data.corruptions import INSTALL, LAYOUT, generator_identity
 from ...data.folder import DataMissingError
 from ...data.imagenet_c import CORRUPTIONS
@@ -14,7 +14,6 @@ from ...data.sources import require_tfds_name
 from ...engine.precision import for_forward
 from ...errors import UserError
 from ...fingerprint import CORRUPT
-from ...reporting.robustness import REPORT
 from ...settings.finetune import CorruptionSettings
 from ...spec import SpecError
 from ..base import Adapter
@@ -105,12 +104,20 @@ class CorruptionAdapter(Adapter):
                 names = corruption_list(hp["corruptions"])
                 base = {k: v for k, v in hp.items() if k != "corruptions"}
                 for seed in task.seeds:
-                    clf = make_cell(task, ds, backbone, base, seed, "classifier", report=REPORT)
+                    clf = make_cell(task, ds, backbone, base, seed, "classifier", report=CORRUPTION_REPORT)
                     cells.append(clf)
                     rec = results.store.get(clf)
                     if rec is not None and rec["status"] == "ok":
                         cells += [
-                            make_cell(task, ds, backbone, {**base, "corruption": c}, seed, "corruption", report=REPORT)
+                            make_cell(
+                                task,
+                                ds,
+                                backbone,
+                                {**base, "corruption": c},
+                                seed,
+                                "corruption",
+                                report=CORRUPTION_REPORT,
+                            )
                             for c in names
                         ]
         return cells

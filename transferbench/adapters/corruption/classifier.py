@@ -12,7 +12,8 @@ from ...backbones.registry import backbone_code
 from ...errors import UserError
 from ...fingerprint import for_cache
 from ...hashing import digest
-from ...paths import cache, sealed, verified
+from ...paths.entries import sealed, verified
+from ...paths.home import cache
 from ...settings.finetune import CorruptionSettings
 from ..classify import finetune
 from .dataset import TRAIN_KEYS, entry

@@ -10,6 +10,7 @@ from ...data.imagenet_c import CORRUPTIONS
 from ...data.sources import DatasetEntry
 from ...settings.choices import AUGMENTATIONS
 from ...settings.finetune import FinetuneSettings
+from ..base import validated_entry
 
 # what the classifier's fine-tuning reads: every setting of App. E's recipe (the loss and the pixels among them), so
 # that a classifier trained under other settings is never reused
@@ -33,7 +34,8 @@ class CorruptionDataset(DatasetEntry):
 
 
 def entry(cell) -> dict:
-    return CorruptionDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+    """A corruption cell's dataset entry (`Adapter.entry` for the adapter's modules below it)."""
+    return validated_entry(CorruptionDataset, cell.dataset, cell.dataset_config)
 
 
 def corruption_list(value) -> list[str]:

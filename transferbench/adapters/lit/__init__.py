@@ -21,9 +21,10 @@ prompts' normalised text embeddings averaged per class and normalised again; pre
 with the normalised image embedding. Retrieval on the held-out tail of the pairs: image -> text and
 text -> image recall@1/5, a hit being any item whose caption text equals the query's.
 
-Modules: settings (every setting with its default and source), towers (image and text towers, tokenizer,
-losses), pairs (the image-text pairs and their cached features), training (the text tower and its cache),
+Modules: towers (image and text towers, tokenizer, losses), pairs (the image-text pairs and their cached
+features), training (the text tower and its cache),
 zeroshot and retrieval (the two evaluators, as big_vision's proj/image_text splits them), adapter (the cell).
+Every setting, with its default and source, is `settings.lit.LitSettings`.
 """
 
 from ...settings.lit import LitSettings

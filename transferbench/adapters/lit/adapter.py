@@ -99,7 +99,7 @@ class LitAdapter(Adapter):
 
     def run(self, cell, ctx):
         s = self.settings_of(cell)
-        ds = LitDataset.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        ds = self.entry(cell.dataset, cell.dataset_config)
         frozen = FrozenFeatures.of(cell, s, ctx)  # the locked image tower (the text tower picks its own precision)
         views, captions, pairs_hit, pairs_key = pair_views(frozen, s)
         if not s.heldout < len(captions):

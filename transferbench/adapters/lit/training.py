@@ -14,7 +14,8 @@ from ...engine.batches import tensor_batches
 from ...engine.train import fit_settings, optimizer_options
 from ...fingerprint import for_cache
 from ...hashing import digest
-from ...paths import cache, sealed, verified
+from ...paths.entries import sealed, verified
+from ...paths.home import cache
 from ...settings.lit import LitSettings
 from .towers import LitModel, contrastive_loss, parameter_groups, text_config, tokenizer
 

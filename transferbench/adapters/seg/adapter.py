@@ -194,7 +194,7 @@ class SegAdapter(Adapter):
 
     def run(self, cell, ctx):
         s = self.settings_of(cell)
-        ds = SegDatasetEntry.model_validate({**cell.dataset_config, "name": cell.dataset}).model_dump()
+        ds = self.entry(cell.dataset, cell.dataset_config)
         full = open_split(ds, ds["train"], ctx.data_dir)
         test = open_split(ds, ds["test"], ctx.data_dir)
         train = Subset(full, subset(len(full), s.fraction, cell.seed))

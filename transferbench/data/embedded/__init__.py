@@ -48,7 +48,7 @@ from typing import TypeVar
 
 from filelock import FileLock
 
-from ...paths import quarantine
+from ...paths.entries import quarantine
 from ..folder import CorruptDataError, read_info, verify_files
 from ..image_text import ShardPairs
 from .captions import gen_captions, scene_caption, sprite_caption
@@ -118,7 +118,7 @@ def _lock(root: Path, name: str) -> FileLock:
 
 def ensure(names=None, seed: int = 0) -> Path:
     """Generate the named sets (default: all, in `NAMES` order) unless present at the current version; return the
-    root. A set whose info.json does not parse is set aside (paths.quarantine) and generated again."""
+    root. A set whose info.json does not parse is set aside (paths.entries.quarantine) and generated again."""
     root = embedded_root()
     root.mkdir(parents=True, exist_ok=True)
     for name in names or NAMES:
@@ -140,7 +140,7 @@ def ensure(names=None, seed: int = 0) -> Path:
 
 def open_set(name: str, opener: Callable[[Path], T]) -> T:
     """`opener(root)` on embedded set `name` (generated on first use; openers verify the files they read
-    against the set's manifest). A damaged set is set aside (paths.quarantine) and generated again, once."""
+    against the set's manifest). A damaged set is set aside (paths.entries.quarantine) and generated again, once."""
     root = ensure([name])
     try:
         return opener(root)

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from ...fingerprint import for_cache
-from ...paths import cache
+from ...paths.home import cache
 
 VERSIONS = {
     "digits": "1",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import UserError
-from .paths.writes import atomic_path, check_home, clean_home, probe
+from .paths.writes import atomic_path, check_home, clean_home, probe, remove_empty
 
 if TYPE_CHECKING:
     from .engine.runner import RunOptions
@@ -20,23 +20,12 @@ if TYPE_CHECKING:
 def records_folder(out: Path) -> list[Path]:
     """Make `out` (and its parents) or say in one line why it cannot be; returns the folders it made, so that a
     run stopped by bad input before any cell can remove them again."""
-    made = [p for p in (out, *out.parents) if not p.exists()][::-1]
     try:
-        probe(out)
+        return probe(out)
     except OSError as e:
-        remove_empty(made)
         raise UserError(
             f"--out {out}: cannot write the records folder there ({e.strerror or e}); give a writable folder"
         ) from None
-    return made
-
-
-def remove_empty(folders: list[Path]) -> None:
-    for p in reversed(folders):
-        try:
-            p.rmdir()
-        except OSError:
-            pass
 
 
 def check_backbones(task, given: list[str] | None) -> list[str]:

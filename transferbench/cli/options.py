@@ -291,7 +291,6 @@ def check_output(path: Path) -> None:
     """-o's file can be written (its folder made if missing, then a probe written there and removed), or one
     UserError naming the problem and the fix: checked before the command does its work, not after."""
     from ..paths.writes import probe
-    from ..workflows import remove_empty
 
     fix = "give -o a file in a writable folder"
     if path.is_dir():
@@ -300,11 +299,9 @@ def check_output(path: Path) -> None:
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"-o {path}: {existing} is a file, not a folder; {fix}")
-    made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
     try:
-        probe(folder)
+        probe(folder)  # removes the folders it made where it cannot write
     except OSError as e:
-        remove_empty(made)  # no empty folders left behind
         raise UserError(f"-o {path}: cannot write in {folder} ({(e.strerror or str(e)).lower()}); {fix}") from None
 
 

@@ -178,16 +178,13 @@ def allow_missing_option(p) -> None:
 def regress(args) -> int:
     from ..anchor import records_commit
     from ..records import ledger
-    from ..records.store import load_records
+    from ..records.store import check_folder, load_records
     from ..reporting.regress import verdict
 
     check_gate_options(args)
     for flag, folder in (("--baseline", args.baseline), ("--current", args.current)):
-        if folder.exists() and not folder.is_dir():  # a missing one is the records' error, said when they are read
-            raise UserError(
-                f"{flag} {folder} is a file, not a records folder (give the --out folder of a `transferbench run` "
-                "or `nightly`)"
-            )
+        if folder.exists():  # a missing one is the records' error, said when they are read
+            check_folder(folder, flag)  # before the ledger beside --baseline is read
     if args.output:
         check_output(args.output)
     if args.ledger is not None and not args.ledger.is_file():

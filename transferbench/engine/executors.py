@@ -447,7 +447,6 @@ def make_executor(
                 f"--cpus-per-cell {cpus_per_cell:g}: the local executor gives each cell that many torch threads, a "
                 "whole number (fractions of a CPU are for --executor ray)"
             )
-
         jobs = default_jobs() if jobs is None else jobs
         if address is not None or gpus_per_cell is not None:
             raise UserError(

@@ -119,14 +119,29 @@ def atomic_path(path, *, suffix: str = "", directory: bool = False, needed: int 
         os.replace(tmp, path)
 
 
-def probe(folder: Path) -> Path:
-    """`folder` made if missing (with its parents) and written to once, by a dot-named temporary removed again; an
-    OSError says why nothing can be written there. Returns `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    test = temp_path(folder / "write-test")
-    test.write_bytes(b"x")
-    test.unlink()
-    return folder
+def probe(folder: Path) -> list[Path]:
+    """`folder` made if missing (with its parents) and written to once, by a dot-named temporary removed again.
+    Returns the folders it made, outermost first, so that a caller stopped later can remove them again; where nothing
+    can be written, it removes the empty ones it made and raises the OSError that says why."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        test = temp_path(folder / "write-test")
+        test.write_bytes(b"x")
+        test.unlink()
+    except OSError:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (outermost first, as `probe` returns them), innermost first, where they are still empty."""
+    for p in reversed(folders):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
 
 
 def check_home() -> Path:

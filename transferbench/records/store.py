@@ -206,6 +206,13 @@ def read_record(p: Path) -> dict:
     return parse_record(data)
 
 
+def check_folder(d: Path, name: str = "records folder") -> None:
+    """One UserError where `d` is not a folder of records (a file, or nothing), naming it as `name` (a flag)."""
+    if not d.is_dir():
+        what = "is a file, not a records folder" if d.exists() else "does not exist"
+        raise UserError(f"{name} {d} {what} (give the --out folder of a `transferbench run` or `nightly`)")
+
+
 def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
     """Every record under the given folders (recursively), in a stable order. A file that is not a valid
     record is skipped with one warning line (`transferbench run` into its folder sets it aside and computes
@@ -214,9 +221,7 @@ def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
     out = []
     for d in dirs:
         d = Path(d)
-        if not d.is_dir():
-            what = "is a file, not a records folder" if d.exists() else "does not exist"
-            raise UserError(f"records folder {d} {what} (give the --out folder of a `transferbench run`)")
+        check_folder(d)
         for p in sorted(d.rglob("*.json")):
             if any(part.startswith(".") for part in p.relative_to(d).parts) or p.name == RESULTS_FILE:
                 continue

@@ -261,6 +261,36 @@ def test_ray_worker_killed_mid_cell_is_retried_or_recorded_failed(ray_cluster, t
 
 
 @pytest.mark.xdist_group("ray")  # one worker starts the module's Ray instance once
+def test_ray_workers_log_each_cell_to_its_own_tracker_entries(ray_cluster, tmp_path, monkeypatch):
+    """Ray's workers, two at a time, each log the cells they compute: one TensorBoard run and one W&B run per cell,
+    none shared, each holding its own record's metric."""
+    pytest.importorskip("wandb", reason="the tracking extra is not installed")
+    import numpy as np
+    from test_tracking import board, cell_of, wandb_runs
+
+    from transferbench.engine.executors import RayExecutor
+    from transferbench.tracking import Tracking, entry_parts
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    fresh(ray_cluster[0])
+    logs = tmp_path / "logs"
+    tracking = Tracking(kinds=("tensorboard", "wandb"), dir=logs)
+    task = prepare_task("toy", sets=[*SETS, "lr=0.01"], seeds=[0, 1], datasets=["alpha"])
+    options = RunOptions(show_progress=False, tracking=tracking)
+    s = run_task(task, [resolve_backbone(b) for b in BACKBONES], tmp_path / "ray", options, executor=RayExecutor())
+    records = load_records([tmp_path / "ray"])
+    assert s.ok == len(records) == 2 * 4  # two backbones: two seeds at the one lr, then their final cells
+    runs = wandb_runs(logs)
+    assert set(runs) == {"/".join(entry_parts(cell_of(r))) for r in records}
+    for r in records:
+        parts = entry_parts(cell_of(r))
+        ((split, values),) = r["metrics"].items()
+        assert runs["/".join(parts)]["summary"][f"{split}/accuracy"] == values["accuracy"]
+        assert len(list(logs.joinpath(*parts).glob("events.*"))) == 1  # no second writer, no rerun folder
+        assert board(logs.joinpath(*parts)).Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
+
+
+@pytest.mark.xdist_group("ray")  # one worker starts the module's Ray instance once
 def test_two_ray_drivers_into_one_folder_compute_each_cell_once(ray_cluster, tmp_path):
     log, _ = fresh(ray_cluster[0])  # the cluster's workers log there: the drivers are only clients
     two_drivers(tmp_path / "shared", log, ["--executor", "ray", "--address", ray_cluster[1]])

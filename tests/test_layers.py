@@ -16,6 +16,7 @@ LAYERS = [
     ("contracts", ("cell", "spec", "records", "settings")),
     ("models and data", ("backbones", "data")),
     ("reporting", ("reporting",)),
+    ("tracking", ("tracking",)),
     ("engine", ("engine",)),
     ("adapters", ("adapters",)),
     # "" = the package itself: a lazy facade that imports nothing at load

@@ -14,9 +14,9 @@ A fingerprint names, for one computation,
 
 Granularity: a module, not a function (a function-level graph misses calls made through attributes and
 registries) and not the package (a package digest would recompute every cache after a reporting edit). The
-closure stops at `transferbench.reporting` and `transferbench.cli`: they read records and render them, and
-compute nothing a record or a cache entry holds (tests/test_fingerprint.py checks that the compute path takes only
-report-kind names from reporting).
+closure stops at `transferbench.reporting`, `transferbench.cli` and `transferbench.tracking`: they read records (or
+the training loop's losses) and render or log them, and compute nothing a record or a cache entry holds
+(tests/test_fingerprint.py checks that the compute path takes only report-kind names from reporting).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from .hashing import digest
 
 PACKAGE = Path(__file__).resolve().parent
 NAME = PACKAGE.name
-# layers that turn records into tables and files: never on a computation's path
-NOT_COMPUTING = (f"{NAME}.reporting", f"{NAME}.cli")
+# layers that turn records into tables, files and tracker entries: never on a computation's path
+NOT_COMPUTING = (f"{NAME}.reporting", f"{NAME}.cli", f"{NAME}.tracking")
 
 # the distributions whose versions a computation's fingerprint holds (Python's own minor version always)
 # what a run does with a finished cell whose record another code computed (its fingerprint differs from the code's at

@@ -149,6 +149,59 @@ def executor_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def tracking_options(p: argparse.ArgumentParser) -> None:
+    """Experiment trackers (run, nightly): execution options, in no cell key (transferbench.tracking)."""
+    from ..tracking import DEFAULT_DIR, DEFAULT_PROJECT, WANDB_MODES
+
+    g = p.add_argument_group(
+        "tracking",
+        "log each cell (its training curve, final metrics per split, wall time, settings with their sources) and, "
+        "at the end, the report's tables and the leaderboard's figures to TensorBoard or Weights & Biases "
+        "(pip install 'transferbench[tracking]'). Offline first; logging changes no number and no cell key, and a "
+        "tracker that fails mid-run costs a warning, never a cell (docs/tracking.md)",
+    )
+    g.add_argument(
+        "--log-to",
+        type=csv_list,
+        default=[],
+        metavar="{tensorboard,wandb}",
+        help="trackers, comma-separated: tensorboard (event files: tensorboard --logdir LOG_DIR) and/or wandb "
+        "(offline runs unless --wandb-mode or WANDB_MODE says otherwise; wandb sync uploads them later)",
+    )
+    g.add_argument(
+        "--log-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"where entries go (default: {DEFAULT_DIR}/): TensorBoard's run folders, and W&B's wandb/ folder; "
+        "beside the records folder, not inside it",
+    )
+    g.add_argument("--wandb-project", default=DEFAULT_PROJECT, help=f"W&B project (default: {DEFAULT_PROJECT})")
+    g.add_argument("--wandb-entity", help="W&B entity (team or user; default: W&B's own default)")
+    g.add_argument("--wandb-group", help="W&B group of every cell (default: TASK/SUITE, one group per task and suite)")
+    g.add_argument(
+        "--wandb-mode",
+        choices=WANDB_MODES,
+        help="W&B mode (default: $WANDB_MODE, else offline: nothing reaches a network)",
+    )
+
+
+def tracking_of(args):
+    """The tracker options as a tracking.Tracking, or None where none is asked for."""
+    from ..tracking import Tracking
+
+    kinds = tuple(dict.fromkeys(getattr(args, "log_to", None) or ()))
+    if not kinds:
+        return None
+    return Tracking(
+        kinds=kinds,
+        dir=args.log_dir,
+        project=args.wandb_project,
+        entity=args.wandb_entity,
+        group=args.wandb_group,
+        mode=args.wandb_mode,
+    )
+
+
 def strict_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strict",
@@ -164,6 +217,9 @@ def check_execution_options(args):
     if args.jobs is None:  # resolved here, so that records and results.json store what ran
         args.jobs = default_jobs() if args.executor == "local" else 1
     run_options(args)  # the options object checks its own values (engine.runner.RunOptions)
+    from ..tracking import check
+
+    check(tracking_of(args), getattr(args, "out", None))  # before any cell: the trackers import, the folder writes
     return make_executor(
         args.executor,
         jobs=args.jobs,
@@ -323,6 +379,7 @@ def run_options(args):
         show_progress=not args.no_progress,
         log_samples=getattr(args, "log_samples", False),  # run's option; pretrain and nightly keep none
         executor_name=args.executor,
+        tracking=tracking_of(args),
         config=run_config(args),
     )
 

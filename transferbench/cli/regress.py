@@ -20,6 +20,7 @@ from .options import (
     run_options,
     seeds_option,
     strict_option,
+    tracking_options,
 )
 
 
@@ -158,6 +159,7 @@ def _nightly_parser(sub, fmt) -> argparse.ArgumentParser:
         "tonight exactly against it)",
     )
     execution_options(nt)
+    tracking_options(nt)
     return nt
 
 
@@ -226,6 +228,7 @@ def nightly(args) -> int:
     from datetime import datetime, timezone
 
     from ..night import Night
+    from ..tracking.runs import log_folder
 
     executor = check_execution_options(args)
     check_gate_options(args)
@@ -242,7 +245,9 @@ def nightly(args) -> int:
         rolling=args.rolling,
         rebuild=not args.no_rebuild,
     )
-    text, code = night.run(run_options(args), executor)
+    options = run_options(args)
+    text, code = night.run(options, executor)
+    log_folder(options.tracking, night.current, night.suite)
     print(text)
     return code
 

@@ -15,6 +15,7 @@ from .options import (
     run_options,
     seeds_option,
     set_option,
+    tracking_options,
 )
 
 EPILOG = (
@@ -89,6 +90,7 @@ def add_parser(sub, fmt) -> argparse.ArgumentParser:
     )
     deprecated(run, "-o", type=Path)
     execution_options(run)
+    tracking_options(run)
     run.add_argument("--reference", help="backbone to compare against in the closing table")
     return run
 
@@ -120,6 +122,7 @@ def run_one(name: str, args) -> int:
     from ..adapters import prepare_task
     from ..records.store import RESULTS_FILE
     from ..reporting.formats import render
+    from ..tracking.runs import log_task
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
@@ -131,4 +134,5 @@ def run_one(name: str, args) -> int:
         print(render(done.tables))
         path = args.out / task.name / RESULTS_FILE
         workflows.write_results(path, task, options.config, done.summary, done.records, done.tables)
+        log_task(options.tracking, task.name, task.suite, args.out / task.name, done.tables, args.reference)
     return done.code

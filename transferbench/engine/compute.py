@@ -41,7 +41,7 @@ class CellContext:
     and whether per-example results are kept (`log_samples`: an adapter that can returns
     them under "samples", {split: bool array in the split's order}; the record's file beside it holds them) and
     whether the training steps run through torch.compile (`compile`: auto, the default, compiles them on CUDA;
-    `compiles` resolves it)."""
+    `compiles` resolves it) and the experiment trackers each cell logs to (`tracking`: transferbench.tracking)."""
 
     device: str | None = None
     show_progress: bool = True
@@ -52,6 +52,7 @@ class CellContext:
     compile: bool | str = "auto"  # torch.compile the training steps: auto (on CUDA) | on | off (`compiles`)
     # cell key -> the precision each of its `bf16: auto` steps takes, in order (nightly: the baseline's choices)
     pins: dict | None = None
+    tracking: object = None  # tracking.Tracking: the trackers each cell logs to (--log-to), or None
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(
@@ -190,9 +191,14 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     and computed): everything its record needs besides the cell. A UserError comes back as {"stop": message}:
     the runner stops the run with it. The cache entries are counted and checked in the ledger held in this process
     (`paths.ledger`: the run's), or in the cell's own where none is (a Ray task, a cell computed alone)."""
+    from ..tracking import cell_entry
+
     ledger = current()
-    with ledger.held():
-        return _compute(adapter, cell, ctx, ledger)
+    with ledger.held(), cell_entry(ctx.tracking, cell, adapter.settings) as entry:
+        outcome = _compute(adapter, cell, ctx, ledger)
+        if entry is not None:  # the outcome to the cell's tracker entries (a failing tracker is a warning)
+            entry.close(outcome if "stop" not in outcome else {"status": "stopped", "reason": outcome["stop"]})
+        return outcome
 
 
 def _compute(adapter, cell, ctx: CellContext, ledger: Ledger) -> dict:

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import chain
 
 import torch
@@ -110,12 +111,14 @@ def fit(
     setting, step_model = compile, model
     at, bad_step, bad_loss, total = _on_device(device)
     points, kept, curve = set(loss_at), {}, []
+    track = _tracked(desc)
+    lr_at = partial(schedule_lr, schedule, base=base_lr, warmup=warmup, total=steps, power=power)  # lr_at(step)
     for step in steps_iter:
         x, y = next(batches)
         if step == 0:  # compiled or not, decided on the loop's size (engine.compute.compiles)
             compile, step_model = _step_model(model, setting, device, steps * len(x))
             started = time.perf_counter()
-        _set_lr(optimizer, schedule_lr(schedule, step, base=base_lr, warmup=warmup, total=steps, power=power))
+        _set_lr(optimizer, lr_at(step))
         total, micro = _accumulate(step_model, optimizer, x, y, loss_fn, device, bf16, micro, splittable)
         if step == 0 and compile:
             total.item()  # the first step's work done: its time is the compilation's
@@ -132,6 +135,8 @@ def fit(
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
+            if track is not None:  # the steps' losses since the last read, to the cell's trackers
+                track.send(curve, lr_at)
             _raise_if_diverged(bad_step, bad_loss)
     note_micro_batch(micro or 0)
     output(desc, {"loss_curve": torch.stack(curve) if curve else torch.zeros(0), "weights": model.state_dict()})
@@ -145,6 +150,14 @@ def fit(
 
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for training steps (tests count compilations with their own)
+
+
+def _tracked(desc: str):
+    """The curve of this loop in the entries of the cell being computed, where the run logs to a tracker."""
+    from ..tracking import current
+
+    entry = current()
+    return entry.curve(desc) if entry is not None else None
 
 
 def _on_device(device: str):

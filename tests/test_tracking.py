@@ -1,0 +1,342 @@
+"""`--log-to tensorboard,wandb`, read back as a user's tools read it: TensorBoard's event files through its own
+EventAccumulator, W&B's offline runs through W&B's own record schema (wandb.proto's Record, from the run's
+transaction log). Each cell's logged curve, metrics, wall time and settings are checked against its record and a hand
+computation of its schedule; the records themselves against a run without logging, by the gate's exact tier."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kit import cli, embedded_home, tiny_args
+
+pytest.importorskip("tensorboard", reason="the tracking extra is not installed")
+wandb = pytest.importorskip("wandb", reason="the tracking extra is not installed")
+
+from transferbench.cell import Cell  # noqa: E402
+from transferbench.engine.train import schedule_lr  # noqa: E402
+from transferbench.records.store import load_records  # noqa: E402
+from transferbench.tracking import Tracking, entry_parts, guarded  # noqa: E402
+
+# --- the readers --------------------------------------------------------------------------------------------------
+
+
+def board(folder: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def board_text(acc, tag: str) -> str:
+    return acc.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()
+
+
+def wandb_records(path: Path):
+    """The records of a W&B transaction log (run-ID.wandb): its header (:W&B, 0xBEE1, version 0), then LevelDB-log
+    blocks of 32 KiB whose chunks (CRC-32 of type and data, length, type: full, first, middle, last) carry
+    wandb.proto's Record messages. Every chunk's checksum is checked."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:7] == b":W&B" + struct.pack("<HB", 0xBEE1, 0), data[:7]
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if (crc, n, kind) == (0, 0, 0):
+            pos += block - pos % block
+            continue
+        chunk = data[pos + 7 : pos + 7 + n]
+        assert zlib.crc32(bytes([kind]) + chunk) == crc, f"{path}: damaged chunk at {pos}"
+        pos, pending = pos + 7 + n, pending + chunk
+        if kind in (1, 4):  # full, last
+            record = pb.Record()
+            record.ParseFromString(pending)
+            yield record
+            pending = b""
+
+
+def wandb_runs(folder: Path) -> dict:
+    """display name -> {group, job_type, config, history (rows), summary} of every offline run under `folder`."""
+    runs = {}
+    for log in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
+        run = {"history": [], "summary": {}, "config": {}, "folder": log.parent}
+        for r in wandb_records(log):
+            what = r.WhichOneof("record_type")
+            if what == "run":
+                run.update(name=r.run.display_name, group=r.run.run_group, job_type=r.run.job_type)
+                run["config"] = {u.key: json.loads(u.value_json) for u in r.run.config.update}
+            elif what == "history":
+                run["history"].append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                )
+            elif what == "summary":
+                for u in r.summary.update:
+                    run["summary"][u.key or "/".join(u.nested_key)] = json.loads(u.value_json)
+        assert run["name"] not in runs, f"two W&B runs named {run['name']}"
+        runs[run["name"]] = run
+    return runs
+
+
+# --- what a cell's entries must hold --------------------------------------------------------------------------------
+
+
+def cell_of(r: dict) -> Cell:
+    fields = {k: r[k] for k in Cell.__dataclass_fields__ if k in r}
+    return Cell(**{**fields, "select": tuple(r.get("select") or ())})
+
+
+def expected_lrs(r: dict) -> list[float]:
+    """The learning rate of every step, by hand from the record's settings (warm-up, then cosine to 0)."""
+    hp = r["hparams"]
+    return [
+        schedule_lr("cosine", s, base=hp["lr"], warmup=hp["warmup_steps"], total=hp["steps"])
+        for s in range(hp["steps"])
+    ]
+
+
+def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model) -> None:
+    """The cell's TensorBoard run and W&B run hold its curve (every step once; the last loss the record's final
+    loss; the rates the schedule's), its metrics, its wall time and its settings with their sources."""
+    parts = entry_parts(cell_of(r))
+    steps, lrs = r["hparams"]["steps"], expected_lrs(r)
+    sources = {k: f.json_schema_extra["source"] for k, f in settings_model.model_fields.items()}
+
+    acc = board(log_dir.joinpath(*parts))
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, steps + 1))
+    assert loss[-1].value == np.float32(r["info"]["final_loss"])  # a float32 loss, kept exactly
+    assert all(math.isfinite(e.value) for e in loss)
+    assert [e.value for e in acc.Scalars("train/lr")] == [np.float32(x) for x in lrs]
+    for split, values in r["metrics"].items():
+        for metric, v in values.items():
+            assert acc.Scalars(f"{split}/{metric}")[0].value == np.float32(v)
+    assert acc.Scalars("wall_s")[0].value == np.float32(r["seconds"])
+    text = board_text(acc, "settings")
+    for k, v in r["hparams"].items():
+        assert f"| {k} | {v} | {sources.get(k, '')} |" in text
+
+    run = runs["/".join(parts)]
+    assert run["group"] == f"{r['task']}/{r['suite']}" and run["job_type"] == r["stage"]
+    assert run["config"]["settings"] == r["hparams"]
+    assert run["config"]["sources"] == {k: sources.get(k, "") for k in r["hparams"]}
+    assert run["config"]["cell"]["key"] == r["key"]
+    rows = [h for h in run["history"] if "train/loss" in h]
+    assert [h["train/step"] for h in rows] == list(range(1, steps + 1))
+    assert [h["train/lr"] for h in rows] == lrs  # JSON keeps the double exactly
+    assert rows[-1]["train/loss"] == r["info"]["final_loss"]
+    for split, values in r["metrics"].items():
+        for metric, v in values.items():
+            assert run["summary"][f"{split}/{metric}"] == v
+    assert run["summary"]["wall_s"] == r["seconds"] and run["summary"]["status"] == "ok"
+
+
+def exact_line(baseline: Path, current: Path, capsys) -> str:
+    capsys.readouterr()
+    assert cli(f"regress --baseline {baseline} --current {current}") == 0
+    return capsys.readouterr().out.split("\n")[2]
+
+
+# --- the tests ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_every_cell_logs_its_curve_metrics_and_settings_and_no_record_moves(suite_home, tmp_path, monkeypatch, capsys):
+    """Two worker processes (--jobs 2), each logging its own cells to both trackers; 60 steps, so the curve goes out
+    in two reads (at step 50 and at the end). The records equal those of the same run without logging, bit for bit
+    (the gate's exact tier), and the report entry holds the run's table."""
+    from transferbench.reporting.formats import to_markdown, to_rows
+    from transferbench.reporting.kinds import report_tables
+    from transferbench.settings.finetune import VtabSettings
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(embedded_home(suite_home, tmp_path / "home")))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    logs = tmp_path / "logs"
+    common = f"run vtab --suite embedded --datasets mini_dsprites_loc --backbone mu4 {tiny_args('vtab', steps=60)} "
+    common += "--set lr=0.01,0.03 --jobs 2"
+    assert cli(f"{common} --out {tmp_path / 'plain'}") == 0
+    assert cli(f"{common} --out {tmp_path / 'logged'} --log-to tensorboard,wandb --log-dir {logs}") == 0
+    assert "vtab: logged to TensorBoard (tensorboard --logdir" in capsys.readouterr().err
+
+    records = load_records([tmp_path / "logged"])
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    runs = wandb_runs(logs)
+    assert len(runs) == 5  # four cells and the report
+    for r in records:
+        check_cell_entries(r, logs, runs, VtabSettings)
+    assert exact_line(tmp_path / "plain", tmp_path / "logged", capsys).startswith(
+        "**OK**: all 4 cells judged exactly (4 bit-identical"
+    )
+
+    (table,) = report_tables(records)
+    acc = board(logs / "vtab" / "embedded" / "report")
+    assert board_text(acc, "tables/01_vtab") == to_markdown(table)
+    report = runs["vtab/embedded/report"]
+    assert report["job_type"] == "report" and report["group"] == "vtab/embedded"
+    (entry,) = [h for h in report["history"] if "tables/01_vtab/_type" in h]
+    assert entry["tables/01_vtab/_type"] == "table-file"
+    logged = json.loads((report["folder"] / "files" / entry["tables/01_vtab/path"]).read_text())
+    rows = to_rows(table)
+    assert logged["columns"] == list(rows[0]) and len(logged["data"]) == len(rows) == entry["tables/01_vtab/nrows"]
+    assert [dict(zip(logged["columns"], d))["mean"] for d in logged["data"]] == [row["mean"] for row in rows]
+
+
+@pytest.mark.slow
+def test_the_paper_protocols_path_logs_the_same(tmp_path, monkeypatch):
+    """A few-step cell of the paper's VTAB-1k protocol (the default suite) on dtd as tensorflow-datasets' own writer
+    made it (tests/fixtures/tfds): the same entries, named by the paper suite, against the same record."""
+    from transferbench.settings.finetune import VtabSettings
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    data = Path(__file__).resolve().parent / "fixtures" / "tfds"
+    logs = tmp_path / "logs"
+    line = f"run vtab --datasets dtd --backbone mu4 {tiny_args('vtab', lr='0.003')} --seeds 0 --data-dir {data} "
+    assert cli(f"{line} --out {tmp_path / 'runs'} --log-to tensorboard,wandb --log-dir {logs}") == 0
+    (r,) = load_records([tmp_path / "runs"])
+    assert r["suite"] == "default" and r["status"] == "ok"  # the paper's protocol
+    runs = wandb_runs(logs)
+    check_cell_entries(r, logs, runs, VtabSettings)
+    assert set(runs) == {"/".join(entry_parts(cell_of(r))), "vtab/default/report"}
+
+
+def test_a_tracker_that_fails_mid_run_costs_one_warning_and_no_cell(suite_home, tmp_path, monkeypatch, caplog):
+    """W&B's log call failing from the first step on (a broken install, a full disk): one warning, every cell
+    recorded ok with the metrics of a run without logging; TensorBoard, which did not fail, logs every cell."""
+    import transferbench.tracking as tracking
+
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(embedded_home(suite_home, tmp_path / "home")))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(tracking, "_OFF", set())
+
+    def broken(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wandb.Run, "log", broken)
+    common = f"run vtab --suite embedded --datasets mini_dsprites_loc --backbone mu4 {tiny_args('vtab')} --jobs 1"
+    assert cli(f"{common} --out {tmp_path / 'plain'}") == 0
+    with caplog.at_level("WARNING", logger="transferbench"):
+        assert cli(f"{common} --out {tmp_path / 'logged'} --log-to wandb,tensorboard --log-dir {tmp_path / 'l'}") == 0
+    warned = [m for m in caplog.messages if "--log-to" in m]
+    assert len(warned) == 1 and "--log-to wandb failed while logging a training curve" in warned[0]
+    assert "No space left on device" in warned[0] and "the cells go on" in warned[0]
+    plain, logged = (
+        sorted((r["key"], r["metrics"]) for r in load_records([tmp_path / d])) for d in ("plain", "logged")
+    )
+    assert logged == plain and len(logged) == 4
+    assert len(list((tmp_path / "l" / "vtab").rglob("events.out.tfevents.*"))) == 5  # four cells, the report
+
+
+def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, monkeypatch, caplog):
+    """TensorBoard's event files on a full filesystem (a 64 KiB tmpfs): the writer's own thread fails quietly and
+    its error reaches the next flush, which is one warning; the caller goes on."""
+    import subprocess
+
+    import transferbench.tracking as tracking
+    from transferbench.tracking.tensorboard import CellBoard
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        monkeypatch.setattr(tracking, "_OFF", set())
+        cell = Cell("vtab", "d", "mu4", "random-init", {"lr": 0.1}, 0, "2", stage="select", suite="embedded")
+        entry = guarded("tensorboard", "opening a cell's entry", CellBoard, Tracking(dir=small), cell, [])
+        with caplog.at_level("WARNING", logger="transferbench"):
+            for start in range(1, 40_001, 5_000):
+                steps = list(range(start, start + 5_000))
+                guarded(
+                    "tensorboard", "logging a training curve", entry.curve, "train", steps, [1.0] * 5_000, [0.1] * 5_000
+                )
+        warned = [m for m in caplog.messages if "--log-to" in m]
+        assert len(warned) == 1 and "No space left on device" in warned[0]
+        assert "tensorboard" in tracking._OFF
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_tracker_calls_leave_the_random_generators_as_they_were(monkeypatch):
+    """What a tracker draws (W&B's run ids, say) never moves a cell's random streams."""
+    import random
+
+    import torch
+
+    import transferbench.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_OFF", set())
+
+    def draws():
+        return random.random(), np.random.rand(), torch.rand(()).item()
+
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    expected = draws()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    assert guarded("wandb", "testing", draws) == expected  # it drew from each stream...
+    assert draws() == expected  # ...and the streams go on as if it had not
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            "--log-to wandb",
+            "--log-to wandb needs the wandb package, which does not import here (ModuleNotFoundError: "
+            "import of wandb halted; None in sys.modules): pip install 'transferbench[tracking]'",
+        ),
+        ("--log-to mlflow", "--log-to 'mlflow' is not a tracker; choose from tensorboard, wandb (comma-separated)"),
+        (
+            "--log-to tensorboard --log-dir {out}/tb",
+            "--log-dir {out}/tb lies inside the records folder {out} (whose .json files are read as records); give a "
+            "folder beside it, e.g. --log-dir tracking",
+        ),
+        (
+            "--log-to tensorboard --log-dir /proc/tb",
+            "--log-dir /proc/tb: cannot write there (no such file or directory); give a writable folder",
+        ),
+    ],
+)
+def test_a_tracker_that_cannot_work_is_one_line_and_exit_2_before_any_cell(
+    tmp_path, monkeypatch, capsys, extra, message
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if the package were not installed
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
+    out = tmp_path / "runs"
+    assert cli(f"run toy --backbone mu4 --out {out} {extra.format(out=out)}") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"transferbench: error: {message.format(out=out)}"
+    assert not out.exists()  # before any cell: not even the records folder
+
+
+def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch):
+    """`nightly --log-to`: every cell of the night one entry in each tracker, its metrics the record's, in the group
+    of its task and suite; the task's report entry beside them."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    base, out, logs = tmp_path / "baseline", tmp_path / "nightly", tmp_path / "logs"
+    assert cli(f"run toy --suite quick --backbone mu4,mu4_dpn --out {base} --no-progress") == 0
+    line = f"nightly --suite quick --backbone mu4,mu4_dpn --no-progress --baseline {base} --out {out} --date d1"
+    assert cli(f"{line} --log-to tensorboard,wandb --log-dir {logs}") == 0
+    records = load_records([out / "d1"])
+    runs = wandb_runs(logs)
+    assert len(records) == 8 and set(runs) == {"/".join(entry_parts(cell_of(r))) for r in records} | {
+        "toy/quick/report"
+    }
+    for r in records:
+        parts = entry_parts(cell_of(r))
+        acc, run = board(logs.joinpath(*parts)), runs["/".join(parts)]
+        assert run["group"] == "toy/quick" and "train/loss" not in acc.Tags()["scalars"]  # the toy trains nothing
+        for split, values in r["metrics"].items():
+            assert acc.Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
+            assert run["summary"][f"{split}/accuracy"] == values["accuracy"]
+    assert "tables/01_toy/text_summary" in board(logs / "toy" / "quick" / "report").Tags()["tensors"]

@@ -1,0 +1,67 @@
+"""The end of a run in its trackers: for each task, one entry more (LOG_DIR/TASK/SUITE/report in TensorBoard; a run
+of job type report in the task's W&B group) holding the report's tables (TensorBoard text in markdown; W&B tables of
+the rows `report --format csv` writes) and the leaderboard's figures of the task's records folder as images."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from . import Tracking, guarded
+
+
+def log_task(tracking: Tracking | None, task: str, suite: str, folder: Path, tables: list, reference=None) -> None:
+    """Log the report of `task` (its `tables`, and the leaderboard figures of its records folder `folder`) to each
+    of the run's trackers, and say on stderr where the entries are."""
+    if tracking is None or not tracking.kinds or not tables:
+        return
+    from ..reporting.formats import to_markdown, to_rows
+    from ..reporting.leaderboard import write_leaderboard
+
+    titles = [_title(i, t) for i, t in enumerate(tables)]
+    with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
+        board = Path(tmp) / "LEADERBOARD.md"  # its figures are named as the leaderboard names them
+        board = guarded("figures", "drawing the leaderboard's figures", write_leaderboard, [folder], board, reference)
+        figures = sorted(Path(tmp).glob("*.png")) if board else []
+        for kind in tracking.kinds:
+            if kind == "tensorboard":
+                from .tensorboard import report
+
+                content = [(title, to_markdown(t)) for title, t in zip(titles, tables)]
+            else:
+                from .wandb import report
+
+                content = [(title, to_rows(t)) for title, t in zip(titles, tables)]
+            guarded(kind, "logging the report", report, tracking, task, suite, content, figures)
+    print(f"{task}: logged to {where(tracking)}", file=sys.stderr)
+
+
+def _title(i: int, t) -> str:
+    return f"{i + 1:02d}_{t.task}" + (f"_{t.setting}" if t.setting else "")
+
+
+def where(tracking: Tracking) -> str:
+    """Where a run's entries are, and the command that shows them."""
+    said = []
+    for kind in tracking.kinds:
+        if kind == "tensorboard":
+            said.append(f"TensorBoard (tensorboard --logdir {tracking.dir})")
+        else:
+            mode = tracking.wandb_mode()
+            after = f"; upload: wandb sync {tracking.dir}/wandb/offline-run-*" if mode == "offline" else ""
+            said.append(f"W&B, {mode}, project {tracking.project}{after}")
+    return " and ".join(said)
+
+
+def log_folder(tracking: Tracking | None, folder: Path, suite: str) -> None:
+    """`log_task` for each task whose records lie in the records folder `folder` (the nightly's night)."""
+    if tracking is None or not tracking.kinds:
+        return
+    from ..records.store import load_records
+    from ..reporting.kinds import report_tables
+
+    records = load_records([folder]) if Path(folder).is_dir() else []
+    for task in sorted({r["task"] for r in records}):
+        mine = [r for r in records if r["task"] == task]
+        log_task(tracking, task, suite, Path(folder) / task, report_tables(mine))

@@ -1,0 +1,120 @@
+"""TensorBoard: each cell a run folder of event files under the log dir (LOG_DIR/TASK/SUITE/DATASET/BACKBONE/STAGE/
+[SWEPT]/seedN), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: train, train_2,
+... one per training loop), SPLIT/METRIC and wall_s; text: the settings with their sources and what each loop was;
+the HParams dashboard: the cell's hyper-parameters against its final metrics. A rerun of a cell (another attempt,
+--force) writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .entries import Tracking, entry_parts, final_metrics
+
+
+def _writer(folder: Path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    _quiet_writer_thread()
+    return SummaryWriter(log_dir=str(folder), flush_secs=30)
+
+
+_HOOKED: list = []
+
+
+def _quiet_writer_thread() -> None:
+    """TensorBoard writes events in a thread of its own, whose failure (a full disk) would print a traceback; the
+    writer raises the same error at its next flush, where `tracking.guarded` turns it into the one warning. So a
+    failure of that thread is left to the flush, and any other thread's goes to the hook as before."""
+    import threading
+
+    if _HOOKED:
+        return
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+
+    def hook(args):
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+
+    threading.excepthook = hook
+    _HOOKED.append(previous)
+
+
+def cell_folder(tracking: Tracking, cell) -> Path:
+    """The cell's run folder: its entry's parts under the log dir; rerun-N below it where it holds events already."""
+    folder = Path(tracking.dir).joinpath(*entry_parts(cell))
+    n = 1
+    chosen = folder
+    while chosen.is_dir() and any(p.name.startswith("events.") for p in chosen.iterdir()):
+        n += 1
+        chosen = folder / f"rerun-{n}"
+    return chosen
+
+
+def _markdown(rows: list[tuple], header: tuple) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _hparam(v):
+    return v if isinstance(v, (bool, int, float, str)) else str(v)
+
+
+class CellBoard:
+    """One cell's TensorBoard run."""
+
+    def __init__(self, tracking: Tracking, cell, settings: list[tuple]):
+        self.folder = cell_folder(tracking, cell)
+        self.writer = _writer(self.folder)
+        self.cell, self.settings = cell, settings
+        self.writer.add_text("settings", _markdown(settings, ("setting", "value", "source")), 0)
+        self.writer.flush()
+
+    def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
+        for step, loss, lr in zip(steps, losses, lrs):
+            self.writer.add_scalar(f"{tag}/loss", loss, step)
+            self.writer.add_scalar(f"{tag}/lr", lr, step)
+        self.writer.flush()
+
+    def abandon(self) -> None:
+        self.writer.close()
+
+    def close(self, outcome: dict, loops: dict) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        w = self.writer
+        metrics = final_metrics(outcome)
+        for tag, value in metrics.items():
+            w.add_scalar(tag, value, 0)
+        w.add_scalar("wall_s", outcome.get("seconds", 0.0), 0)
+        status = outcome.get("status", "")
+        reason = outcome.get("reason") or ""
+        w.add_text("outcome", f"status: {status}" + (f" ({reason})" if reason else ""), 0)
+        if loops:
+            w.add_text("loops", _markdown([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
+        if metrics:  # the HParams dashboard: this cell's settings against its metrics, in its own run
+            values = {k: _hparam(v) for k, v, _ in self.settings}
+            for summary in hparams(values, metrics):
+                w.file_writer.add_summary(summary)
+        w.close()
+
+
+def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, str]], figures: list[Path]) -> Path:
+    """The run's report of `task`: each table as text (its markdown), each figure as an image, in the run folder
+    LOG_DIR/TASK/SUITE/report; returns the folder."""
+    import numpy as np
+    from PIL import Image
+
+    folder = Path(tracking.dir) / task / (suite or "all") / "report"
+    w = _writer(folder)
+    try:
+        for title, markdown in tables:
+            w.add_text(f"tables/{title}", markdown, 0)
+        for path in figures:
+            with Image.open(path) as im:
+                w.add_image(f"figures/{path.stem}", np.asarray(im.convert("RGB")), 0, dataformats="HWC")
+    finally:
+        w.close()
+    return folder

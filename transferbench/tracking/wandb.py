@@ -1,0 +1,108 @@
+"""Weights & Biases: each cell a run, offline unless asked otherwise (`wandb sync LOG_DIR/wandb/offline-run-*`
+uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN in the group TASK/SUITE (so a sweep's cells
+compare in one view), job type the cell's stage. Config: the cell's identity, its settings and their sources.
+History: TAG/loss and TAG/lr against TAG/step (TAG: train, train_2, ... one per training loop). Summary: SPLIT/METRIC,
+wall_s, status. No console capture and no system metrics: the run holds what the cell did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .entries import Tracking, entry_parts, final_metrics
+
+
+def _settings(wandb):
+    return wandb.Settings(
+        console="off", x_disable_stats=True, silent=True, disable_git=True, save_code=False, x_save_requirements=False
+    )
+
+
+def _init(tracking: Tracking, **kwargs):
+    import wandb
+
+    folder = Path(tracking.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=tracking.project,
+        entity=tracking.entity,
+        dir=str(folder),
+        mode=tracking.wandb_mode(),
+        reinit="create_new",
+        settings=_settings(wandb),
+        **kwargs,
+    )
+
+
+class CellRun:
+    """One cell's W&B run."""
+
+    def __init__(self, tracking: Tracking, cell, settings: list[tuple]):
+        identity = {
+            "task": cell.task,
+            "suite": cell.suite,
+            "dataset": cell.dataset,
+            "backbone": cell.backbone,
+            "stage": cell.stage,
+            "seed": cell.seed,
+            "key": cell.key,
+            "protocol_version": cell.protocol_version,
+        }
+        self.run = _init(
+            tracking,
+            name="/".join(entry_parts(cell)),
+            group=tracking.group_of(cell.task, cell.suite),
+            job_type=cell.stage or "cell",
+            config={
+                "cell": identity,
+                "settings": {k: v for k, v, _ in settings},
+                "sources": {k: s for k, _, s in settings},
+            },
+        )
+        self.tags: set = set()
+
+    def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
+        if tag not in self.tags:
+            self.run.define_metric(f"{tag}/step")
+            self.run.define_metric(f"{tag}/*", step_metric=f"{tag}/step")
+            self.tags.add(tag)
+        for step, loss, lr in zip(steps, losses, lrs):
+            self.run.log({f"{tag}/step": step, f"{tag}/loss": loss, f"{tag}/lr": lr})
+
+    def abandon(self) -> None:
+        self.run.finish(exit_code=1)
+
+    def close(self, outcome: dict, loops: dict) -> None:
+        metrics = final_metrics(outcome)
+        self.run.summary.update(
+            {
+                **metrics,
+                "wall_s": outcome.get("seconds", 0.0),
+                "status": outcome.get("status", ""),
+                "reason": outcome.get("reason") or "",
+                "loops": {t: d for d, t in loops.items()},
+            }
+        )
+        self.run.finish()
+
+
+def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, list[dict]]], figures: list[Path]):
+    """The run's report of `task`: one run (job type report) in the task's group, each table a wandb.Table of its
+    rows, each figure a wandb.Image; returns the run's folder."""
+    import wandb
+
+    name, group = f"{task}/{suite or 'all'}/report", tracking.group_of(task, suite)
+    run = _init(tracking, name=name, group=group, job_type="report")
+    try:
+        for title, rows in tables:
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+            data = [[_cell_value(row.get(c)) for c in columns] for row in rows]
+            run.log({f"tables/{title}": wandb.Table(columns=columns, data=data)})
+        for path in figures:
+            run.log({f"figures/{path.stem}": wandb.Image(str(path))})
+    finally:
+        run.finish()
+    return Path(run.dir).parent if run.dir else None
+
+
+def _cell_value(v):
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)

@@ -281,9 +281,10 @@ def test_ray_workers_log_each_cell_to_its_own_tracker_entries(ray_cluster, tmp_p
     records = load_records([tmp_path / "ray"])
     assert s.ok == len(records) == 2 * 4  # two backbones: two seeds at the one lr, then their final cells
     runs = wandb_runs(logs)
-    assert set(runs) == {"/".join(entry_parts(cell_of(r))) for r in records}
+    swept = tuple(sorted(task.sweep))
+    assert set(runs) == {"/".join(entry_parts(cell_of(r), swept)) for r in records}
     for r in records:
-        parts = entry_parts(cell_of(r))
+        parts = entry_parts(cell_of(r), swept)
         ((split, values),) = r["metrics"].items()
         assert runs["/".join(parts)]["summary"][f"{split}/accuracy"] == values["accuracy"]
         assert len(list(logs.joinpath(*parts).glob("events.*"))) == 1  # no second writer, no rerun folder

@@ -18,6 +18,7 @@ from kit import cli, embedded_home, tiny_args
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed")
 wandb = pytest.importorskip("wandb", reason="the tracking extra is not installed")
 
+from transferbench.adapters import prepare_task  # noqa: E402
 from transferbench.cell import Cell  # noqa: E402
 from transferbench.engine.train import schedule_lr  # noqa: E402
 from transferbench.records.store import load_records  # noqa: E402
@@ -104,10 +105,10 @@ def expected_lrs(r: dict) -> list[float]:
     ]
 
 
-def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model) -> None:
+def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept: tuple) -> None:
     """The cell's TensorBoard run and W&B run hold its curve (every step once; the last loss the record's final
     loss; the rates the schedule's), its metrics, its wall time and its settings with their sources."""
-    parts = entry_parts(cell_of(r))
+    parts = entry_parts(cell_of(r), swept)
     steps, lrs = r["hparams"]["steps"], expected_lrs(r)
     sources = {k: f.json_schema_extra["source"] for k, f in settings_model.model_fields.items()}
 
@@ -172,7 +173,9 @@ def test_every_cell_logs_its_curve_metrics_and_settings_and_no_record_moves(suit
     runs = wandb_runs(logs)
     assert len(runs) == 5  # four cells and the report
     for r in records:
-        check_cell_entries(r, logs, runs, VtabSettings)
+        check_cell_entries(r, logs, runs, VtabSettings, ("lr",))
+    r0 = next(r for r in records if r["hparams"]["lr"] == 0.01 and r["seed"] == 0)
+    assert f"vtab/embedded/mini_dsprites_loc/mu4/select/lr=0.01/seed0-{r0['key'][:8]}" in runs
     assert exact_line(tmp_path / "plain", tmp_path / "logged", capsys).startswith(
         "**OK**: all 4 cells judged exactly (4 bit-identical"
     )
@@ -205,8 +208,28 @@ def test_the_paper_protocols_path_logs_the_same(tmp_path, monkeypatch):
     (r,) = load_records([tmp_path / "runs"])
     assert r["suite"] == "default" and r["status"] == "ok"  # the paper's protocol
     runs = wandb_runs(logs)
-    check_cell_entries(r, logs, runs, VtabSettings)
+    check_cell_entries(r, logs, runs, VtabSettings, ())  # one lr: nothing swept
     assert set(runs) == {"/".join(entry_parts(cell_of(r))), "vtab/default/report"}
+
+
+def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
+    """Few-shot's shots are swept but not selected: each shot count is named, and cells that differ in a setting
+    nobody sweeps (or in a backbone name's separator) still get entries of their own; a second attempt of the same
+    cell writes beside the first (rerun-2)."""
+    from transferbench.tracking.entries import fresh_folder
+
+    def cell(backbone="mu4", **hp):
+        return Cell("fewshot", "digits", backbone, "random-init", {"shots": 5, "l2": 1.0, **hp}, 0, "1", stage="final")
+
+    swept = ("shots",)
+    assert "/".join(entry_parts(cell(), swept)) == f"fewshot/all/digits/mu4/final/shots=5/seed0-{cell().key[:8]}"
+    names = {
+        "/".join(entry_parts(c, swept))
+        for c in (cell(), cell(shots=10), cell(l2=2.0), cell(backbone="a/b"), cell(backbone="a b"))
+    }
+    assert len(names) == 5
+    folder = tmp_path.joinpath(*entry_parts(cell(), swept))
+    assert fresh_folder(folder) == folder and fresh_folder(folder) == folder / "rerun-2"
 
 
 def test_a_tracker_that_fails_mid_run_costs_one_warning_and_no_cell(suite_home, tmp_path, monkeypatch, caplog):
@@ -328,15 +351,30 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
     line = f"nightly --suite quick --backbone mu4,mu4_dpn --no-progress --baseline {base} --out {out} --date d1"
     assert cli(f"{line} --log-to tensorboard,wandb --log-dir {logs}") == 0
     records = load_records([out / "d1"])
+    logs = logs / "d1"  # each night in a folder of its own
     runs = wandb_runs(logs)
-    assert len(records) == 8 and set(runs) == {"/".join(entry_parts(cell_of(r))) for r in records} | {
+    swept = tuple(sorted(prepare_task("toy", suite="quick").sweep))
+    assert len(records) == 8 and set(runs) == {"/".join(entry_parts(cell_of(r), swept)) for r in records} | {
         "toy/quick/report"
     }
     for r in records:
-        parts = entry_parts(cell_of(r))
+        parts = entry_parts(cell_of(r), swept)
         acc, run = board(logs.joinpath(*parts)), runs["/".join(parts)]
         assert run["group"] == "toy/quick" and "train/loss" not in acc.Tags()["scalars"]  # the toy trains nothing
         for split, values in r["metrics"].items():
             assert acc.Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
             assert run["summary"][f"{split}/accuracy"] == values["accuracy"]
-    assert "tables/01_toy/text_summary" in board(logs / "toy" / "quick" / "report").Tags()["tensors"]
+    report = board(logs / "toy" / "quick" / "report")
+    assert "tables/01_toy/text_summary" in report.Tags()["tensors"]
+    # the leaderboard's figure, pixel for pixel as the night's own leaderboard drew it
+    import io
+
+    from PIL import Image
+
+    (image,) = report.Images("figures/LEADERBOARD_toy")
+    logged = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))
+    drawn = np.asarray(Image.open(out / "d1" / "LEADERBOARD_toy.png").convert("RGB"))
+    assert logged.shape == drawn.shape and np.array_equal(logged, drawn)
+    (row,) = [h for h in runs["toy/quick/report"]["history"] if "figures/LEADERBOARD_toy/_type" in h]
+    assert row["figures/LEADERBOARD_toy/_type"] == "image-file"
+    assert (row["figures/LEADERBOARD_toy/width"], row["figures/LEADERBOARD_toy/height"]) == drawn.shape[1::-1]

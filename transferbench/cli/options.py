@@ -192,13 +192,15 @@ def tracking_of(args):
     kinds = tuple(dict.fromkeys(getattr(args, "log_to", None) or ()))
     if not kinds:
         return None
-    return Tracking(
+    import os
+
+    return Tracking(  # the folder and the mode resolved here, so that every worker, on any node, uses the driver's
         kinds=kinds,
-        dir=args.log_dir,
+        dir=Path(args.log_dir).expanduser().absolute(),
         project=args.wandb_project,
         entity=args.wandb_entity,
         group=args.wandb_group,
-        mode=args.wandb_mode,
+        mode=args.wandb_mode or os.environ.get("WANDB_MODE") or "offline",
     )
 
 

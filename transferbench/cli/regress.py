@@ -225,6 +225,7 @@ def gate_settings(args) -> dict:
 
 
 def nightly(args) -> int:
+    import dataclasses
     from datetime import datetime, timezone
 
     from ..night import Night
@@ -246,6 +247,10 @@ def nightly(args) -> int:
         rebuild=not args.no_rebuild,
     )
     options = run_options(args)
+    if options.tracking is not None:  # each night's entries in a folder of its own: LOG_DIR/DATE
+        options = dataclasses.replace(
+            options, tracking=dataclasses.replace(options.tracking, dir=options.tracking.dir / night.date)
+        )
     text, code = night.run(options, executor)
     log_folder(options.tracking, night.current, night.suite)
     print(text)

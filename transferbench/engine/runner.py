@@ -170,6 +170,8 @@ def run_task(
     store.remove_stale_temps()
     executor = executor or InlineExecutor()
     ctx = options.context()
+    if ctx.tracking is not None:  # each entry names the settings this task sweeps (tracking.entries.entry_parts)
+        ctx = dataclasses.replace(ctx, tracking=dataclasses.replace(ctx.tracking, swept=tuple(sorted(task.sweep))))
     if task.hparams.get("pixels") == "auto":
         for b in backbones:
             if b.checkpoint and not b.pixels:  # said once per run and backbone

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,13 +48,21 @@ def check(tracking: Tracking | None, out: Path | None = None) -> None:
         if kind not in KINDS:
             raise UserError(f"--log-to {kind!r} is not a tracker; choose from {', '.join(KINDS)} (comma-separated)")
         try:
-            _import(kind)
+            module = _import(kind)
         except Exception as e:  # noqa: BLE001 - a missing or broken install says the same: install the extra
-            name = "tensorboard" if kind == "tensorboard" else "wandb"
             raise UserError(
-                f"--log-to {kind} needs the {name} package, which does not import here ({type(e).__name__}: "
+                f"--log-to {kind} needs the {kind} package, which does not import here ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}): {INSTALL}"
             ) from None
+        if kind == "wandb":
+            from .wandb import MINIMUM
+
+            have = tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:3])
+            if have < MINIMUM:
+                raise UserError(
+                    f"--log-to wandb needs wandb {'.'.join(map(str, MINIMUM))} or newer (one run per cell), and "
+                    f"{module.__version__} is installed: {INSTALL} --upgrade"
+                )
     if "wandb" in tracking.kinds and tracking.wandb_mode() not in WANDB_MODES:
         raise UserError(
             f"W&B mode {tracking.wandb_mode()!r} (--wandb-mode or WANDB_MODE) is not one of {', '.join(WANDB_MODES)}"
@@ -101,7 +110,7 @@ def guarded(kind: str, what: str, call: Callable, *args, **kwargs):
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
         return call(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a tracker never costs a cell
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a tracker never costs a cell (an interrupt goes through)
         _OFF.add(kind)
         log.warning(
             "transferbench: warning: --log-to %s failed while %s (%s: %s); it is off in this process for the rest "
@@ -121,7 +130,7 @@ def guarded(kind: str, what: str, call: Callable, *args, **kwargs):
 def _quietly(call: Callable) -> None:
     try:
         call()
-    except Exception:  # noqa: BLE001, S110 - the tracker has had its warning already
+    except (Exception, SystemExit):  # noqa: BLE001, S110 - the tracker has had its warning already
         pass
 
 
@@ -130,34 +139,43 @@ def _quietly(call: Callable) -> None:
 
 @dataclass
 class CellLog:
-    """One cell's entry in each tracker of a run (`open_cell`); the training loop sends its curves through
+    """One cell's entry in each tracker of a run (`cell_entry`); the training loop sends its curves through
     `curve`, and `close` writes the outcome."""
 
     tracking: Tracking
     cell: object
     sinks: dict = field(default_factory=dict)  # kind -> its sink (tracking.tensorboard / tracking.wandb)
     loops: dict = field(default_factory=dict)  # a training loop's desc -> its tag
+    closed: bool = False
 
     def curve(self, desc: str):
         """The Curve of the training loop named `desc` (its tag: train, then train_2, ...)."""
         if desc not in self.loops:
             self.loops[desc] = TRAIN if not self.loops else f"{TRAIN}_{len(self.loops) + 1}"
-        return Curve(self, self.loops[desc], desc)
+        return Curve(self, self.loops[desc])
 
     def close(self, outcome: dict) -> None:
+        """The outcome into each entry, which is then finished; a tracker that failed earlier lets its go."""
+        self.closed = True
         for kind, sink in self.sinks.items():
-            if kind in _OFF:  # failed earlier in this cell: its entry is let go without another word
+            if kind in _OFF:
                 _quietly(sink.abandon)
             else:
                 guarded(kind, "closing a cell's entry", sink.close, outcome, dict(self.loops))
+
+    def abandon(self) -> None:
+        """Each entry finished as it is (the cell ended without an outcome: interrupted, its worker stopping)."""
+        self.closed = True
+        for sink in self.sinks.values():
+            _quietly(sink.abandon)
 
 
 class Curve:
     """One training loop's curve: `send` logs the steps the loop has not yet sent (their losses, read from the
     device in one go, and the learning rate of each)."""
 
-    def __init__(self, cell_log: CellLog, tag: str, desc: str):
-        self.log, self.tag, self.desc, self.sent = cell_log, tag, desc, 0
+    def __init__(self, cell_log: CellLog, tag: str):
+        self.log, self.tag, self.sent = cell_log, tag, 0
 
     def send(self, losses: list, lr_of: Callable[[int], float]) -> None:
         """`losses`: the loop's per-step loss tensors so far; `lr_of(step)`: the schedule's rate at step (from 0)."""
@@ -184,7 +202,8 @@ def current() -> CellLog | None:
 @contextmanager
 def cell_entry(tracking: Tracking | None, cell, settings_model=None):
     """The cell's entry in each of the run's trackers while it computes (`current()` inside); yields the CellLog,
-    or None where the run logs nowhere."""
+    or None where the run logs nowhere. The caller closes it with the outcome; an entry left open (an interrupt, an
+    error outside the cell's own) is finished as it is on the way out."""
     global _CURRENT
     if tracking is None or not tracking.kinds:
         yield None
@@ -199,6 +218,8 @@ def cell_entry(tracking: Tracking | None, cell, settings_model=None):
         yield entry
     finally:
         _CURRENT = None
+        if not entry.closed:
+            entry.abandon()
 
 
 def _open(kind: str, tracking: Tracking, cell, settings_model):

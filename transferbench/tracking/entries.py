@@ -20,7 +20,9 @@ TRAIN = "train"  # the tag of a cell's first training loop; a later loop of the 
 class Tracking:
     """Where a run logs: the trackers (`kinds`, of KINDS), the folder (TensorBoard's log dir; W&B's `dir`, under
     which it writes wandb/offline-run-*), and W&B's project, entity, group (None: TASK/SUITE) and mode (None: the
-    WANDB_MODE variable, else offline)."""
+    WANDB_MODE variable, else offline). The command line resolves the folder and the mode in the driver
+    (`cli.options.tracking_of`), so that a worker on another node logs where and how the driver was told.
+    `swept`: the hyper-parameters the task sweeps (engine.runner sets it per task), named in each entry."""
 
     kinds: tuple = ()
     dir: Path = DEFAULT_DIR
@@ -28,6 +30,7 @@ class Tracking:
     entity: str | None = None
     group: str | None = None
     mode: str | None = None
+    swept: tuple = ()
 
     def wandb_mode(self) -> str:
         return self.mode or os.environ.get("WANDB_MODE") or "offline"
@@ -41,12 +44,29 @@ def _part(text) -> str:
     return re.sub(r"[/\\\s]+", "_", str(text)) or "_"
 
 
-def entry_parts(cell) -> list[str]:
-    """A cell's entry name, part by part: task, suite, dataset, backbone, stage, the hyper-parameters its stage
-    sweeps (`cell.select`, as NAME=VALUE) and the seed."""
-    swept = ",".join(f"{k}={cell.hparams[k]}" for k in cell.select if k in cell.hparams)
+def entry_parts(cell, swept=()) -> list[str]:
+    """A cell's entry name, part by part: task, suite, dataset, backbone, stage, the hyper-parameters the task
+    sweeps (`swept`: the learning rates a stage selects from, few-shot's shots, ADE20K's fraction; as NAME=VALUE)
+    and the seed with the first 8 characters of the cell's key, which tells apart two cells that differ in
+    anything else (a --set of another run into the same folder, backbone names that differ in a separator)."""
+    keys = [k for k in (*swept, *cell.select) if k in cell.hparams]
+    named = ",".join(f"{k}={cell.hparams[k]}" for k in dict.fromkeys(keys))
     parts = [cell.task, cell.suite or "all", cell.dataset, cell.backbone, cell.stage or "cell"]
-    return [_part(p) for p in parts] + ([_part(swept)] if swept else []) + [f"seed{cell.seed}"]
+    return [_part(p) for p in parts] + ([_part(named)] if named else []) + [f"seed{cell.seed}-{cell.key[:8]}"]
+
+
+def fresh_folder(folder: Path) -> Path:
+    """`folder`, made and taken; or, where an earlier attempt took it, the first free `rerun-N` below it. Taking is
+    atomic (making `.taken`), so no two writers share a folder."""
+    n, chosen = 1, folder
+    while True:
+        chosen.mkdir(parents=True, exist_ok=True)
+        try:
+            (chosen / ".taken").mkdir()
+            return chosen
+        except FileExistsError:
+            n += 1
+            chosen = folder / f"rerun-{n}"
 
 
 def final_metrics(outcome: dict) -> dict:

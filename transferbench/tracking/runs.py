@@ -16,35 +16,58 @@ def log_task(tracking: Tracking | None, task: str, suite: str, folder: Path, tab
     of the run's trackers, and say on stderr where the entries are."""
     if tracking is None or not tracking.kinds or not tables:
         return
+    logged = []
+    with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
+        figures: list = []  # drawn once, by the first tracker that needs them
+        for kind in tracking.kinds:
+            done = guarded(
+                kind,
+                "logging the report",
+                _report,
+                kind,
+                tracking,
+                task,
+                suite,
+                folder,
+                tables,
+                reference,
+                Path(tmp),
+                figures,
+            )
+            if done:
+                logged.append(kind)
+    if logged:
+        print(f"{task}: logged to {where(tracking, logged)}", file=sys.stderr)
+
+
+def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, figures: list) -> bool:
     from ..reporting.formats import to_markdown, to_rows
     from ..reporting.leaderboard import write_leaderboard
 
+    if not figures:  # named as the leaderboard names its files (LEADERBOARD_TASK.png)
+        write_leaderboard([folder], tmp / "LEADERBOARD.md", reference)
+        figures += sorted(tmp.glob("*.png")) or [None]
+    images = [f for f in figures if f is not None]
     titles = [_title(i, t) for i, t in enumerate(tables)]
-    with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
-        board = Path(tmp) / "LEADERBOARD.md"  # its figures are named as the leaderboard names them
-        board = guarded("figures", "drawing the leaderboard's figures", write_leaderboard, [folder], board, reference)
-        figures = sorted(Path(tmp).glob("*.png")) if board else []
-        for kind in tracking.kinds:
-            if kind == "tensorboard":
-                from .tensorboard import report
+    if kind == "tensorboard":
+        from .tensorboard import report
 
-                content = [(title, to_markdown(t)) for title, t in zip(titles, tables)]
-            else:
-                from .wandb import report
+        report(tracking, task, suite, [(title, to_markdown(t)) for title, t in zip(titles, tables)], images)
+    else:
+        from .wandb import report
 
-                content = [(title, to_rows(t)) for title, t in zip(titles, tables)]
-            guarded(kind, "logging the report", report, tracking, task, suite, content, figures)
-    print(f"{task}: logged to {where(tracking)}", file=sys.stderr)
+        report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], images)
+    return True
 
 
 def _title(i: int, t) -> str:
     return f"{i + 1:02d}_{t.task}" + (f"_{t.setting}" if t.setting else "")
 
 
-def where(tracking: Tracking) -> str:
-    """Where a run's entries are, and the command that shows them."""
+def where(tracking: Tracking, kinds=None) -> str:
+    """Where a run's entries are (those of `kinds`, default all), and the command that shows them."""
     said = []
-    for kind in tracking.kinds:
+    for kind in kinds or tracking.kinds:
         if kind == "tensorboard":
             said.append(f"TensorBoard (tensorboard --logdir {tracking.dir})")
         else:

@@ -1,14 +1,15 @@
 """TensorBoard: each cell a run folder of event files under the log dir (LOG_DIR/TASK/SUITE/DATASET/BACKBONE/STAGE/
-[SWEPT]/seedN), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: train, train_2,
+[SWEPT]/seedN-KEY), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: train, train_2,
 ... one per training loop), SPLIT/METRIC and wall_s; text: the settings with their sources and what each loop was;
 the HParams dashboard: the cell's hyper-parameters against its final metrics. A rerun of a cell (another attempt,
---force) writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run."""
+--force) writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run; so does a
+second run's report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import Tracking, entry_parts, final_metrics
+from .entries import Tracking, entry_parts, final_metrics, fresh_folder
 
 
 def _writer(folder: Path):
@@ -41,17 +42,6 @@ def _quiet_writer_thread() -> None:
     _HOOKED.append(previous)
 
 
-def cell_folder(tracking: Tracking, cell) -> Path:
-    """The cell's run folder: its entry's parts under the log dir; rerun-N below it where it holds events already."""
-    folder = Path(tracking.dir).joinpath(*entry_parts(cell))
-    n = 1
-    chosen = folder
-    while chosen.is_dir() and any(p.name.startswith("events.") for p in chosen.iterdir()):
-        n += 1
-        chosen = folder / f"rerun-{n}"
-    return chosen
-
-
 def _markdown(rows: list[tuple], header: tuple) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
@@ -66,11 +56,15 @@ class CellBoard:
     """One cell's TensorBoard run."""
 
     def __init__(self, tracking: Tracking, cell, settings: list[tuple]):
-        self.folder = cell_folder(tracking, cell)
+        self.folder = fresh_folder(Path(tracking.dir).joinpath(*entry_parts(cell, tracking.swept)))
         self.writer = _writer(self.folder)
-        self.cell, self.settings = cell, settings
-        self.writer.add_text("settings", _markdown(settings, ("setting", "value", "source")), 0)
-        self.writer.flush()
+        self.settings = settings
+        try:
+            self.writer.add_text("settings", _markdown(settings, ("setting", "value", "source")), 0)
+            self.writer.flush()
+        except BaseException:
+            self.writer.close()
+            raise
 
     def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
         for step, loss, lr in zip(steps, losses, lrs):
@@ -94,20 +88,21 @@ class CellBoard:
         w.add_text("outcome", f"status: {status}" + (f" ({reason})" if reason else ""), 0)
         if loops:
             w.add_text("loops", _markdown([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
-        if metrics:  # the HParams dashboard: this cell's settings against its metrics, in its own run
-            values = {k: _hparam(v) for k, v, _ in self.settings}
-            for summary in hparams(values, metrics):
-                w.file_writer.add_summary(summary)
+        if metrics:  # the HParams dashboard: this cell's session (its settings, then its end); no experiment
+            # summary, so that TensorBoard builds the experiment from every cell's session and not one cell's columns
+            _, start, end = hparams({k: _hparam(v) for k, v, _ in self.settings}, metrics)
+            w.file_writer.add_summary(start)
+            w.file_writer.add_summary(end)
         w.close()
 
 
-def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, str]], figures: list[Path]) -> Path:
+def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, str]], figures: list[Path]) -> None:
     """The run's report of `task`: each table as text (its markdown), each figure as an image, in the run folder
-    LOG_DIR/TASK/SUITE/report; returns the folder."""
+    LOG_DIR/TASK/SUITE/report."""
     import numpy as np
     from PIL import Image
 
-    folder = Path(tracking.dir) / task / (suite or "all") / "report"
+    folder = fresh_folder(Path(tracking.dir) / task / (suite or "all") / "report")
     w = _writer(folder)
     try:
         for title, markdown in tables:
@@ -117,4 +112,3 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, st
                 w.add_image(f"figures/{path.stem}", np.asarray(im.convert("RGB")), 0, dataformats="HWC")
     finally:
         w.close()
-    return folder

@@ -1,8 +1,9 @@
 """Weights & Biases: each cell a run, offline unless asked otherwise (`wandb sync LOG_DIR/wandb/offline-run-*`
-uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN in the group TASK/SUITE (so a sweep's cells
+uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN-KEY in the group TASK/SUITE (so a sweep's cells
 compare in one view), job type the cell's stage. Config: the cell's identity, its settings and their sources.
 History: TAG/loss and TAG/lr against TAG/step (TAG: train, train_2, ... one per training loop). Summary: SPLIT/METRIC,
-wall_s, status. No console capture and no system metrics: the run holds what the cell did."""
+wall_s, status (a cell that did not finish ok is a failed W&B run). No console capture, no system metrics and, offline,
+no error reports: the run holds what the cell did."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ def _settings(wandb):
     )
 
 
+MINIMUM = (0, 19, 10)  # wandb.init(reinit="create_new"): one run per cell in a long-lived worker
+
+
 def _init(tracking: Tracking, **kwargs):
+    import os
+
     import wandb
 
+    if tracking.wandb_mode() == "offline":  # offline means nothing leaves: W&B's own error reports neither
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
     folder = Path(tracking.dir)
     folder.mkdir(parents=True, exist_ok=True)
     return wandb.init(
@@ -49,7 +57,7 @@ class CellRun:
         }
         self.run = _init(
             tracking,
-            name="/".join(entry_parts(cell)),
+            name="/".join(entry_parts(cell, tracking.swept)),
             group=tracking.group_of(cell.task, cell.suite),
             job_type=cell.stage or "cell",
             config={
@@ -69,7 +77,7 @@ class CellRun:
             self.run.log({f"{tag}/step": step, f"{tag}/loss": loss, f"{tag}/lr": lr})
 
     def abandon(self) -> None:
-        self.run.finish(exit_code=1)
+        self.run.finish(exit_code=1)  # W&B marks it failed
 
     def close(self, outcome: dict, loops: dict) -> None:
         metrics = final_metrics(outcome)
@@ -82,12 +90,12 @@ class CellRun:
                 "loops": {t: d for d, t in loops.items()},
             }
         )
-        self.run.finish()
+        self.run.finish(exit_code=0 if outcome.get("status") == "ok" else 1)
 
 
 def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, list[dict]]], figures: list[Path]):
     """The run's report of `task`: one run (job type report) in the task's group, each table a wandb.Table of its
-    rows, each figure a wandb.Image; returns the run's folder."""
+    rows, each figure a wandb.Image."""
     import wandb
 
     name, group = f"{task}/{suite or 'all'}/report", tracking.group_of(task, suite)
@@ -101,7 +109,6 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
             run.log({f"figures/{path.stem}": wandb.Image(str(path))})
     finally:
         run.finish()
-    return Path(run.dir).parent if run.dir else None
 
 
 def _cell_value(v):

@@ -113,11 +113,11 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
     sources = {k: f.json_schema_extra["source"] for k, f in settings_model.model_fields.items()}
 
     acc = board(log_dir.joinpath(*parts))
-    loss = acc.Scalars("train/loss")
+    loss = acc.Scalars("curve/loss")
     assert [e.step for e in loss] == list(range(1, steps + 1))
     assert loss[-1].value == np.float32(r["info"]["final_loss"])  # a float32 loss, kept exactly
     assert all(math.isfinite(e.value) for e in loss)
-    assert [e.value for e in acc.Scalars("train/lr")] == [np.float32(x) for x in lrs]
+    assert [e.value for e in acc.Scalars("curve/lr")] == [np.float32(x) for x in lrs]
     for split, values in r["metrics"].items():
         for metric, v in values.items():
             assert acc.Scalars(f"{split}/{metric}")[0].value == np.float32(v)
@@ -131,10 +131,10 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
     assert run["config"]["settings"] == r["hparams"]
     assert run["config"]["sources"] == {k: sources.get(k, "") for k in r["hparams"]}
     assert run["config"]["cell"]["key"] == r["key"]
-    rows = [h for h in run["history"] if "train/loss" in h]
-    assert [h["train/step"] for h in rows] == list(range(1, steps + 1))
-    assert [h["train/lr"] for h in rows] == lrs  # JSON keeps the double exactly
-    assert rows[-1]["train/loss"] == r["info"]["final_loss"]
+    rows = [h for h in run["history"] if "curve/loss" in h]
+    assert [h["curve/step"] for h in rows] == list(range(1, steps + 1))
+    assert [h["curve/lr"] for h in rows] == lrs  # JSON keeps the double exactly
+    assert rows[-1]["curve/loss"] == r["info"]["final_loss"]
     for split, values in r["metrics"].items():
         for metric, v in values.items():
             assert run["summary"][f"{split}/{metric}"] == v
@@ -230,6 +230,18 @@ def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
     assert len(names) == 5
     folder = tmp_path.joinpath(*entry_parts(cell(), swept))
     assert fresh_folder(folder) == folder and fresh_folder(folder) == folder / "rerun-2"
+
+
+def test_a_report_tables_key_is_short_and_plain_whatever_its_setting():
+    """W&B names a table's artifact after its key and refuses names over 128 characters: ImageNet-C's tables carry a
+    sentence as their setting."""
+    from types import SimpleNamespace
+
+    from transferbench.tracking.runs import _title
+
+    long = SimpleNamespace(task="imagenet_c", setting="CE normalised by mu4@embedded's mean errors (×100); " * 4)
+    assert _title(0, long) == "01_imagenet_c_CE_normalised_by_mu4_embedded_s_mean_errors_100_CE"
+    assert _title(2, SimpleNamespace(task="fewshot", setting="shots=10")) == "03_fewshot_shots=10"
 
 
 def test_a_tracker_that_fails_mid_run_costs_one_warning_and_no_cell(suite_home, tmp_path, monkeypatch, caplog):
@@ -360,7 +372,7 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
     for r in records:
         parts = entry_parts(cell_of(r), swept)
         acc, run = board(logs.joinpath(*parts)), runs["/".join(parts)]
-        assert run["group"] == "toy/quick" and "train/loss" not in acc.Tags()["scalars"]  # the toy trains nothing
+        assert run["group"] == "toy/quick" and "curve/loss" not in acc.Tags()["scalars"]  # the toy trains nothing
         for split, values in r["metrics"].items():
             assert acc.Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
             assert run["summary"][f"{split}/accuracy"] == values["accuracy"]

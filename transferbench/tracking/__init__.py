@@ -149,7 +149,7 @@ class CellLog:
     closed: bool = False
 
     def curve(self, desc: str):
-        """The Curve of the training loop named `desc` (its tag: train, then train_2, ...)."""
+        """The Curve of the training loop named `desc` (its tag: curve, then curve_2, ...)."""
         if desc not in self.loops:
             self.loops[desc] = TRAIN if not self.loops else f"{TRAIN}_{len(self.loops) + 1}"
         return Curve(self, self.loops[desc])

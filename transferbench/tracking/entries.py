@@ -13,7 +13,9 @@ WANDB_MODES = ("offline", "online", "disabled")
 INSTALL = "pip install 'transferbench[tracking]'"
 DEFAULT_DIR = Path("tracking")
 DEFAULT_PROJECT = "transferbench"
-TRAIN = "train"  # the tag of a cell's first training loop; a later loop of the same cell is train_2, train_3, ...
+# the tag of a cell's first training loop (curve/loss, curve/lr); a later loop of the same cell is curve_2, curve_3, ...
+# (not train: a record's metrics may have a split of that name, train/loss_heldout)
+TRAIN = "curve"
 
 
 @dataclass(frozen=True)

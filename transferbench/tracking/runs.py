@@ -4,6 +4,7 @@ the rows `report --format csv` writes) and the leaderboard's figures of the task
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -61,7 +62,10 @@ def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, f
 
 
 def _title(i: int, t) -> str:
-    return f"{i + 1:02d}_{t.task}" + (f"_{t.setting}" if t.setting else "")
+    """A table's key in the trackers: its place, task and setting, in at most 64 letters, digits and _=.,- (W&B
+    names a table's artifact after it, and refuses names over 128 characters)."""
+    setting = re.sub(r"[^\w=.,-]+", "_", t.setting).strip("_") if t.setting else ""
+    return (f"{i + 1:02d}_{t.task}" + (f"_{setting}" if setting else ""))[:64]
 
 
 def where(tracking: Tracking, kinds=None) -> str:

@@ -1,5 +1,5 @@
 """TensorBoard: each cell a run folder of event files under the log dir (LOG_DIR/TASK/SUITE/DATASET/BACKBONE/STAGE/
-[SWEPT]/seedN-KEY), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: train, train_2,
+[SWEPT]/seedN-KEY), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: curve, curve_2,
 ... one per training loop), SPLIT/METRIC and wall_s; text: the settings with their sources and what each loop was;
 the HParams dashboard: the cell's hyper-parameters against its final metrics. A rerun of a cell (another attempt,
 --force) writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run; so does a

@@ -1,7 +1,7 @@
 """Weights & Biases: each cell a run, offline unless asked otherwise (`wandb sync LOG_DIR/wandb/offline-run-*`
 uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN-KEY in the group TASK/SUITE (so a sweep's cells
 compare in one view), job type the cell's stage. Config: the cell's identity, its settings and their sources.
-History: TAG/loss and TAG/lr against TAG/step (TAG: train, train_2, ... one per training loop). Summary: SPLIT/METRIC,
+History: TAG/loss and TAG/lr against TAG/step (TAG: curve, curve_2, ... one per training loop). Summary: SPLIT/METRIC,
 wall_s, status (a cell that did not finish ok is a failed W&B run). No console capture, no system metrics and, offline,
 no error reports: the run holds what the cell did."""
 

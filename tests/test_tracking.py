@@ -122,6 +122,8 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
         for metric, v in values.items():
             assert acc.Scalars(f"{split}/{metric}")[0].value == np.float32(v)
     assert acc.Scalars("wall_s")[0].value == np.float32(r["seconds"])
+    hparams = acc.PluginTagToContent("hparams")  # the HParams dashboard: this cell's session, no experiment of its own
+    assert set(hparams) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     text = board_text(acc, "settings")
     for k, v in r["hparams"].items():
         assert f"| {k} | {v} | {sources.get(k, '')} |" in text
@@ -230,6 +232,13 @@ def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
     assert len(names) == 5
     folder = tmp_path.joinpath(*entry_parts(cell(), swept))
     assert fresh_folder(folder) == folder and fresh_folder(folder) == folder / "rerun-2"
+
+
+def test_each_training_loop_of_a_cell_gets_a_tag_of_its_own():
+    from transferbench.tracking import CellLog
+
+    entry = CellLog(Tracking(kinds=("tensorboard",)), cell=None)
+    assert [entry.curve(d).tag for d in ("text tower", "image tower", "text tower")] == ["curve", "curve_2", "curve"]
 
 
 def test_a_report_tables_key_is_short_and_plain_whatever_its_setting():

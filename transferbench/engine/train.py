@@ -86,20 +86,17 @@ def fit(
     compile: bool = False,
     loss_at: tuple[int, ...] = (),
 ) -> dict:
-    """Train `steps` optimizer steps. Each batch is split into micro-batches of at most `micro_batch`
-    examples (gradient accumulation; the loss is the batch mean either way). Running out of memory
-    halves the micro-batch and retries the step, so a batch of 512 fits where it can. `schedule`:
-    'cosine' (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0). A loss over the
-    batch as a whole (contrastive: every other example is a negative) is `splittable=False`: the batch is
-    never split, and running out of memory is an error that says to lower the batch. `on_step(step)` is called
-    once the step's gradients are complete, before clipping (diagnostics read the gradient norms there).
+    """Train `steps` optimizer steps, each batch in micro-batches of at most `micro_batch` examples (the loss is the
+    batch mean either way); running out of memory halves the micro-batch and retries the step. `schedule`: 'cosine'
+    (warm-up then cosine to 0) or 'poly' (warm-up then (1 - t/T)^power to 0). A loss over the whole batch
+    (contrastive) is `splittable=False`: never split, and out of memory is an error that says to lower the batch.
+    `on_step(step)`: called once the step's gradients are complete, before clipping (diagnostics read them there).
     `compile` (a bool, or auto | on | off: engine.compute.compiles): the steps run through torch.compile (`_Compiled`;
-    results equal the eager ones up to floating-point summation order); the result's `compile_s` is the first step's
-    seconds. The loss stays on the device: the host reads it every LOSS_EVERY steps and at the end (the only
-    synchronisations of the loop), and a non-finite loss raises Diverged there, naming the first step that had one.
-    `loss_at`: steps (from 1) whose batch loss the result's `loss_at` holds (a curve's fixed points, read at the end).
-    `bf16`: True/False, or a setting (auto | on | off) resolved by engine.precision on the first batch's
-    shape; the result's `bf16` and `bf16_choice` say what ran and why."""
+    equal to eager up to summation order); the result's `compile_s` is the first step's seconds. The loss stays on
+    the device: the host reads it every LOSS_EVERY steps and at the end (the loop's only synchronisations; the cell's
+    trackers get the steps' losses there), and a non-finite loss raises Diverged there, naming its first step.
+    `loss_at`: steps (from 1) whose batch loss the result's `loss_at` holds. `bf16`: True/False, or auto | on | off
+    resolved by engine.precision on the first batch's shape; the result's `bf16` and `bf16_choice` say what ran."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if micro_batch and not splittable:

@@ -168,7 +168,9 @@ def test_every_cell_logs_its_curve_metrics_and_settings_and_no_record_moves(suit
     common += "--set lr=0.01,0.03 --jobs 2"
     assert cli(f"{common} --out {tmp_path / 'plain'}") == 0
     assert cli(f"{common} --out {tmp_path / 'logged'} --log-to tensorboard,wandb --log-dir {logs}") == 0
-    assert "vtab: logged to TensorBoard (tensorboard --logdir" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"vtab: logging each cell to TensorBoard (tensorboard --logdir {logs}) and W&B, offline" in err
+    assert "vtab: logged to TensorBoard (tensorboard --logdir" in err
 
     records = load_records([tmp_path / "logged"])
     assert len(records) == 4 and {r["status"] for r in records} == {"ok"}

@@ -73,6 +73,10 @@ def run_cells(task, backbones: list, out: Path, options: RunOptions, executor, m
         f"{','.join(map(str, task.seeds))}, {len(backbones)} backbones -> {out}{how}",
         file=sys.stderr,
     )
+    if options.tracking is not None:  # where to point TensorBoard while the cells run
+        from .tracking.runs import where
+
+        print(f"{task.name}: logging each cell to {where(options.tracking)}", file=sys.stderr)
     try:
         summary = run_task(task, backbones, out, options, executor=executor)
     except UserError:

@@ -39,6 +39,15 @@ def board_text(acc, tag: str) -> str:
     return acc.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()
 
 
+def markdown_rows(text: str) -> list[tuple]:
+    """A markdown table's rows (its header first), each cell stripped, its separator line left out."""
+    import re
+
+    lines = [line.strip().strip("|") for line in text.splitlines() if line.strip().startswith("|")]
+    rows = [tuple(c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)) for line in lines]
+    return [row for row in rows if not all(set(c) <= set("-: ") for c in row)]
+
+
 def wandb_records(path: Path):
     """The records of a W&B transaction log (run-ID.wandb): its header (:W&B, 0xBEE1, version 0), then LevelDB-log
     blocks of 32 KiB whose chunks (CRC-32 of type and data, length, type: full, first, middle, last) carry
@@ -124,9 +133,10 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
     assert acc.Scalars("wall_s")[0].value == np.float32(r["seconds"])
     hparams = acc.PluginTagToContent("hparams")  # the HParams dashboard: this cell's session, no experiment of its own
     assert set(hparams) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
-    text = board_text(acc, "settings")
+    rows = markdown_rows(board_text(acc, "settings"))
+    assert rows[0] == ("setting", "value", "source")
     for k, v in r["hparams"].items():
-        assert f"| {k} | {v} | {sources.get(k, '')} |" in text
+        assert (k, str(v), sources.get(k, "")) in rows
 
     run = runs["/".join(parts)]
     assert run["group"] == f"{r['task']}/{r['suite']}" and run["job_type"] == r["stage"]

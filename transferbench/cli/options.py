@@ -192,16 +192,14 @@ def tracking_of(args):
     kinds = tuple(dict.fromkeys(getattr(args, "log_to", None) or ()))
     if not kinds:
         return None
-    import os
-
-    return Tracking(  # the folder and the mode resolved here, so that every worker, on any node, uses the driver's
+    return Tracking(
         kinds=kinds,
-        dir=Path(args.log_dir).expanduser().absolute(),
+        dir=args.log_dir,
         project=args.wandb_project,
         entity=args.wandb_entity,
         group=args.wandb_group,
-        mode=args.wandb_mode or os.environ.get("WANDB_MODE") or "offline",
-    )
+        mode=args.wandb_mode,
+    ).resolved()  # the folder and the mode decided in the driver, for every worker on any node
 
 
 def strict_option(p: argparse.ArgumentParser) -> None:

@@ -209,8 +209,9 @@ def cell_entry(tracking: Tracking | None, cell, settings_model=None):
         yield None
         return
     entry = CellLog(tracking, cell)
+    settings = settings_table(cell, settings_model)
     for kind in tracking.kinds:
-        sink = guarded(kind, "opening a cell's entry", _open, kind, tracking, cell, settings_model)
+        sink = guarded(kind, "opening a cell's entry", _open, kind, tracking, cell, settings)
         if sink is not None:
             entry.sinks[kind] = sink
     _CURRENT = entry
@@ -222,14 +223,14 @@ def cell_entry(tracking: Tracking | None, cell, settings_model=None):
             entry.abandon()
 
 
-def _open(kind: str, tracking: Tracking, cell, settings_model):
+def _open(kind: str, tracking: Tracking, cell, settings: list[tuple]):
     if kind == "tensorboard":
         from .tensorboard import CellBoard
 
-        return CellBoard(tracking, cell, settings_table(cell, settings_model))
+        return CellBoard(tracking, cell, settings)
     from .wandb import CellRun
 
-    return CellRun(tracking, cell, settings_table(cell, settings_model))
+    return CellRun(tracking, cell, settings)
 
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 KINDS = ("tensorboard", "wandb")
@@ -23,7 +23,7 @@ class Tracking:
     """Where a run logs: the trackers (`kinds`, of KINDS), the folder (TensorBoard's log dir; W&B's `dir`, under
     which it writes wandb/offline-run-*), and W&B's project, entity, group (None: TASK/SUITE) and mode (None: the
     WANDB_MODE variable, else offline). The command line resolves the folder and the mode in the driver
-    (`cli.options.tracking_of`), so that a worker on another node logs where and how the driver was told.
+    (`resolved`), so that a worker on another node logs where and how the driver was told.
     `swept`: the hyper-parameters the task sweeps (engine.runner sets it per task), named in each entry."""
 
     kinds: tuple = ()
@@ -36,6 +36,11 @@ class Tracking:
 
     def wandb_mode(self) -> str:
         return self.mode or os.environ.get("WANDB_MODE") or "offline"
+
+    def resolved(self) -> Tracking:
+        """These options with the folder made absolute and the mode decided here (the driver), so that every worker,
+        on any node, logs where and how the driver was told."""
+        return replace(self, dir=Path(self.dir).expanduser().absolute(), mode=self.wandb_mode())
 
     def group_of(self, task: str, suite: str) -> str:
         return self.group or f"{task}/{suite or 'all'}"
@@ -69,6 +74,12 @@ def fresh_folder(folder: Path) -> Path:
         except FileExistsError:
             n += 1
             chosen = folder / f"rerun-{n}"
+
+
+def plain(value):
+    """A value as a tracker's table or HParams session takes it: a bool, number, string (or None) as it is, anything
+    else (a list, a mapping) as its text."""
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def final_metrics(outcome: dict) -> dict:

@@ -19,45 +19,31 @@ def log_task(tracking: Tracking | None, task: str, suite: str, folder: Path, tab
         return
     logged = []
     with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
-        figures: list = []  # drawn once, by the first tracker that needs them
         for kind in tracking.kinds:
-            done = guarded(
-                kind,
-                "logging the report",
-                _report,
-                kind,
-                tracking,
-                task,
-                suite,
-                folder,
-                tables,
-                reference,
-                Path(tmp),
-                figures,
-            )
-            if done:
+            args = (kind, tracking, task, suite, folder, tables, reference, Path(tmp))
+            if guarded(kind, "logging the report", _report, *args):
                 logged.append(kind)
     if logged:
         print(f"{task}: logged to {where(tracking, logged)}", file=sys.stderr)
 
 
-def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, figures: list) -> bool:
+def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path) -> bool:
     from ..reporting.formats import to_markdown, to_rows
     from ..reporting.leaderboard import write_leaderboard
 
-    if not figures:  # named as the leaderboard names its files (LEADERBOARD_TASK.png)
-        write_leaderboard([folder], tmp / "LEADERBOARD.md", reference)
-        figures += sorted(tmp.glob("*.png")) or [None]
-    images = [f for f in figures if f is not None]
+    board = tmp / "LEADERBOARD.md"  # its figures are named as the leaderboard names its files (LEADERBOARD_TASK.png)
+    if not board.exists():  # drawn once, by the first tracker
+        write_leaderboard([folder], board, reference)
+    figures = sorted(tmp.glob("*.png"))
     titles = [_title(i, t) for i, t in enumerate(tables)]
     if kind == "tensorboard":
         from .tensorboard import report
 
-        report(tracking, task, suite, [(title, to_markdown(t)) for title, t in zip(titles, tables)], images)
+        report(tracking, task, suite, [(title, to_markdown(t)) for title, t in zip(titles, tables)], figures)
     else:
         from .wandb import report
 
-        report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], images)
+        report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], figures)
     return True
 
 

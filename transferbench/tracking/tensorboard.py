@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import Tracking, entry_parts, final_metrics, fresh_folder
+from .entries import Tracking, entry_parts, final_metrics, fresh_folder, plain
 
 
 def _writer(folder: Path):
@@ -43,13 +43,12 @@ def _quiet_writer_thread() -> None:
 
 
 def _markdown(rows: list[tuple], header: tuple) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+    """A markdown table of `rows` as TensorBoard's text plugin renders it: each value as its text, a | in it
+    escaped."""
+    from tabulate import tabulate
 
-
-def _hparam(v):
-    return v if isinstance(v, (bool, int, float, str)) else str(v)
+    text = [[str(v).replace("|", "\\|") for v in row] for row in rows]
+    return tabulate(text, headers=header, tablefmt="github", disable_numparse=True)
 
 
 class CellBoard:
@@ -90,7 +89,7 @@ class CellBoard:
             w.add_text("loops", _markdown([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
         if metrics:  # the HParams dashboard: this cell's session (its settings, then its end); no experiment
             # summary, so that TensorBoard builds the experiment from every cell's session and not one cell's columns
-            _, start, end = hparams({k: _hparam(v) for k, v, _ in self.settings}, metrics)
+            _, start, end = hparams({k: str(v) if v is None else plain(v) for k, v, _ in self.settings}, metrics)
             w.file_writer.add_summary(start)
             w.file_writer.add_summary(end)
         w.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .entries import Tracking, entry_parts, final_metrics
+from .entries import Tracking, entry_parts, final_metrics, plain
 
 
 def _settings(wandb):
@@ -103,13 +103,9 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
     try:
         for title, rows in tables:
             columns = list(dict.fromkeys(k for row in rows for k in row))
-            data = [[_cell_value(row.get(c)) for c in columns] for row in rows]
+            data = [[plain(row.get(c)) for c in columns] for row in rows]
             run.log({f"tables/{title}": wandb.Table(columns=columns, data=data)})
         for path in figures:
             run.log({f"figures/{path.stem}": wandb.Image(str(path))})
     finally:
         run.finish()
-
-
-def _cell_value(v):
-    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)

@@ -351,6 +351,11 @@ def test_tracker_calls_leave_the_random_generators_as_they_were(monkeypatch):
         ),
         ("--log-to mlflow", "--log-to 'mlflow' is not a tracker; choose from tensorboard, wandb (comma-separated)"),
         (
+            "--log-to tensorbord",
+            "--log-to 'tensorbord' is not a tracker; choose from tensorboard, wandb (comma-separated); did you mean "
+            "tensorboard?",
+        ),
+        (
             "--log-to tensorboard --log-dir {out}/tb",
             "--log-dir {out}/tb lies inside the records folder {out} (whose .json files are read as records); give a "
             "folder beside it, e.g. --log-dir tracking",

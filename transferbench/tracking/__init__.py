@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, close_matches
 from .entries import (
     DEFAULT_DIR,
     DEFAULT_PROJECT,
@@ -46,7 +46,10 @@ def check(tracking: Tracking | None, out: Path | None = None) -> None:
         return
     for kind in tracking.kinds:
         if kind not in KINDS:
-            raise UserError(f"--log-to {kind!r} is not a tracker; choose from {', '.join(KINDS)} (comma-separated)")
+            raise UserError(
+                f"--log-to {kind!r} is not a tracker; choose from {', '.join(KINDS)} (comma-separated)"
+                f"{close_matches(kind, KINDS)}"
+            )
         try:
             module = _import(kind)
         except Exception as e:  # noqa: BLE001 - a missing or broken install says the same: install the extra

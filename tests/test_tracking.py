@@ -246,6 +246,50 @@ def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
     assert fresh_folder(folder) == folder and fresh_folder(folder) == folder / "rerun-2"
 
 
+def test_a_cells_wandb_entry_is_whole_on_disk_the_moment_its_cell_ends(tmp_path, monkeypatch):
+    """W&B's service writes a run's file after `finish` returns: read at once, about one run in ten was still partly
+    written (nothing past its header, or a chunk cut short). A pool worker ends through os._exit and a reader may
+    look as soon as the run ends, so each entry must be whole when its cell is closed: its records end with the exit
+    record, its summary the metrics it was closed with. A W&B run the caller holds open meanwhile stays open (the
+    entries are whole once W&B ends, at the caller's exit at the latest)."""
+    import torch
+
+    import transferbench.tracking as tracking
+    from transferbench.tracking import cell_entry
+
+    monkeypatch.setattr(tracking, "_OFF", set())
+    logs = tmp_path / "logs"
+    track = Tracking(kinds=("wandb",), dir=logs, mode="offline")
+    seen: set = set()
+
+    def cell(seed):
+        cell = Cell("vtab", "d", "mu4", "random-init", {"lr": 0.1}, seed, "2", stage="final", suite="embedded")
+        with cell_entry(track, cell) as entry:
+            entry.curve("fit").send([torch.tensor(2.0 - step / 100) for step in range(300)], lambda step: 0.1)
+            entry.close({"status": "ok", "seconds": 1.5, "metrics": {"test": {"accuracy": 50.0 + seed}}})
+        (log,) = [p for p in logs.glob("wandb/offline-run-*/run-*.wandb") if p.parent.name not in seen]
+        seen.add(log.parent.name)
+        return log
+
+    def whole(log, seed):
+        records = list(wandb_records(log))
+        assert records[-1].WhichOneof("record_type") == "exit" and records[-1].exit.exit_code == 0, seed
+        summary = {u.key: json.loads(u.value_json) for r in records if r.HasField("summary") for u in r.summary.update}
+        assert summary["test/accuracy"] == 50.0 + seed
+
+    for seed in range(24):
+        whole(cell(seed), seed)
+    own = wandb.init(project="mine", dir=str(tmp_path / "own"), mode="offline", reinit="create_new")
+    try:
+        later = [cell(seed) for seed in (24, 25)]
+        assert not own._is_finished
+    finally:
+        own.finish()
+        wandb.teardown()
+    for seed, log in zip((24, 25), later):
+        whole(log, seed)
+
+
 def test_each_training_loop_of_a_cell_gets_a_tag_of_its_own():
     from transferbench.tracking import CellLog
 

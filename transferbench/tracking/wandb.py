@@ -21,6 +21,19 @@ def _settings(wandb):
 MINIMUM = (0, 19, 10)  # wandb.init(reinit="create_new"): one run per cell in a long-lived worker
 
 
+def _finish(run, exit_code: int = 0) -> None:
+    """Finish `run` and return once its file is whole. W&B's service process writes a run's file after `finish`
+    returns; shutting the service down waits for it. So an entry is complete on disk when its cell's record is
+    written, in the driver, in a pool worker (which ends through os._exit, where W&B's own exit hook never runs) and
+    in a Ray worker (which may be stopped once the run ends). The next run starts the service again (0.2 s). A W&B
+    run the caller holds open in this process keeps the service up; W&B completes the files when it ends."""
+    import wandb
+
+    run.finish(exit_code=exit_code)
+    if wandb.setup().most_recent_active_run is None:
+        wandb.teardown()
+
+
 def _init(tracking: Tracking, **kwargs):
     import os
 
@@ -77,7 +90,7 @@ class CellRun:
             self.run.log({f"{tag}/step": step, f"{tag}/loss": loss, f"{tag}/lr": lr})
 
     def abandon(self) -> None:
-        self.run.finish(exit_code=1)  # W&B marks it failed
+        _finish(self.run, exit_code=1)  # W&B marks it failed
 
     def close(self, outcome: dict, loops: dict) -> None:
         metrics = final_metrics(outcome)
@@ -90,7 +103,7 @@ class CellRun:
                 "loops": {t: d for d, t in loops.items()},
             }
         )
-        self.run.finish(exit_code=0 if outcome.get("status") == "ok" else 1)
+        _finish(self.run, exit_code=0 if outcome.get("status") == "ok" else 1)
 
 
 def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, list[dict]]], figures: list[Path]):
@@ -108,4 +121,4 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
         for path in figures:
             run.log({f"figures/{path.stem}": wandb.Image(str(path))})
     finally:
-        run.finish()
+        _finish(run)

@@ -211,16 +211,16 @@ def strict_option(p: argparse.ArgumentParser) -> None:
 
 
 def check_execution_options(args):
-    """Checks the execution options and returns the executor they ask for (nothing is started yet)."""
+    """Checks the execution options; returns the run's options (engine.runner.RunOptions) and the executor they ask
+    for (nothing is started yet)."""
     from ..engine.executors import default_jobs, make_executor
+    from ..tracking import check
 
     if args.jobs is None:  # resolved here, so that records and results.json store what ran
         args.jobs = default_jobs() if args.executor == "local" else 1
-    run_options(args)  # the options object checks its own values (engine.runner.RunOptions)
-    from ..tracking import check
-
-    check(tracking_of(args), getattr(args, "out", None))  # before any cell: the trackers import, the folder writes
-    return make_executor(
+    options = run_options(args)  # the options object checks its own values (engine.runner.RunOptions)
+    check(options.tracking, getattr(args, "out", None))  # before any cell: the trackers import, the folder writes
+    return options, make_executor(
         args.executor,
         jobs=args.jobs,
         address=args.address,

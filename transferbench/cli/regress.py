@@ -17,7 +17,6 @@ from .options import (
     execution_options,
     gate_options,
     output_option,
-    run_options,
     seeds_option,
     strict_option,
     tracking_options,
@@ -231,7 +230,7 @@ def nightly(args) -> int:
     from ..night import Night
     from ..tracking.runs import log_folder
 
-    executor = check_execution_options(args)
+    options, executor = check_execution_options(args)
     check_gate_options(args)
     night = Night(
         args.baseline,
@@ -246,7 +245,6 @@ def nightly(args) -> int:
         rolling=args.rolling,
         rebuild=not args.no_rebuild,
     )
-    options = run_options(args)
     if options.tracking is not None:  # each night's entries in a folder of its own: LOG_DIR/DATE
         options = dataclasses.replace(
             options, tracking=dataclasses.replace(options.tracking, dir=options.tracking.dir / night.date)
@@ -260,7 +258,7 @@ def nightly(args) -> int:
 def reanchor(args) -> int:
     from ..night import reanchor as make
 
-    executor = check_execution_options(args)
+    options, executor = check_execution_options(args)
     check_gate_options(args)
     text = make(
         args.anchor,
@@ -268,7 +266,7 @@ def reanchor(args) -> int:
         tasks=args.tasks,
         backbones=args.backbone,
         gate=gate_settings(args),
-        options=run_options(args),
+        options=options,
         executor=executor,
     )
     print(text)

@@ -12,7 +12,6 @@ from .options import (
     csv_list,
     deprecated,
     execution_options,
-    run_options,
     seeds_option,
     set_option,
     tracking_options,
@@ -127,8 +126,7 @@ def run_one(name: str, args) -> int:
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)
     names = workflows.check_backbones(task, args.backbone)
-    executor = check_execution_options(args)  # workflows.run checks --reference against `names` first
-    options = run_options(args)
+    options, executor = check_execution_options(args)  # workflows.run checks --reference against `names` first
     done = workflows.run(task, names, args.out, options, executor, reference=args.reference)
     if done.records:
         print(render(done.tables))

@@ -77,6 +77,11 @@ class Settings(BaseModel):
         return cls.model_fields[name].default if name in cls.model_fields else None
 
     @classmethod
+    def source_of(cls, name: str) -> str:
+        """Where a setting's default comes from (a paper's config, the reference code), or "" where none is given."""
+        return _extra(cls.model_fields[name]).get("source", "") if name in cls.model_fields else ""
+
+    @classmethod
     def rows(cls) -> list[tuple[str, Any, str, str, str]]:
         """(setting, default, allowed, source, description) for every setting a spec may give."""
         out = []
@@ -86,7 +91,7 @@ class Settings(BaseModel):
             values = cls.choices(name)
             shown = [v for v in values or () if not isinstance(v, bool)] or list(values or ())
             allowed = " | ".join(_show(v) for v in shown) if values else _type_name(f.annotation)
-            out.append((name, f.default, allowed, _extra(f).get("source", ""), f.description or ""))
+            out.append((name, f.default, allowed, cls.source_of(name), f.description or ""))
         return out
 
     @classmethod
@@ -214,8 +219,6 @@ def _value(value) -> str:
 
 def settings_markdown(tasks: list[str], suites: list[str] | None = None) -> str:
     """docs/settings.md: one table per task (`settings_table`; `suites`: those columns only), `|` escaped."""
-    from tabulate import tabulate
-
     out = [
         "# Task settings",
         "",
@@ -226,6 +229,13 @@ def settings_markdown(tasks: list[str], suites: list[str] | None = None) -> str:
     ]
     for task in tasks:
         headers, rows = settings_table(task, suites)
-        cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
-        out += ["", f"## {task}", "", tabulate(cells, headers, tablefmt="github", disable_numparse=True)]
+        out += ["", f"## {task}", "", markdown_table(rows, headers)]
     return "\n".join(out) + "\n"
+
+
+def markdown_table(rows, headers) -> str:
+    """A GitHub markdown table of `rows`: each value as its text, a `|` in it escaped, no number reformatted."""
+    from tabulate import tabulate
+
+    cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+    return tabulate(cells, headers, tablefmt="github", disable_numparse=True)

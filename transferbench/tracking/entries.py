@@ -91,12 +91,6 @@ def final_metrics(outcome: dict) -> dict:
 
 def settings_table(cell, settings_model) -> list[tuple[str, object, str]]:
     """(name, value, source) of each setting the cell ran: its hyper-parameters, then its execution settings."""
-    fields = getattr(settings_model, "model_fields", {}) if settings_model is not None else {}
-
-    def source(name: str) -> str:
-        f = fields.get(name)
-        extra = (f.json_schema_extra or {}) if f is not None else {}
-        return extra.get("source", "") if isinstance(extra, dict) else ""
-
+    source = getattr(settings_model, "source_of", lambda name: "")  # a settings.Settings model, or None
     values = {**cell.hparams, **(cell.execution or {})}
     return [(k, v, source(k)) for k, v in values.items()]

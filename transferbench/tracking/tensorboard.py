@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..settings import markdown_table
 from .entries import Tracking, entry_parts, final_metrics, fresh_folder, plain
 
 
@@ -42,15 +43,6 @@ def _quiet_writer_thread() -> None:
     _HOOKED.append(previous)
 
 
-def _markdown(rows: list[tuple], header: tuple) -> str:
-    """A markdown table of `rows` as TensorBoard's text plugin renders it: each value as its text, a | in it
-    escaped."""
-    from tabulate import tabulate
-
-    text = [[str(v).replace("|", "\\|") for v in row] for row in rows]
-    return tabulate(text, headers=header, tablefmt="github", disable_numparse=True)
-
-
 class CellBoard:
     """One cell's TensorBoard run."""
 
@@ -59,7 +51,7 @@ class CellBoard:
         self.writer = _writer(self.folder)
         self.settings = settings
         try:
-            self.writer.add_text("settings", _markdown(settings, ("setting", "value", "source")), 0)
+            self.writer.add_text("settings", markdown_table(settings, ("setting", "value", "source")), 0)
             self.writer.flush()
         except BaseException:
             self.writer.close()
@@ -86,7 +78,7 @@ class CellBoard:
         reason = outcome.get("reason") or ""
         w.add_text("outcome", f"status: {status}" + (f" ({reason})" if reason else ""), 0)
         if loops:
-            w.add_text("loops", _markdown([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
+            w.add_text("loops", markdown_table([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
         if metrics:  # the HParams dashboard: this cell's session (its settings, then its end); no experiment
             # summary, so that TensorBoard builds the experiment from every cell's session and not one cell's columns
             _, start, end = hparams({k: str(v) if v is None else plain(v) for k, v, _ in self.settings}, metrics)

@@ -214,14 +214,14 @@ class Night:
 
     def judge(self, name: str, folder: Path, base: list, tonight: list, ran: set) -> Judgment:
         from .records import ledger as ledgers
-        from .records.gate import decide
+        from .records.gate import decide, decide_options
 
         base = [r for r in base if self._expected(r, ran)]
         book = ledgers.load(self.anchor)
         accept, accept_code, lines = book.accepts(records_commit(base))
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
-        options = gate_options(self.gate, accept, accept_code)
+        options = decide_options(self.gate, accept, accept_code)
         options.update(fail_on_failed=True, allow_missing=self.allow_missing)
         return Judgment(name, folder, decide(base, tonight, **options), lines)
 
@@ -268,9 +268,9 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     new records in the old ones' place and empty the ledger. Returns the comparison."""
     from .engine.compute import environment
     from .records import ledger as ledgers
-    from .records.gate import decide
+    from .records.gate import decide_options
     from .records.store import load_records
-    from .reporting.regress import report
+    from .reporting.regress import verdict
 
     env = environment()
     if not env.get("git_sha"):
@@ -292,13 +292,12 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         new = load_records([night.current])
         expected = [r for r in old if night._expected(r, ran)]
         accept, accept_code, lines = ledgers.load(anchor).accepts(records_commit(expected))
-        options = gate_options(gate, accept, accept_code)
+        options = decide_options(gate, accept, accept_code)
         # re-anchoring takes changes on purpose: the report lists them
         options.update(allow_missing=True, allow_improvement=True)
-        verdict = decide(expected, new, **options)
         was = records_commit(expected) or "several commits"
         title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"
-        text = report(verdict.gate, failed=verdict.failed, title=title, reasons=verdict.reasons)
+        text, _ = verdict(expected, new, title=title, **options)
         if lines:
             text += "\n\nAcceptance ledger entries of the old anchor:\n\n" + "\n".join(lines) + "\n"
         (night.current / "REANCHOR.md").write_text(text)
@@ -316,21 +315,6 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         file=sys.stderr,
     )
     return text
-
-
-def gate_options(gate: dict, accept=(), accept_code=()) -> dict:
-    """`records.gate.decide`'s options from the command's gate flags (--floor, --alpha, --accept, --accept-code,
-    --allow-improvement) and the acceptance ledger's entries that apply."""
-    from .records.comparisons import ALPHA, FLOOR
-
-    return dict(
-        floor=gate.get("floor", FLOOR),
-        alpha=gate.get("alpha", ALPHA),
-        accept=[*gate.get("accept", ()), *accept],
-        accept_code=[*gate.get("accept_code", ()), *accept_code],
-        fail_on_missing=True,
-        allow_improvement=gate.get("allow_improvement", False),
-    )
 
 
 def keep_rolling(night: Path, roll: Path) -> None:

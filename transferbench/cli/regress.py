@@ -179,6 +179,7 @@ def allow_missing_option(p) -> None:
 def regress(args) -> int:
     from ..anchor import records_commit
     from ..records import ledger
+    from ..records.gate import decide_options
     from ..records.store import check_folder, load_records
     from ..reporting.regress import verdict
 
@@ -193,17 +194,9 @@ def regress(args) -> int:
     book = ledger.load(args.ledger or args.baseline)
     baseline = load_records([args.baseline], strict=args.strict)
     accept, accept_code, lines = book.accepts(records_commit(baseline))
-    text, code = verdict(
-        baseline,
-        load_records([args.current], strict=args.strict),
-        args.floor,
-        alpha=args.alpha,
-        accept=[*args.accept, *accept],
-        accept_code=[*args.accept_code, *accept_code],
-        fail_on_missing=args.fail_on_missing,
-        allow_missing=args.allow_missing,
-        allow_improvement=args.allow_improvement,
-    )
+    options = decide_options(gate_settings(args), accept, accept_code)  # the flags', then the ledger's acceptances
+    options.update(fail_on_missing=args.fail_on_missing, allow_missing=args.allow_missing)
+    text, code = verdict(baseline, load_records([args.current], strict=args.strict), **options)
     if lines:
         text += f"\n\nAcceptance ledger entries honoured ({book.path}):\n\n" + "\n".join(lines) + "\n"
     print(text)
@@ -213,7 +206,8 @@ def regress(args) -> int:
 
 
 def gate_settings(args) -> dict:
-    """The gate's options of `nightly` and `reanchor` (floor, alpha, accept, accept_code), as the night takes them."""
+    """The gate's flags of `regress`, `nightly` and `reanchor` (floor, alpha, accept, accept_code, allow_improvement),
+    as `records.gate.decide_options` takes them."""
     return {
         "floor": args.floor,
         "alpha": args.alpha,

@@ -180,6 +180,20 @@ class Decision:
         return int(bool(self.reasons))
 
 
+def decide_options(flags: dict, accept=(), accept_code=()) -> dict:
+    """`decide`'s options from a command's gate flags (floor, alpha, accept, accept_code, allow_improvement: those of
+    --floor, --alpha, --accept, --accept-code, --allow-improvement) and the acceptance ledger's entries that apply,
+    the flags' first."""
+    return dict(
+        floor=flags.get("floor", FLOOR),
+        alpha=flags.get("alpha", ALPHA),
+        accept=[*flags.get("accept", ()), *accept],
+        accept_code=[*flags.get("accept_code", ()), *accept_code],
+        fail_on_missing=True,
+        allow_improvement=flags.get("allow_improvement", False),
+    )
+
+
 def decide(
     baseline: list[dict],
     current: list[dict],

@@ -155,6 +155,21 @@ def test_leaderboard_writes_each_task_with_its_figure_and_provenance(toy_runs, t
     assert svg.read_bytes() == first and png.read_bytes() == first_png and b"<dc:date>" not in first
 
 
+def test_the_leaderboard_names_each_tasks_figures_apart_from_a_task_named_like_it(toy_runs, tmp_path):
+    """`draw_leaderboard`'s figures per task (a nightly logs them to each task's report entry) are those its section
+    shows: toy's are not toyshots', whose files' names begin with toy's."""
+    from transferbench.reporting.leaderboard import draw_leaderboard
+
+    out = tmp_path / "LEADERBOARD.md"
+    board, figures = draw_leaderboard([toy_runs], out)
+    text = out.read_text()
+    assert board == out and set(figures) == {"toy", "toyshots"}
+    assert figures["toy"] == [tmp_path / "LEADERBOARD_toy.png"]
+    assert figures["toyshots"] == [tmp_path / "LEADERBOARD_toyshots_curve.png", tmp_path / "LEADERBOARD_toyshots.png"]
+    assert text.index("(LEADERBOARD_toyshots_curve.png)") < text.index("(LEADERBOARD_toyshots.png)")
+    assert sorted(sum(figures.values(), [])) == sorted(tmp_path.glob("*.png"))  # every figure drawn, in one task
+
+
 def test_each_backbone_is_paired_with_the_plain_backbone_of_its_weights_source():
     names = [
         "mu4",

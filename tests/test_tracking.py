@@ -431,6 +431,12 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
     base, out, logs = tmp_path / "baseline", tmp_path / "nightly", tmp_path / "logs"
     assert cli(f"run toy --suite quick --backbone mu4,mu4_dpn --out {base} --no-progress") == 0
     line = f"nightly --suite quick --backbone mu4,mu4_dpn --no-progress --baseline {base} --out {out} --date d1"
+    import transferbench.reporting.leaderboard as leaderboard
+
+    def drawn_again(*args, **kwargs):
+        raise AssertionError("the report entry drew the night's leaderboard again")
+
+    monkeypatch.setattr(leaderboard, "write_leaderboard", drawn_again)  # the night draws through draw_leaderboard
     assert cli(f"{line} --log-to tensorboard,wandb --log-dir {logs}") == 0
     records = load_records([out / "d1"])
     logs = logs / "d1"  # each night in a folder of its own
@@ -448,6 +454,8 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
             assert run["summary"][f"{split}/accuracy"] == values["accuracy"]
     report = board(logs / "toy" / "quick" / "report")
     assert "tables/01_toy/text_summary" in report.Tags()["tensors"]
+    # the night's own figures (one task: all of them)
+    assert set(report.Tags()["images"]) == {f"figures/{p.stem}" for p in (out / "d1").glob("*.png")}
     # the leaderboard's figure, pixel for pixel as the night's own leaderboard drew it
     import io
 

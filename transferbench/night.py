@@ -88,6 +88,7 @@ class Night:
     allow_missing: object = ()
     rolling: Path | None = None
     rebuild: bool = True
+    figures: dict | None = field(default=None, init=False)  # task -> its leaderboard figures, once rendered
 
     @property
     def current(self) -> Path:
@@ -255,7 +256,7 @@ class Night:
             failed=code,
         )
         (self.current / "REGRESSION.md").write_text(text)
-        _write_board(self.current)
+        self.figures = _write_board(self.current)
         return text
 
 
@@ -332,9 +333,11 @@ def keep_rolling(night: Path, roll: Path) -> None:
     print(f"tonight's records are the rolling baseline {roll}", file=sys.stderr)
 
 
-def _write_board(current: Path) -> None:
+def _write_board(current: Path) -> dict:
+    """Tonight's leaderboard beside its records; returns each task's figures."""
     from .engine.compute import environment
-    from .reporting.leaderboard import write_leaderboard
+    from .reporting.leaderboard import draw_leaderboard
 
-    board = write_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
+    board, figures = draw_leaderboard([current], current / "LEADERBOARD.md", git_sha=environment()["git_sha"])
     print(f"wrote {current / 'REGRESSION.md'} and {board}", file=sys.stderr)
+    return figures

@@ -87,6 +87,22 @@ def write_leaderboard(
     correct: bool = False,
     strict: bool = False,
 ) -> Path:
+    """The leaderboard of the records in `dirs`, written to `out` with its figures beside it; returns `out`."""
+    return draw_leaderboard(dirs, out, reference, git_sha, correct, strict)[0]
+
+
+FIGURE_LINK = re.compile(r"\]\(([^()\s]+\.png)\)")  # a section's figure: ![caption](NAME.png)
+
+
+def draw_leaderboard(
+    dirs: list,
+    out: Path,
+    reference: str | None = None,
+    git_sha: str | None = None,
+    correct: bool = False,
+    strict: bool = False,
+) -> tuple[Path, dict[str, list[Path]]]:
+    """`write_leaderboard`, also returning each task's figures: the PNGs its section shows, in order."""
     records = load_records(dirs, strict=strict)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,15 +131,18 @@ def write_leaderboard(
     ]
     lines += overview(records, reference, correct, per_task)
     lines += targets_section(per_task)
+    figures = {}
     for task, (tables, report, ents) in per_task.items():
-        lines += task_section(
+        section = task_section(
             task, titles[task], [r for r in records if r["task"] == task], tables, report, ents, out, reference
         )
+        figures[task] = [out.parent / name for name in FIGURE_LINK.findall("\n".join(section))]
+        lines += section
     out.write_text("\n".join(lines))
-    return out
+    return out, figures
 
 
-__all__ = ["anchor", "overview", "task_tables", "write_leaderboard"]
+__all__ = ["anchor", "draw_leaderboard", "overview", "task_tables", "write_leaderboard"]
 
 
 def targets_section(per_task: dict) -> list[str]:

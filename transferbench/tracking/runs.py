@@ -12,29 +12,32 @@ from pathlib import Path
 from . import Tracking, guarded
 
 
-def log_task(tracking: Tracking | None, task: str, suite: str, folder: Path, tables: list, reference=None) -> None:
+def log_task(
+    tracking: Tracking | None, task: str, suite: str, folder: Path, tables: list, reference=None, figures=None
+) -> None:
     """Log the report of `task` (its `tables`, and the leaderboard figures of its records folder `folder`) to each
-    of the run's trackers, and say on stderr where the entries are."""
+    of the run's trackers, and say on stderr where the entries are. `figures`: the task's figures where a
+    leaderboard already drew them (the nightly's); else they are drawn here."""
     if tracking is None or not tracking.kinds or not tables:
         return
     logged = []
     with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
         for kind in tracking.kinds:
-            args = (kind, tracking, task, suite, folder, tables, reference, Path(tmp))
+            args = (kind, tracking, task, suite, folder, tables, reference, Path(tmp), figures)
             if guarded(kind, "logging the report", _report, *args):
                 logged.append(kind)
     if logged:
         print(f"{task}: logged to {where(tracking, logged)}", file=sys.stderr)
 
 
-def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path) -> bool:
+def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, figures) -> bool:
     from ..reporting.formats import to_markdown, to_rows
     from ..reporting.leaderboard import write_leaderboard
 
     board = tmp / "LEADERBOARD.md"  # its figures are named as the leaderboard names its files (LEADERBOARD_TASK.png)
-    if not board.exists():  # drawn once, by the first tracker
+    if figures is None and not board.exists():  # drawn once, by the first tracker
         write_leaderboard([folder], board, reference)
-    figures = sorted(tmp.glob("*.png"))
+    figures = sorted(tmp.glob("*.png")) if figures is None else figures
     titles = [_title(i, t) for i, t in enumerate(tables)]
     if kind == "tensorboard":
         from .tensorboard import report
@@ -67,8 +70,9 @@ def where(tracking: Tracking, kinds=None) -> str:
     return " and ".join(said)
 
 
-def log_folder(tracking: Tracking | None, folder: Path, suite: str) -> None:
-    """`log_task` for each task whose records lie in the records folder `folder` (the nightly's night)."""
+def log_folder(tracking: Tracking | None, folder: Path, suite: str, figures: dict | None = None) -> None:
+    """`log_task` for each task whose records lie in the records folder `folder` (the nightly's night); `figures`:
+    each task's, as the night's leaderboard drew them."""
     if tracking is None or not tracking.kinds:
         return
     from ..records.store import load_records
@@ -77,4 +81,5 @@ def log_folder(tracking: Tracking | None, folder: Path, suite: str) -> None:
     records = load_records([folder]) if Path(folder).is_dir() else []
     for task in sorted({r["task"] for r in records}):
         mine = [r for r in records if r["task"] == task]
-        log_task(tracking, task, suite, Path(folder) / task, report_tables(mine))
+        shown = figures.get(task, []) if figures is not None else None
+        log_task(tracking, task, suite, Path(folder) / task, report_tables(mine), figures=shown)

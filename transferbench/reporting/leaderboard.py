@@ -79,16 +79,10 @@ def overview(
     )
 
 
-def write_leaderboard(
-    dirs: list,
-    out: Path,
-    reference: str | None = None,
-    git_sha: str | None = None,
-    correct: bool = False,
-    strict: bool = False,
-) -> Path:
-    """The leaderboard of the records in `dirs`, written to `out` with its figures beside it; returns `out`."""
-    return draw_leaderboard(dirs, out, reference, git_sha, correct, strict)[0]
+def write_leaderboard(dirs: list, out: Path, **options) -> Path:
+    """The leaderboard of the records in `dirs`, written to `out` with its figures beside it; returns `out`.
+    `options`: `draw_leaderboard`'s (reference, git_sha, correct, strict)."""
+    return draw_leaderboard(dirs, out, **options)[0]
 
 
 FIGURE_LINK = re.compile(r"\]\(([^()\s]+\.png)\)")  # a section's figure: ![caption](NAME.png)

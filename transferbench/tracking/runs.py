@@ -36,7 +36,7 @@ def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, f
 
     board = tmp / "LEADERBOARD.md"  # its figures are named as the leaderboard names its files (LEADERBOARD_TASK.png)
     if figures is None and not board.exists():  # drawn once, by the first tracker
-        write_leaderboard([folder], board, reference)
+        write_leaderboard([folder], board, reference=reference)
     figures = sorted(tmp.glob("*.png")) if figures is None else figures
     titles = [_title(i, t) for i, t in enumerate(tables)]
     if kind == "tensorboard":

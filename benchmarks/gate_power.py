@@ -4,7 +4,6 @@
     python -m benchmarks.gate_power --only clean,head_bias,aten_default
     python -m benchmarks.gate_power --list               # the catalogue
     python -m benchmarks.gate_power --tonight two_threads  # every variant under another arithmetic than the clean run
-    python -m benchmarks.gate_power --work W --reuse --noise-model  # the noise model from W's benign runs
 
 Each variant is a deliberate fault (a one-line edit of the code or of a task default, as a slip would make it) or a
 benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
@@ -21,9 +20,8 @@ mu4, 5 seeds).
 
 Across arithmetic (`--tonight NAME`): every variant runs under the environment and options of the benign arithmetic
 variant NAME (two_threads, aten_default, aten_avx2) and is gated against the clean run, so that the exact tier cannot
-judge and the statistical tier decides alone, as between two machines. `--noise-model` measures the arithmetic noise
-model (transferbench/records/noise_model.json) from the benign arithmetic variants run in --work: per task, metric
-and kind of unit, the largest mean square of a run's mean change over the variants.
+judge and the statistical tier decides alone, as between two machines, against the package's noise model
+(transferbench/records/noise_model.json, measured by `python -m benchmarks.noise_model`).
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ class Variant:
     accept_code: tuple = ()  # an intended change: gated once as it is (it must fail) and once accepting these
     home_from: str = ""  # a variant whose home (every cache it computed, in its arithmetic) this one starts from
     splice: str = ""  # a variant of which one record, of a cell whose precision differs, replaces the clean one's
-    arithmetic: bool = False  # benign and another arithmetic: a source of the noise model (--noise-model)
+    arithmetic: bool = False  # benign and another arithmetic only
 
 
 CATALOGUE = [
@@ -415,6 +413,17 @@ def fired(g, failed=()) -> str:
     return "; ".join(parts) or "-"
 
 
+def _model():
+    """The package's noise model, for this checkout's code: it was measured on the anchor's commit, whose code
+    differs from the checkout's in modules that move no number (the gate would refuse it against a baseline of this
+    code); the table's statistical tier is judged against it all the same, as a runner's night would be."""
+    import dataclasses
+
+    from transferbench.records.noise import packaged
+
+    return dataclasses.replace(packaged(), code={})
+
+
 def judge(
     v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=(), noise=None, note=""
 ) -> list:
@@ -422,7 +431,7 @@ def judge(
     noise model than the package's)."""
     from transferbench.records.gate import gate
 
-    g = gate(baseline, current, accept_code=accept_code, noise=noise)
+    g = gate(baseline, current, accept_code=accept_code, noise=noise or _model())
     failed = [r for r in current if r["status"] == "failed"]
     t = g.exact
     fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored or g.vanished)
@@ -475,53 +484,6 @@ def splice(v: Variant, baseline: list, donor: list) -> tuple[list, str]:
     return out, flipped[0]
 
 
-MS_FLOOR = 1e-24  # the noise model's smallest mean square: a standard deviation of 1e-12
-
-
-def noise_model(work: Path, baseline: list, variants: list) -> dict:
-    """The noise model from the benign arithmetic variants run in `work`: per task, metric and kind of unit, the
-    largest mean square of a run's mean change (with the number of units it came from) over the variants."""
-    from transferbench.records.broad import noise_units
-    from transferbench.records.store import load_records
-
-    tasks: dict = {}
-    used = []
-    for v in variants:
-        runs = work / v.name / "runs"
-        if not (work / v.name / "done").is_file():
-            continue
-        current = load_records([runs])
-        for r in current:
-            r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
-        used.append(v.name)
-        for (task, metric, kind), units in noise_units(baseline, current).items():
-            # the mean square around 0, not around the runs' mean: a benign variant's own shift counts as noise
-            # (conservative); a metric arithmetic never moves (the targets' entropy) gets a floor, not 0
-            ms = max(float(sum(u * u for u in units) / len(units)), MS_FLOOR)
-            entry = tasks.setdefault(task, {}).setdefault(metric, {})
-            if kind not in entry or ms > entry[kind]["ms"]:
-                entry[kind] = {"ms": ms, "units": len(units), "variant": v.name}
-    return {"variants": used, "tasks": tasks}
-
-
-def add_measured(model: dict, pairs: list) -> dict:
-    """Add to a noise model the measured variants `pairs` (committed anchor folder, its rerun on another runner:
-    `transferbench nightly` keeps each rerun in ROLLING/anchors/<commit>-<arithmetic>): a pure change of
-    arithmetic, measured on the whole nightly suite rather than a subset."""
-    from transferbench.records.broad import noise_units
-    from transferbench.records.store import load_records
-
-    for base, rerun in pairs:
-        name = f"rerun:{Path(rerun).name}"
-        for (task, metric, kind), units in noise_units(load_records([base]), load_records([rerun])).items():
-            ms = max(float(sum(u * u for u in units) / len(units)), MS_FLOOR)
-            entry = model["tasks"].setdefault(task, {}).setdefault(metric, {})
-            if kind not in entry or ms > entry[kind]["ms"]:
-                entry[kind] = {"ms": ms, "units": len(units), "variant": name}
-        model["variants"].append(name)
-    return model
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated variant names (the clean run always runs first)")
@@ -537,22 +499,6 @@ def main(argv=None) -> int:
         "aten_default, aten_avx2): the statistical tier judges alone, as between two machines",
     )
     ap.add_argument("--tasks", help="comma-separated tasks of the subset to run (default: fewshot,vtab,pretrain)")
-    ap.add_argument(
-        "--noise-model",
-        type=Path,
-        nargs="?",
-        const=ROOT / "transferbench" / "records" / "noise_model.json",
-        help="write the noise model measured on the benign arithmetic variants run in --work (default path: the "
-        "package's) and exit",
-    )
-    ap.add_argument(
-        "--measured",
-        action="append",
-        default=[],
-        metavar="ANCHOR:RERUN",
-        help="with --noise-model: also a measured variant, the committed anchor's records and their rerun on another "
-        "runner (a nightly's ROLLING/anchors/<commit>-<arithmetic>); repeatable",
-    )
     args = ap.parse_args(argv)
     if args.list:
         print(tabulate([[v.name, v.kind, v.area, v.what] for v in CATALOGUE], ["variant", "kind", "area", "what"]))
@@ -573,10 +519,6 @@ def main(argv=None) -> int:
         return 2
     runs = [r for r in RUNS if not args.tasks or r[0] in args.tasks.split(",")]
     sys.path.insert(0, str(ROOT))
-    import json
-    from datetime import datetime, timezone
-
-    from transferbench.arithmetic import machine
     from transferbench.records.store import load_records
 
     work = args.work or Path(tempfile.mkdtemp(prefix="gate-power-"))
@@ -584,19 +526,6 @@ def main(argv=None) -> int:
     base_out, clean_seconds, _ = run_variant(clean, work, None, args.jobs, args.reuse, runs=runs)
     print(f"clean baseline: {clean_seconds:.0f} s", file=sys.stderr, flush=True)
     baseline = load_records([base_out])
-    if args.noise_model:
-        model = noise_model(work, baseline, [v for v in CATALOGUE if v.arithmetic])
-        model = add_measured(model, [tuple(pair.split(":", 1)) for pair in args.measured])
-        m = machine()
-        model = {
-            "made_by": "python -m benchmarks.gate_power --noise-model",
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-            "machine": f"{m['cpu'].get('model_name', '?')}, {m['cpu_capability']}, torch {m['libraries']['torch']}",
-            **model,
-        }
-        args.noise_model.write_text(json.dumps(model, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {args.noise_model} from {', '.join(model['variants'])}", file=sys.stderr)
-        return 0
     embedded = work / "clean" / "home" / "embedded"
     rows = []
     for v in CATALOGUE[1:]:
@@ -619,11 +548,6 @@ def main(argv=None) -> int:
         for r in current:
             r["hparams"].update({k: val for k, val in v.relabel.items() if k in r["hparams"]})
         rows.append(judge(v, baseline, current, seconds, "exit 2" in log))
-        if v.arithmetic and tonight is None:  # in-sample above: the model holds this variant; now without it
-            others = [o for o in CATALOGUE if o.arithmetic and o is not v]
-            held_out = noise_model(work, baseline, others)["tasks"]
-            without = " (model without it)"
-            rows.append(judge(v, baseline, current, seconds, "exit 2" in log, noise=held_out, note=without))
         if v.accept_code:
             rows.append(judge(v, baseline, current, seconds, "exit 2" in log, v.accept_code))
         print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)

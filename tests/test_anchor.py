@@ -65,6 +65,11 @@ def test_a_first_night_rebuilds_the_anchor_judges_exactly_and_catches_a_sub_nois
     made = tb(repo, "run", "toy", *QUICK, "--out", str(base), env={**home, "MKL_CBWR": "COMPATIBLE"})
     assert made.returncode == 0, made.stderr
     night = ["nightly", *QUICK, "--baseline", str(base), "--rolling", str(roll), "--out", str(out), "--date"]
+    # tonight's checkout is a later commit whose code differs (a statement that moves no number): the rebuild must
+    # run the anchor's code, not tonight's
+    compute = repo / "transferbench" / "engine" / "compute.py"
+    compute.write_text(compute.read_text() + "\nNOTHING_MOVES = 1\n")
+    commit(repo, "a change that moves no number")
 
     first = tb(repo, *night, "d1", env=home)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -77,9 +82,12 @@ def test_a_first_night_rebuilds_the_anchor_judges_exactly_and_catches_a_sub_nois
     assert info["commit"] == a and info["exit"] in (0, 1)
     # the rerun against the committed anchor: a pure change of arithmetic, reported, and judged statistically
     assert "8 by the statistical tier" in (rebuilt / "ARITHMETIC.md").read_text()
-    assert {r["environment"]["git_sha"] for r in map(json.loads, map(Path.read_text, rebuilt.rglob("*/*/*.json")))} == {
-        a
-    }
+    again = [json.loads(p.read_text()) for p in rebuilt.rglob("*/*/*.json")]
+    anchor = [json.loads(p.read_text()) for p in base.rglob("*/*/*.json")]
+    tonight = [json.loads(p.read_text()) for p in (out / "d1").rglob("*/*/*.json")]
+    assert {r["environment"]["git_sha"] for r in again} == {a}
+    code = lambda rs: {r["fingerprint"]["digest"] for r in rs}  # noqa: E731
+    assert code(again) == code(anchor) and not code(again) & code(tonight)
     assert not [p for p in roll.parent.rglob(".worktree-*")]  # the worktree is gone
     # a passing night judged exactly became the rolling baseline
     (kept,) = [p for p in roll.iterdir() if p.name != "anchors"]
@@ -89,7 +97,7 @@ def test_a_first_night_rebuilds_the_anchor_judges_exactly_and_catches_a_sub_nois
     text = path.read_text()
     assert text.count(FAULT[0]) == 1
     path.write_text(text.replace(*FAULT))
-    b = commit(repo, "fault")
+    commit(repo, "fault")
     second = tb(repo, *night, "d2", env=home)
     assert second.returncode == 1, second.stdout + second.stderr
     report = (out / "d2" / "REGRESSION.md").read_text()
@@ -100,15 +108,14 @@ def test_a_first_night_rebuilds_the_anchor_judges_exactly_and_catches_a_sub_nois
 
     # the change declared in the ledger beside the anchor: honoured against the anchor (computed before it) and
     # against the rolling baseline (computed before it too); the night passes, exactly, and becomes the baseline
-    (base / "ACCEPTED.yaml").write_text(
-        f"accepted:\n  - commit: {b}\n    code: [engine.compute]\n    why: a meant shift of every metric\n"
-    )
+    accepted = tb(repo, "accept", "--anchor", str(base), "--code", "engine.compute", "--why", "a meant shift")
+    assert accepted.returncode == 0, accepted.stderr
     third = tb(repo, *night, "d3", env=home)
     assert third.returncode == 0, third.stdout + third.stderr
     report = (out / "d3" / "REGRESSION.md").read_text()
-    assert "8 changed by accepted code" in report and f"- {b[:12]}: engine.compute (a meant shift" in report
+    assert "8 changed by accepted code" in report and "- transferbench.engine.compute@" in report
     assert "kept as the rolling baseline" in report
-    # once the rolling baseline holds the commit, the entry no longer covers a second change of that module
+    # a second change of that module has another fingerprint: the entry no longer covers it, on either baseline
     path.write_text(path.read_text().replace("v - 0.3", "v - 0.6"))
     commit(repo, "another fault in the same module")
     fourth = tb(repo, *night, "d4", env=home)
@@ -124,16 +131,16 @@ def test_reanchoring_is_one_command_that_compares_and_empties_the_ledger(repo, t
     commit(repo, "anchor")
     base = tmp_path / "anchor"
     assert tb(repo, "run", "toy", *QUICK, "--out", str(base), env=home).returncode == 0
-    (base / "ACCEPTED.yaml").write_text("accepted:\n  - commit: abcdef1\n    code: [engine]\n    why: x\n")
     path = repo / "transferbench" / "engine" / "compute.py"
     path.write_text(path.read_text().replace(*FAULT))
     b = commit(repo, "a meant change")
+    assert tb(repo, "accept", "--anchor", str(base), "--code", "engine", "--why", "x").returncode == 0
     done = tb(repo, "reanchor", "--anchor", str(base), *QUICK, env=home)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(p.read_text()) for p in base.rglob("*/*/*.json")]
     assert len(records) == 8 and {r["environment"]["git_sha"] for r in records} == {b}
     comparison = (base / "REANCHOR.md").read_text()
-    # exact (one runner), and the old ledger's entry, which names the engine, marks the change accepted
+    # exact (one runner), and the old ledger's entry, which names the engine's modules, marks the change accepted
     assert "8 changed by accepted code" in comparison and "transferbench.engine.compute" in comparison
     assert "accepted: []" in (base / "ACCEPTED.yaml").read_text()
     # a dirty checkout cannot make an anchor that a later night could rebuild

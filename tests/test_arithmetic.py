@@ -94,7 +94,12 @@ def test_records_carry_arithmetic_and_outputs_and_recompute_a_cache_entry_of_oth
             "compile": False,
             "workers": 0,
         }
-        assert r["arithmetic"]["machine"]["digest"] == arithmetic.machine_digest()
+        # the machine with the versions of the libraries the cell's code names (its fingerprint's) alone
+        whole = arithmetic.machine()
+        assert r["arithmetic"]["machine"] == arithmetic.only_libraries(whole, r["fingerprint"]["libraries"])
+        kept = set(r["arithmetic"]["machine"]["libraries"])
+        assert kept == set(whole["libraries"]) & set(r["fingerprint"]["libraries"])
+        assert "open_clip_torch" in whole["libraries"] and "open_clip_torch" not in kept
         assert r["arithmetic"]["caches"] == {} and len(r["outputs"]) == 24
     # every cache entry records the arithmetic that computed it
     sides = sorted((home / "features").glob("*.digest"))
@@ -185,3 +190,48 @@ def test_pins_come_from_the_baseline_records_in_order():
         {"key": "k3", "status": "ok"},  # a record of older code: no pin
     ]
     assert arithmetic.pins_of(recs) == {"k1": [True, False]}
+
+
+def test_a_library_the_task_never_imports_parts_no_two_runs(monkeypatch):
+    """Two environments that differ only in a library the cell's code does not name (imagecorruptions-imaug beside
+    a VTAB cell): one machine digest, so the exact tier judges the pair."""
+    digests = []
+    for corrupt in ("1.1.5", None):
+        libraries = {"torch": "2.14.1", "imagecorruptions-imaug": corrupt}
+        monkeypatch.setattr(arithmetic, "_libraries", lambda c=libraries: c)
+        arithmetic.begin()
+        record, _ = arithmetic.finish({}, device="cpu", workers=0, compile=False, micro_batch=0, libraries=("torch",))
+        digests.append((record["digest"], record["machine"]["digest"]))
+        assert record["machine"]["libraries"] == {"torch": "2.14.1"}
+    assert digests[0] == digests[1]
+    arithmetic.begin()
+    whole, _ = arithmetic.finish({}, device="cpu", workers=0, compile=False, micro_batch=0)
+    assert whole["machine"]["libraries"]["imagecorruptions-imaug"] is None  # unrestricted: every library
+
+
+def test_precision_pins_are_keyed_by_step_so_a_skipped_step_shifts_nothing():
+    """A warm home reads a trained classifier from the cache where the anchor's rerun trained it: the training step's
+    precision is not resolved, and the evaluation step must still take the anchor's choice for evaluation."""
+    train, evaluate = arithmetic.step_key({"mode": "train", "x": 1}), arithmetic.step_key({"mode": "eval", "x": 1})
+    anchor = {
+        "key": "k",
+        "status": "ok",
+        "arithmetic": {"cell": {"precision": ["fp32", "bf16"]}, "steps": [train, evaluate]},
+    }
+    pins = arithmetic.pins_of([anchor])
+    assert pins == {"k": {train: False, evaluate: True}}
+    arithmetic.begin(pins["k"])
+    assert arithmetic.pinned(evaluate) is True  # the training step was skipped: no shift
+    arithmetic.end()
+    # records of older code name no steps: their pins are taken in order
+    old = {"key": "k", "status": "ok", "arithmetic": {"cell": {"precision": ["fp32", "bf16"]}}}
+    assert arithmetic.pins_of([old]) == {"k": [False, True]}
+    arithmetic.begin([False, True])
+    assert arithmetic.pinned(evaluate) is False and arithmetic.pinned(train) is True
+    # a pin of another source (the shipped profile's) decides where the baseline has none for that step
+    arithmetic.begin({train: True})
+    arithmetic.pin_next(False, "the shipped profile")
+    assert arithmetic.pinned(evaluate) == (False, "the shipped profile")
+    arithmetic.pin_next(False, "the shipped profile")
+    assert arithmetic.pinned(train) is True
+    arithmetic.end()

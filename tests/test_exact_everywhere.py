@@ -14,8 +14,22 @@ from test_regress import exact_suite, noise
 from transferbench.arithmetic import cell_differences, machine_differences
 from transferbench.errors import UserError
 from transferbench.records import ledger
-from transferbench.records.gate import decide
-from transferbench.reporting.regress import verdict
+from transferbench.records.gate import decide as _decide
+from transferbench.reporting.regress import verdict as _verdict
+
+
+def decide(*a, **kw):  # the synthetic suites' own noise model (test_regress.MODEL), not the package's
+    from test_regress import MODEL
+
+    kw.setdefault("noise", MODEL)
+    return _decide(*a, **kw)
+
+
+def verdict(*a, **kw):
+    from test_regress import MODEL
+
+    kw.setdefault("noise", MODEL)
+    return _verdict(*a, **kw)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,6 +104,9 @@ def test_machines_compare_by_what_both_record():
     other = machine(cpu={"vendor": "GenuineIntel", "flags": ["avx2"]})
     assert machine_differences(a, {"digest": "y", "machine": other}) == ["cpu.vendor AuthenticAMD -> GenuineIntel"]
     assert machine_differences(a, None) == ["no arithmetic recorded"]
+    # a library both sides list at other versions parts them (a library release is another arithmetic)
+    newer = machine(libraries={"torch": "3"})
+    assert machine_differences(a, {"digest": "y", "machine": newer}) == ["libraries.torch 2 -> 3"]
     assert cell_differences({"cell": {"precision": ["bf16"]}}, {"cell": {"precision": ["fp32"]}}) == [
         'cell.precision ["bf16"] -> ["fp32"]'
     ]
@@ -103,10 +120,13 @@ def test_machines_compare_by_what_both_record():
     [
         ("accepted: [", "not a readable YAML ledger"),
         ("accepted: 3", "give `accepted:` a list"),
-        ("accepted:\n  - {commit: zz, code: [a], why: b}", "is not a git sha"),
-        ("accepted:\n  - {commit: abcdef1, why: b}", "name what changes"),
-        ("accepted:\n  - {commit: abcdef1, code: [a]}", "say why"),
-        ("accepted:\n  - {commit: abcdef1, code: [a], why: b, when: c}", "nothing else"),
+        ("accepted:\n  - {commit: abcdef1, code: [a], why: b}", "names what changed, not a commit"),
+        ("accepted:\n  - {code: {backbones.dtn: zz}, why: b}", "is not a code fingerprint"),
+        ("accepted:\n  - {code: [backbones.dtn], why: b}", "map each module to its code fingerprint"),
+        ("accepted:\n  - {why: b}", "name what changes"),
+        ("accepted:\n  - {code: {backbones.dtn: 0123456789abcdef}}", "say why"),
+        ("accepted:\n  - {protocol: {fewshot: tok}, why: b}", "TASK:SETTING"),
+        ("accepted:\n  - {code: {backbones.dtn: 0123456789abcdef}, why: b, when: c}", "nothing else"),
     ],
 )
 def test_a_bad_ledger_is_one_line_naming_the_entry(tmp_path, text, message):
@@ -116,51 +136,56 @@ def test_a_bad_ledger_is_one_line_naming_the_entry(tmp_path, text, message):
     assert "\n" not in str(e.value)
 
 
-def test_an_entry_applies_to_baselines_computed_before_its_commit(tmp_path):
-    repo = tmp_path / "r"
-    repo.mkdir()
-    run = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
-    run("init", "-q")
-    shas = []
-    for i in range(3):
-        (repo / "f").write_text(str(i))
-        run("add", "f")
-        run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", str(i))
-        shas.append(run("rev-parse", "HEAD"))
-    (tmp_path / "ACCEPTED.yaml").write_text(
-        f"accepted:\n  - commit: {shas[1][:10]}\n    code: [backbones.dtn]\n    protocol: ['fewshot:pool']\n"
-        "    why: one Gram product\n"
-    )
-    book = ledger.load(tmp_path / "ACCEPTED.yaml")
-    # an anchor made at the first commit predates the change: accepted
-    protocol, code, lines = book.accepts(shas[0], repo)
-    assert (protocol, code) == (["fewshot:pool"], ["backbones.dtn"])
-    assert lines == [f"- {shas[1][:10]}: backbones.dtn, fewshot:pool (one Gram product)"]
-    # a rolling baseline made at or after it already holds it: not accepted again
-    assert book.accepts(shas[1], repo)[:2] == ([], []) and book.accepts(shas[2], repo)[:2] == ([], [])
-    # where git cannot place it, it applies, and the report says why
-    protocol, _, lines = book.accepts("0" * 40, repo)
-    assert protocol == ["fewshot:pool"] and "git cannot place it" in lines[-1]
+def test_accept_writes_each_modules_current_fingerprint_and_a_setting_at_its_value(tmp_path, capsys):
+    from transferbench.cli import main
+    from transferbench.fingerprint import closure
+
+    ledger.empty(tmp_path)
+    assert main(["accept", "--anchor", str(tmp_path), "--code", "backbones.dtn", "--why", "one Gram product"]) == 0
+    assert main(["accept", "--anchor", str(tmp_path), "--protocol", "fewshot:pool=tok", "--why", "the paper's"]) == 0
+    book = ledger.load(tmp_path)
+    h = closure(("transferbench.backbones.dtn",))["transferbench.backbones.dtn"]
+    assert [e.code for e in book.entries] == [(("transferbench.backbones.dtn", h),), ()]
+    assert book.entries[1].protocol == (("fewshot:pool", "tok"),)
+    protocol, code, lines = book.accepts()
+    assert protocol == ["fewshot:pool=tok"] and code == [f"transferbench.backbones.dtn@{h}"]
+    assert lines[0] == f"- transferbench.backbones.dtn@{h} (one Gram product)"
+    assert main(["accept", "--anchor", str(tmp_path), "--code", "backbones.nothing", "--why", "x"]) == 2
+    assert main(["accept", "--anchor", str(tmp_path), "--protocol", "fewshot:pool", "--why", "x"]) == 2
     ledger.empty(tmp_path)
     assert ledger.load(tmp_path).entries == []
 
 
-def test_regress_honours_the_ledger_beside_the_baseline(tmp_path, capsys):
+def test_regress_honours_the_ledger_at_the_accepted_fingerprint_only(tmp_path, capsys):
+    """The entry accepts adapters.fewshot at the fingerprint tonight's records hold: a second change of the module
+    (another fingerprint) fails again, whatever the baseline, and no commit is named (squash merges change
+    nothing); an entry that matched nothing is listed."""
     from conftest import write_records
 
     from transferbench.cli import main
 
     base = with_cell(exact_suite(noise()), "fp32", "v1", "o1")
     cur = with_cell(base, "fp32", "v2", "o2")
+    for r in cur:
+        r["fingerprint"]["modules"]["transferbench.adapters.fewshot"] = "aaaaaaaaaaaaaaaa"
+    for r in base:
+        r["fingerprint"]["modules"]["transferbench.adapters.fewshot"] = "bbbbbbbbbbbbbbbb"
     write_records(base, tmp_path / "base")
     write_records(cur, tmp_path / "cur")
     args = ["regress", "--baseline", str(tmp_path / "base"), "--current", str(tmp_path / "cur")]
     assert main(args) == 1 and "(48 changed by code)" in capsys.readouterr().out
     (tmp_path / "base" / "ACCEPTED.yaml").write_text(
-        "accepted:\n  - {commit: abcdef1, code: [adapters.fewshot], why: float64 scores}\n"
+        "accepted:\n  - {code: {adapters.fewshot: aaaaaaaaaaaaaaaa}, why: float64 scores}\n"
+        "  - {code: {backbones.dtn: cccccccccccccccc}, why: an older change}\n"
     )
     assert main(args) == 0
-    assert "- abcdef1: adapters.fewshot (float64 scores)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "- transferbench.adapters.fewshot@aaaaaaaaaaaaaaaa (float64 scores)" in out
+    assert "- matching nothing in this comparison:" in out and "backbones.dtn@cccccccccccccccc" in out
+    for r in cur:  # a second change of the same module
+        r["fingerprint"]["modules"]["transferbench.adapters.fewshot"] = "dddddddddddddddd"
+    write_records(cur, tmp_path / "cur2")
+    assert main([*args[:-1], str(tmp_path / "cur2")]) == 1
     assert main([*args, "--ledger", str(tmp_path / "none.yaml")]) == 2
 
 
@@ -209,14 +234,37 @@ def test_the_shipped_profile_pins_fp32_whatever_the_probe_says(monkeypatch, tmp_
     task = prepare_task("pretrain", suite="nightly")
     nightly = next(c for c in task.adapter.plan(task, cell_ref(), results()) if c.stage == "final")
     assert shipped_precision(nightly, "auto") is None
+    # the adapter itself, up to its first training step, on a machine whose probe says bf16 is far faster: the
+    # shipped cell trains in fp32 (delete the adapter's pin and this fails)
+    from transferbench.engine import train
+    from transferbench.engine.compute import CellContext
+
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: True)
     monkeypatch.setattr(precision, "probe", lambda step: {"fp32_ms": 100.0, "bf16_ms": 10.0})  # bf16 far faster
+    chosen = []
+    real = precision._resolve
+
+    def spy(*a, **k):
+        chosen.append(real(*a, **k))
+        return chosen[-1]
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(precision, "_resolve", spy)
+    monkeypatch.setattr(train, "_accumulate", stop)
+    task, _, cell, _ = _pretrain_cell("mu4", "embedded")
     arithmetic.begin()
-    arithmetic.pin_next(False, "the shipped profile")
-    choice = precision.resolve("auto", "cpu", {"shape": 1}, lambda: None)
-    assert choice.bf16 is False and choice.info["decided_by"] == "the shipped profile"
-    assert choice.info["probe_bf16"] is True
-    arithmetic.end()
+    try:
+        with pytest.raises(Stop):
+            task.adapter.run(cell, CellContext(device="cpu", show_progress=False))
+        assert [c.bf16 for c in chosen] == [False] and arithmetic._TRACE.precision == ["fp32"]
+        assert chosen[0].info["decided_by"].startswith("the shipped profile") and chosen[0].info["probe_bf16"] is True
+    finally:
+        arithmetic.end()
 
 
 def cell_ref():
@@ -280,18 +328,18 @@ def test_the_nightly_workflow_validates_against_githubs_schema():
 
 
 def test_an_anchor_rerun_is_a_measured_variant_of_the_noise_model(tmp_path):
-    from conftest import shifted, write_records
+    """`python -m benchmarks.noise_model --measured ANCHOR:RERUN`: the committed anchor and its rerun on another
+    runner (the same code in that runner's arithmetic) join the model as a pair of their own."""
+    from conftest import shifted
     from test_regress import suite
 
-    from benchmarks.gate_power import add_measured
+    from transferbench.records.noise import measure
 
     base = suite(noise())
-    rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each run by 0.1 either way
-    write_records(base, tmp_path / "anchor")
-    write_records(rerun, tmp_path / "rerun")
-    model = add_measured({"variants": [], "tasks": {}}, [(tmp_path / "anchor", tmp_path / "rerun")])
-    entry = model["tasks"]["fewshot"]["accuracy"]
-    (kind,) = entry
-    # every run's mean change is ±0.1: its mean square around 0 is 0.01, over 2 backbones x 4 sets x 3 seeds
-    assert entry[kind]["ms"] == pytest.approx(0.01) and entry[kind]["units"] == 24
-    assert model["variants"] == ["rerun:rerun"]
+    rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each cell by 0.1 either way
+    model = measure(base, [("rerun:x", "the anchor's rerun", (base, rerun))], suite="embedded", commit="abc")
+    entry = model["tasks"]["fewshot"]["test"]["accuracy"]["kernels"]
+    # every (cell, seed)'s change is +-0.1: its mean square around 0 is 0.01, over 2 backbones x 4 sets x 2 shots x 3
+    # seeds; two seeds of three went worse
+    assert entry["ms"] == pytest.approx(0.01) and entry["df"] == 48 and entry["worse"] == pytest.approx(2 / 3)
+    assert model["variants"][0]["name"] == "rerun:x"

@@ -3,6 +3,7 @@ with its regressed cells named, a crashing cell fails the night too, and bad inp
 
 import numpy as np
 import pytest
+from conftest import toy_noise_model
 from kit import cli
 from toyplugin import toy_accuracy
 
@@ -75,7 +76,7 @@ def test_rolling_baselines_one_per_arithmetic_written_only_from_exact_passing_ni
     # never becomes a rolling baseline (it passed no exact judgment)
     monkeypatch.delenv("TOY_DEGRADE")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
-    assert main([*night, "n4", "--no-rebuild"]) == 0
+    assert main([*night, "n4", "--no-rebuild", "--noise-model", str(toy_noise_model(tmp_path))]) == 0
     report = (out / "n4" / "REGRESSION.md").read_text()
     assert "8 of its cells were computed in other arithmetic than tonight's; --no-rebuild: not rebuilt" in report
     assert "0 cells judged exactly" in report and "not kept as the rolling baseline: tonight was not judged" in report
@@ -95,9 +96,10 @@ def test_outputs_that_move_with_code_and_arithmetic_unchanged_are_irreproducible
 def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOY_DEGRADE", "alpha:5")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # another arithmetic, not rebuilt: the statistical tier judges
-    code, report = night(baseline, tmp_path / "nightly", "2026-11-24", "--no-rebuild")
+    model = toy_noise_model(tmp_path)
+    code, report = night(baseline, tmp_path / "nightly", "2026-11-24", "--no-rebuild", "--noise-model", str(model))
     assert code == 1
-    # every seed 5 points down: paired differences that do not vary, p = 0; each backbone's pooled test fires too
+    # every seed 5 points down, far beyond the toy's arithmetic noise (0.001 points); each backbone's pooled test too
     assert report.startswith("# Nightly 2026-11-24")
     assert "**REGRESSION** (against the anchor: 6 regressed): 0 cells judged exactly" in report
     assert "Statistical tier: 4 regressed, 0 improved" in report
@@ -112,7 +114,7 @@ def test_a_degraded_backbone_fails_with_its_cells_named(baseline, tmp_path, monk
                 *("[-5.00, -5.00]", "2", stage),
             ]
             parsed = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
-            # p: the t of two differences equal up to rounding
+            # p: the t of a 5-point change against the model's 0.002-point allowance
             assert any(r[:9] + r[10:] == cells and float(r[9]) < 1e-9 for r in parsed), (cells, rows)
     assert "REGRESSION" in capsys.readouterr().out
 
@@ -195,7 +197,7 @@ def test_a_backbone_of_the_baseline_that_did_not_run_fails_unless_named(tmp_path
         kit.record("toy", "alpha", bb, s, {"test": {"accuracy": 50.0 + s}}, suite="quick") for bb in bbs for s in (0, 1)
     ]
     base, tonight = recs(["mu4", "mu4_dpn"]), recs(["mu4"])
-    opts = {"floor": 0.5, "alpha": 0.01, "accept": []}
+    opts = {"floor": 0.5, "alpha": 0.01, "accept": [], "noise_model": toy_noise_model(tmp_path)}
     ran = {("toy", "mu4")}
     night = Night(Path("base"), tmp_path / "n", "d", "quick", gate=opts)
     judged = night.judge("the anchor", Path("base"), base, tonight, ran)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.stats
+from conftest import TOY_NOISE, toy_noise_model
 from conftest import shifted as shifted_by
 from conftest import write_records as write
 from kit import cli
@@ -241,28 +242,29 @@ def test_regress_flags_a_real_drop_only(toy_runs, tmp_path, capsys):
     # a shift shared by both seeds is significant (the paired differences do not vary); -3 regresses, +3 improves,
     # -0.3 is under the 0.5 floor
     cur = shifted(shifted(shifted(base, "alpha", "mu4", -3.0), "beta", "mu4", +3.0), "gamma", "mu4", -0.3)
-    g = gate(base, cur)
+    g = gate(base, cur, noise=TOY_NOISE["tasks"])
     verdict = {(c.dataset, c.backbone, c.split, c.stage): c.verdict for c in g.of("cell")}
     assert verdict[("alpha", "mu4", "test", "final")] == "regressed"
     assert verdict[("beta", "mu4", "test", "final")] == "improved"
     assert verdict[("gamma", "mu4", "test", "final")] == "unchanged"
     assert verdict[("alpha", "mu4_dpn", "test", "final")] == "unchanged"
     small = next(c for c in g.of("cell") if (c.dataset, c.backbone, c.split) == ("gamma", "mu4", "test"))
-    assert small.change == pytest.approx(-0.3) and small.p == 0.0 and small.significant
+    assert small.change == pytest.approx(-0.3) and small.p < 1e-9 and small.significant  # beyond arithmetic
     assert g.missing == [] and g.new == [] and g.protocol == []
     b, c = write(base, tmp_path / "base"), write(cur, tmp_path / "cur")
-    assert cli(f"regress --baseline {b} --current {c}") == 1
+    model = toy_noise_model(tmp_path)
+    assert cli(f"regress --baseline {b} --current {c} --noise-model {model}") == 1
     out = capsys.readouterr().out
     assert "**REGRESSION**" in out and "## Regressions" in out and "## Improvements" in out
     ok = write(shifted(base, "gamma", "mu4", -0.3), tmp_path / "ok")
-    assert cli(f"regress --baseline {b} --current {ok}") == 0
+    assert cli(f"regress --baseline {b} --current {ok} --noise-model {model}") == 0
     assert "**OK**" in capsys.readouterr().out
 
 
 def test_regress_reports_missing_cells(toy_runs, tmp_path, capsys):
     base = [r for r in load_records([toy_runs]) if r["task"] == "toy"]
     cur = [r for r in base if r["dataset"] != "gamma"]
-    g = gate(base, cur)
+    g = gate(base, cur, noise=TOY_NOISE["tasks"])
     assert {k[1] for k in g.missing} == {"gamma"} and g.new == []
     b, c = write(base, tmp_path / "b"), write(cur, tmp_path / "c")
     assert cli(f"regress --baseline {b} --current {c}") == 1  # missing cells fail by default, as in `nightly`

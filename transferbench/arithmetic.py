@@ -202,6 +202,14 @@ def machine_digest() -> str:
     return machine()["digest"]
 
 
+def only_libraries(m: dict, libraries) -> dict:
+    """A machine (`machine()`) with the versions of `libraries` alone (and Python's), its digest made again."""
+    keep = set(libraries) | {"python"}
+    parts = {k: v for k, v in m.items() if k != "digest"}
+    parts["libraries"] = {k: v for k, v in (m.get("libraries") or {}).items() if k in keep}
+    return {"digest": digest(parts, 16), **parts}
+
+
 def differences(a: dict | None, b: dict | None) -> list[str]:
     """What differs between two records' `arithmetic` sections, in words: 'threads.intra_op 1 -> 2',
     'cell.precision [fp32] -> [bf16]', 'cpu_capability AVX512 -> DEFAULT'; ['no arithmetic recorded'] where one
@@ -281,37 +289,54 @@ class _Trace:
     def __init__(self, pins=None, active=True):
         self.active = active  # outside a cell (benchmarks, library use) outputs are not hashed: no cost
         self.precision: list[str] = []  # 'bf16' | 'fp32' per resolved step, in order
+        self.steps: list[str] = []  # ... and the step each was resolved for (`step_key` of its shape)
         self.micro_batch: list[int] = []  # the micro-batch each training loop ended with (0: the whole batch)
         self.compiled: list[bool] = []  # whether each training loop ran through torch.compile
         self.caches: dict[str, set] = {}  # cache folder -> machine digests of entries read that another computed
         self.outputs = hashlib.sha256()
-        self.pins = list(pins) if pins else []  # the baseline's precision choices, in order (nightly)
+        # the baseline's precision choices (nightly): {step key: bf16?}, or a list in order (records of older code)
+        self.pins = dict(pins) if isinstance(pins, dict) else list(pins) if pins else []
+        self.next: tuple | None = None  # a pin of another source for the next step (`pin_next`)
 
 
 _TRACE = _Trace(active=False)
 
 
 def begin(pins=None) -> None:
-    """Start a cell's trace (`pins`: bools, the precision each auto-resolved step must take, in order)."""
+    """Start a cell's trace (`pins`: the precision each auto-resolved step must take, {step key: bf16?}; or bools
+    in order, as `pins_of` reads them from records that name no steps)."""
     global _TRACE
     _TRACE = _Trace(pins)
 
 
-def note_precision(bf16: bool) -> None:
+def step_key(signature: dict) -> str:
+    """The name of one step whose precision a cell resolves: a digest of its shape (model, batch, input size,
+    forward or training), so that a pin finds its step whatever steps ran before it (a model read from a cache on
+    one side and trained on the other skips the training steps)."""
+    return digest(signature, 12)
+
+
+def note_precision(bf16: bool, step: str = "") -> None:
     _TRACE.precision.append("bf16" if bf16 else "fp32")
+    _TRACE.steps.append(step)
 
 
-def pinned() -> bool | tuple | None:
-    """The next precision pin of this cell, or None where it has none (then the probe decides): a bool (the
-    baseline's choice), or (bool, who decided it) for a pin of another source (`pin_next`)."""
-    return _TRACE.pins.pop(0) if _TRACE.pins else None
+def pinned(step: str = "") -> bool | tuple | None:
+    """The precision pin of this cell's step `step`, or None where it has none (then the probe decides): a bool
+    (the baseline's choice), or (bool, who decided it) for a pin of another source (`pin_next`). Pins read from
+    records that name no steps are taken in order."""
+    if isinstance(_TRACE.pins, dict):
+        mine = _TRACE.pins.get(step)
+    else:
+        mine = _TRACE.pins.pop(0) if _TRACE.pins else None
+    other, _TRACE.next = _TRACE.next, None
+    return mine if mine is not None else other
 
 
 def pin_next(bf16: bool, by: str) -> None:
     """Pin the next precision this cell resolves to `bf16`, decided by `by` (in words, for the record), unless the
-    cell already carries a pin for it (the nightly's baseline choice wins)."""
-    if not _TRACE.pins:
-        _TRACE.pins.insert(0, (bf16, by))
+    cell carries a baseline pin for that step (the nightly's baseline choice wins)."""
+    _TRACE.next = (bf16, by)
 
 
 def note_compiled(compiled: bool) -> None:
@@ -358,13 +383,22 @@ def output(name: str, value) -> None:
 
 
 def finish(
-    metrics: dict, *, device: str, workers: int, compile: bool | str, micro_batch, execution: dict | None = None
+    metrics: dict,
+    *,
+    device: str,
+    workers: int,
+    compile: bool | str,
+    micro_batch,
+    execution: dict | None = None,
+    libraries=None,
 ) -> tuple[dict, str]:
     """(the record's `arithmetic`, its `outputs` digest) for the cell whose trace `begin` started; the metrics at
     full precision end the outputs. The cell's execution settings (an evaluation batch size: no part of its key,
-    but a batch size can move the last bits of a sum) are part of its arithmetic where it has any."""
+    but a batch size can move the last bits of a sum) are part of its arithmetic where it has any. `libraries`: the
+    distributions the cell's code path names (its fingerprint's); the machine's library versions are kept for those
+    alone, so that a library the task never imports parts no two runs."""
     output("metrics", {s: {k: float(v) for k, v in m.items()} for s, m in metrics.items()})
-    m = machine()
+    m = machine() if libraries is None else only_libraries(machine(), libraries)
     cell = {
         "device": device.split(":")[0],
         "precision": list(_TRACE.precision),
@@ -378,6 +412,8 @@ def finish(
     caches = {k: sorted(v) for k, v in sorted(_TRACE.caches.items())}
     record = {"digest": digest({"machine": m["digest"], "cell": cell, "caches": caches}, 16), "machine": m}
     record.update(cell=cell, caches=caches)
+    if any(_TRACE.steps):  # which step each precision is of: what pins are keyed by (outside the digest)
+        record["steps"] = list(_TRACE.steps)
     outputs = _TRACE.outputs.hexdigest()[:24]
     end()
     return record, outputs
@@ -393,13 +429,18 @@ def end() -> None:
 
 
 def pins_of(records: list[dict]) -> dict:
-    """{cell key: [bf16? of each precision the cell resolved, in order]} of the finished records that hold their
-    arithmetic: what `transferbench nightly` pins tonight's `bf16: auto` steps to."""
+    """{cell key: {step key: bf16?}} of the finished records that hold their arithmetic: what `transferbench
+    nightly` pins tonight's `bf16: auto` steps to, each by the step it was resolved for; records that name no steps
+    (older code) give their choices as a list, taken in order."""
     out = {}
     for r in records:
-        cell = (r.get("arithmetic") or {}).get("cell") or {}
-        if r.get("status") == "ok" and cell.get("precision"):
-            out[r["key"]] = [p == "bf16" for p in cell["precision"]]
+        arith = r.get("arithmetic") or {}
+        cell = arith.get("cell") or {}
+        if r.get("status") != "ok" or not cell.get("precision"):
+            continue
+        bf16 = [p == "bf16" for p in cell["precision"]]
+        steps = arith.get("steps") or []
+        out[r["key"]] = dict(zip(steps, bf16)) if len(steps) == len(bf16) and all(steps) else bf16
     return out
 
 

@@ -103,12 +103,15 @@ class Night:
         ran = self._run(anchor, options, executor)
         tonight = load_records([self.current])
         expected = [r for r in anchor if self._expected(r, ran)]
+        self._anchor_code = expected  # the noise model must be of the anchor's code, whatever the baseline
         key = arithmetic_key(tonight)
         baseline = self._baseline(expected, tonight, key, ran, options)
         judgments = [self.judge("the anchor", baseline.folder, baseline.records, tonight, ran)]
         roll = self.rolling / key if self.rolling is not None else None
         if roll is not None and roll.is_dir():
-            last = [r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran)]
+            # the anchor's cells only: a suite that shrinks on purpose drops cells the last night still holds
+            cells = {_cell(r) for r in expected}
+            last = [r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran) and _cell(r) in cells]
             judgments.append(self.judge("the rolling baseline", roll, last, tonight, ran))
         code = max(j.code for j in judgments)
         kept = self._keep(judgments, roll, code)
@@ -219,12 +222,18 @@ class Night:
 
         base = [r for r in base if self._expected(r, ran)]
         book = ledgers.load(self.anchor)
-        accept, accept_code, lines = book.accepts(records_commit(base))
+        accept, accept_code, lines = book.accepts()
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
         options = decide_options(self.gate, accept, accept_code)
         options.update(fail_on_failed=True, allow_missing=self.allow_missing)
-        return Judgment(name, folder, decide(base, tonight, **options), lines)
+        if getattr(self, "_anchor_code", None):
+            options["code_of"] = self._anchor_code
+        decision = decide(base, tonight, **options)
+        unused = book.unused(decision.gate)
+        if unused:
+            lines = lines + ["- matching nothing tonight:", *(f"  {x}" for x in unused)]
+        return Judgment(name, folder, decision, lines)
 
     # --- 4. keep ------------------------------------------------------------------------------------------------
 
@@ -292,7 +301,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         ran = night._run(old, options, executor)
         new = load_records([night.current])
         expected = [r for r in old if night._expected(r, ran)]
-        accept, accept_code, lines = ledgers.load(anchor).accepts(records_commit(expected))
+        accept, accept_code, lines = ledgers.load(anchor).accepts()
         options = decide_options(gate, accept, accept_code)
         # re-anchoring takes changes on purpose: the report lists them
         options.update(allow_missing=True, allow_improvement=True)
@@ -312,10 +321,16 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(
-        f"re-anchored {anchor} at {env['git_sha'][:12]}: review {anchor / 'REANCHOR.md'}, then commit it",
+        f"re-anchored {anchor} at {env['git_sha'][:12]}: review {anchor / 'REANCHOR.md'}, then commit it with the "
+        "noise model re-measured on the new anchor's code (python -m benchmarks.noise_model --work W)",
         file=sys.stderr,
     )
     return text
+
+
+def _cell(r: dict) -> tuple:
+    """What a cell is, whatever its settings: task, data set, backbone, stage, seed."""
+    return (r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"])
 
 
 def keep_rolling(night: Path, roll: Path) -> None:

@@ -94,6 +94,7 @@ COMMANDS = {
     "regress": regress.regress,
     "nightly": regress.nightly,
     "reanchor": regress.reanchor,
+    "accept": regress.accept,
 }
 
 

@@ -234,9 +234,27 @@ def gate_options(p) -> None:
 
     p.add_argument(
         "--allow-improvement",
+        nargs="?",
+        const=["*"],
+        default=[],
+        type=csv_list,
+        metavar="TASK[:BACKBONE[:METRIC]],...",
+        help="pass a significant improvement where named (alone: anywhere). By default it fails: numbers that move "
+        "without a declared change are a change of the code or the data, whichever way they move",
+    )
+    p.add_argument(
+        "--allow-untested",
         action="store_true",
-        help="pass a significant improvement (by default it fails: numbers that move without a declared change "
-        "are a change of the code or the data, whichever way they move)",
+        help="pass comparisons no test can judge (a task, split, metric or kind of difference the noise model does "
+        "not cover; one seed of other weights without logged examples). By default each fails the night, listed",
+    )
+    p.add_argument(
+        "--noise-model",
+        type=Path,
+        metavar="FILE",
+        help="the statistical tier's null across arithmetic: a noise model measured by `python -m "
+        "benchmarks.noise_model` on the baseline's code (default: the package's, measured on the anchor's code; "
+        "refused where the baseline was computed by other code)",
     )
     p.add_argument(
         "--floor",
@@ -277,6 +295,11 @@ def check_gate_options(args) -> None:
         raise UserError(f"--alpha {args.alpha}: give a family-wise error rate between 0 and 1, e.g. 0.01")
     if args.floor < 0:
         raise UserError(f"--floor {args.floor}: give a change in metric units, 0 or more, e.g. 0.5")
+    if getattr(args, "noise_model", None) is not None and not args.noise_model.is_file():
+        raise UserError(
+            f"--noise-model {args.noise_model}: no such file (measure one: python -m benchmarks.noise_model --work W "
+            "--out FILE)"
+        )
 
 
 def with_config(parser, argv, args):

@@ -28,7 +28,41 @@ def add_parsers(sub, fmt) -> argparse.ArgumentParser:
     _regress_parser(sub, fmt)
     nightly_parser = _nightly_parser(sub, fmt)
     _reanchor_parser(sub, fmt)
+    _accept_parser(sub, fmt)
     return nightly_parser
+
+
+def _accept_parser(sub, fmt) -> None:
+    ac = sub.add_parser(
+        "accept",
+        help="declare a change that moves the nightly's numbers on purpose, in the anchor's ledger",
+        formatter_class=fmt,
+        description="Append an entry to the acceptance ledger beside the anchor (ANCHOR/ACCEPTED.yaml): modules at "
+        "their current code fingerprint (--code), or settings at their new value (--protocol), and why. `nightly` "
+        "and `regress` then pass the cells whose outputs changed only in those modules, at exactly those "
+        "fingerprints: a later change of the same module has another fingerprint and fails, against the anchor and "
+        "any rolling baseline. Run it in the commit that makes the change; `reanchor` empties the ledger.",
+        epilog="examples:\n  transferbench accept --code backbones.dtn --why \"DTN's backward as one Gram product\"\n"
+        "  transferbench accept --protocol fewshot:pool=tok --why \"the paper pools the class token\"",
+    )
+    ac.add_argument("--code", type=csv_list, default=[], metavar="MODULE", help="modules (a package: each module in it)")
+    ac.add_argument(
+        "--protocol", action="append", default=[], metavar="TASK:SETTING=VALUE", help="a setting at its new value"
+    )
+    ac.add_argument("--why", required=True, help="why the change is meant (one line)")
+    ac.add_argument(
+        "--anchor", type=Path, default=Path("results/nightly"), help="the anchor whose ledger (default: results/nightly)"
+    )
+
+
+def accept(args) -> int:
+    from ..records import ledger
+
+    if not args.anchor.is_dir():
+        raise UserError(f"--anchor {args.anchor}: not a records folder (give the anchor, e.g. results/nightly)")
+    written = ledger.add(args.anchor, args.code, args.protocol, args.why)
+    print(f"added to {args.anchor / ledger.LEDGER}:\n{written}", end="")
+    return 0
 
 
 def _reanchor_parser(sub, fmt) -> None:
@@ -170,18 +204,17 @@ def allow_missing_option(p) -> None:
         default=[],
         type=csv_list,
         metavar="TASK[:BACKBONE],...",
-        help="pass although current lacks these tasks or backbones of the baseline (alone: anything missing). By "
-        "default a task or backbone of the baseline of which current holds no cell fails, and `nightly` also fails "
-        "on any missing cell, vanished metric or cell kept from other code",
+        help="pass although current lacks these tasks or backbones of the baseline (alone: any task or backbone). "
+        "Inside a task that ran, a missing cell (a dropped seed, a cell kept from other code) passes only where named "
+        "as cells:TASK[:BACKBONE], and a vanished metric as metric:TASK:METRIC. By default each of them fails",
     )
 
 
 def regress(args) -> int:
-    from ..anchor import records_commit
     from ..records import ledger
-    from ..records.gate import decide_options
+    from ..records.gate import decide, decide_options
     from ..records.store import check_folder, load_records
-    from ..reporting.regress import verdict
+    from ..reporting.regress import report
 
     check_gate_options(args)
     for flag, folder in (("--baseline", args.baseline), ("--current", args.current)):
@@ -193,10 +226,14 @@ def regress(args) -> int:
         raise UserError(f"--ledger {args.ledger}: no such file (give an ACCEPTED.yaml, or leave --ledger out)")
     book = ledger.load(args.ledger or args.baseline)
     baseline = load_records([args.baseline], strict=args.strict)
-    accept, accept_code, lines = book.accepts(records_commit(baseline))
+    accept, accept_code, lines = book.accepts()
     options = decide_options(gate_settings(args), accept, accept_code)  # the flags', then the ledger's acceptances
     options.update(fail_on_missing=args.fail_on_missing, allow_missing=args.allow_missing)
-    text, code = verdict(baseline, load_records([args.current], strict=args.strict), **options)
+    decision = decide(baseline, load_records([args.current], strict=args.strict), **options)
+    text, code = report(decision.gate, failed=decision.failed, reasons=decision.reasons), decision.code
+    unused = book.unused(decision.gate)
+    if unused:
+        lines += ["- matching nothing in this comparison:", *(f"  {x}" for x in unused)]
     if lines:
         text += f"\n\nAcceptance ledger entries honoured ({book.path}):\n\n" + "\n".join(lines) + "\n"
     print(text)
@@ -214,6 +251,8 @@ def gate_settings(args) -> dict:
         "accept": args.accept,
         "accept_code": args.accept_code,
         "allow_improvement": args.allow_improvement,
+        "allow_untested": args.allow_untested,
+        "noise_model": args.noise_model,
     }
 
 

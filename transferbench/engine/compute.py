@@ -235,7 +235,9 @@ def _compute(adapter, cell, ctx: CellContext, ledger: Ledger) -> dict:
     if status == "ok" and any(not math.isfinite(v) for split in metrics.values() for v in split.values()):
         status, reason = "diverged", "non-finite metric"
     how = {"device": ctx.device, "workers": ctx.workers, "compile": ctx.compile, "micro_batch": ctx.micro_batch}
-    arith, outputs = arithmetic.finish(metrics, **how, execution=getattr(cell, "execution", None))
+    arith, outputs = arithmetic.finish(
+        metrics, **how, execution=getattr(cell, "execution", None), libraries=tuple(code["libraries"])
+    )
     return {
         "status": status,
         "reason": reason,

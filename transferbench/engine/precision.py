@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..arithmetic import note_precision, pinned
+from ..arithmetic import note_precision, pinned, step_key
 from ..fingerprint import for_cache
 from ..hashing import digest
 from ..paths.entries import quarantine, sealed, verified
@@ -109,8 +109,9 @@ def resolve(setting, device: str, signature: dict, make_step: Callable[[], Calla
     step and returns once it is finished. Where the cell carries a pin (`transferbench nightly` pins `auto` to the
     baseline record's choice), the probe still runs and its pick is kept in the info, but the pin decides
     (`decided_by: baseline`). The choice is noted in the cell's arithmetic (transferbench.arithmetic)."""
-    choice = _resolve(setting, device, signature, make_step, pinned())  # the i-th pin is the i-th resolve's
-    note_precision(choice.bf16)
+    step = step_key(signature)
+    choice = _resolve(setting, device, signature, make_step, pinned(step))  # the pin of this step, by its shape
+    note_precision(choice.bf16, step)
     return choice
 
 

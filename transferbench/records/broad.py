@@ -1,12 +1,17 @@
-"""The regression gate's broad tests (records.gate), each over one task, backbone and metric's runs:
+"""The regression gate's broad tests (records.gate), each over one task, backbone and metric's runs.
 
-- `pooled`: the mean change over all its datasets, seeds and settings (records.stats.suite_mean on the per-(dataset,
-  seed) mean changes, the leaderboard's suite test), which sees a broad shift that no single cell shows;
+Against the arithmetic noise model (`model_comparisons`: the cells whose two sides ran the same code on the same
+weights, data and protocol in other arithmetic):
+- `pooled`: the mean change over all its runs, against the variance the model allows them;
+- `noise`: whether the runs moved beyond arithmetic (records.stats.noise_test);
+- `spread`: whether the runs of one data set deviate from their mean over seeds beyond arithmetic (a seed-to-seed
+  spread multiplied or removed, seeds that disagree).
+
+Against seed variance (`suite_comparisons`, `moved_comparisons`: the cells of an accepted protocol change, or of
+other weights or data, where the change itself is the question):
+- `pooled`: the suite-mean test of the leaderboard (records.stats.suite_mean) on the per-(dataset, seed) changes;
 - `spread`: the F-test of the seed-to-seed spread (collapsed or exploded);
-- `moved`: the F-test that every group's true change is 0 (records.stats.moved_test), which sees cells that move
-  both ways while the mean stays;
-- `noise`: whether the runs scatter more than arithmetic scatters them (records.stats.noise_test against the noise
-  model measured on benign runs).
+- `moved`: the F-test that every group's true change is alike (records.stats.moved_test).
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from .comparisons import (
     SPREAD_FLOOR,
     Kind,
     broad,
-    cell_comparisons,
     floor_of,
     is_signal,
     quantum,
 )
-from .match import Exact, axes, direction, index, match, precision
-from .stats import moved_test, noise_test, pooled_variance, suite_mean, variance_ratio
+from .match import direction
+from .metrics import declared
+from .stats import MAX_DF, moved_test, noise_test, pooled_variance, suite_mean, t_estimate, variance_ratio
 
 
 def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
@@ -79,6 +84,7 @@ def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
                 floor=POOLED_FLOOR * floor_of(task, metric, level_b, floor),
                 low=est.low,
                 high=est.high,
+                null="seeds",
             )
         )
         if shared(task):  # one run per seed: the spread is that of the per-seed suite means
@@ -101,117 +107,137 @@ def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
                     n=sum(len(g) - 1 for g in gc),
                     p=p,
                     floor=SPREAD_FLOOR,
+                    null="seeds",
                 )
             )
     return out
 
 
-@dataclass
-class _Runs:
-    """The statistical tier's runs per (task, backbone, metric) `at`."""
-
-    units: dict = field(default_factory=dict)  # at -> {unit: mean change}; (data set, seed), or (seed,) where shared
-    kind: dict = field(default_factory=dict)  # (at, unit) -> "precision" where a step's precision differs
-    inputs: set = field(default_factory=set)  # (at, unit) computed from other weights or data
-    levels: dict = field(default_factory=lambda: defaultdict(list))  # at -> the baseline's values
-    quantum: dict = field(default_factory=lambda: defaultdict(float))  # at -> its comparisons' largest quantum
-    sign: dict = field(default_factory=dict)  # at -> +1 where higher is better, -1 where lower is
-    # at -> {(data set, stage, axes, split): {seed: change}}: the moved test's groups, which exist for every task (a
-    # corruption, a stage, a shot count or a fraction is a group of its own, also where one run serves every set)
-    sets: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
-
-
-def _units(pairs: dict, paired: dict, shared) -> _Runs:
-    diffs = defaultdict(lambda: defaultdict(list))  # (task, backbone, metric) -> unit -> paired differences
-    runs = _Runs()
+def _runs_of_seeds(pairs: dict, paired: dict, shared) -> dict:
+    """The moved test's groups per (task, backbone, metric): {(data set, stage, axes, split): {seed: change}} (a
+    corruption, a stage, a shot count or a fraction is a group of its own, also where one run serves every set)."""
+    sets = defaultdict(lambda: defaultdict(dict))
     for group, vals in paired.items():
         at = (group.task, group.backbone, group.metric)
         for s, (vb, vc) in vals.items():
-            unit = (s,) if shared(group.task) else (group.dataset, s)
-            diffs[at][unit].append(vc - vb)
-            runs.sets[at][(group.dataset, group.stage, group.axes, group.split)][s] = vc - vb
-            runs.levels[at].append(vb)
-            rb, rc = pairs[group][s]
-            runs.quantum[at] = max(runs.quantum[at], quantum(rb, group.split, group.metric))
-            runs.sign[at] = direction(rb, group.metric)
-            if precision(rb) != precision(rc):
-                runs.kind[(at, unit)] = "precision"
-            if any(rb.get(w) != rc.get(w) for w in ("checkpoint_sha256", "data_version")):
-                runs.inputs.add((at, unit))
-    runs.units = {at: {unit: float(np.mean(d)) for unit, d in per.items()} for at, per in diffs.items()}
-    return runs
+            sets[at][(group.dataset, group.stage, group.axes, group.split)][s] = vc - vb
+    return sets
 
 
-def noise_units(baseline: list[dict], current: list[dict], shared=None) -> dict:
-    """{(task, metric, kind): [each run's mean change]} between two sides that differ only in arithmetic (the
-    statistical tier's units, every cell judged statistically): what `benchmarks.gate_power --noise-model` builds
-    the noise model from."""
-    if shared is None:
-        from ..spec import seeds_shared as shared
-    ax = axes(baseline, current)
-    found = match(index(baseline, ax), index(current, ax), ax, Exact(enabled=False))
-    _, paired = cell_comparisons(found.pairs, found.axes_of, 0.0)
-    runs = _units(found.pairs, paired, shared)
-    out = defaultdict(list)
-    for at, u in runs.units.items():
-        for unit, v in u.items():
-            out[(at[0], at[2], runs.kind.get((at, unit), "kernels"))].append(v)
-    return dict(out)
-
-
-def moved_comparisons(pairs: dict, paired: dict, floor: float, shared, noise: dict, untested: dict) -> list:
-    """Per (task, backbone, metric), on units that are runs (a data set's seed; a seed where one run serves every
-    data set): each unit's mean change over its comparisons (shot counts, splits, swept settings of that run), then
-    - `moved`: did its groups, each (data set, stage, axes, split) over its seeds (a corruption, a stage, a shot
-      count, a fraction: groups in every task, also where one run serves every set), move differently from each
-      other, more than their seeds vary (`records.stats.moved_test`)?
-    - `noise`: did the runs scatter more than arithmetic scatters them (`records.stats.noise_test` against the
-      noise model of the task and metric, per kind of unit: `precision` where a step's precision differs between
-      the sides, else `kernels`)? Units computed from other weights or data, or of a kind the model lacks, are left
-      out of it and counted in `untested` ((task, metric) -> units).
-    A shift of every run alike is the pooled test's. Each comparison's `low` (signed, > 0 better) is the worst
-    group's mean change (moved) or the worst run's change (noise): where none got worse by the floor, the move is an
-    improvement; else it fails, whatever other groups or runs gained."""
-    runs = _units(pairs, paired, shared)
+def moved_comparisons(pairs: dict, paired: dict, floor: float) -> list:
+    """Per (task, backbone, metric) of the groups judged against seed variance: did its groups, each (data set,
+    stage, axes, split) over its seeds, move differently from each other, more than their seeds vary
+    (`records.stats.moved_test`)? Its `low` (signed, > 0 better) is the worst group's mean change: where none got
+    worse by the floor, the move is an improvement."""
     out = []
-    for at, u in sorted(runs.units.items()):
+    for at, sets in sorted(_runs_of_seeds(pairs, paired, None).items()):
         task, backbone, metric = at
-        level = floor_of(task, metric, float(np.mean(runs.levels[at])), floor)
-        groups = [list(seeds.values()) for _, seeds in sorted(runs.sets[at].items())]
-        rms, p, df1, _ = moved_test(groups, min_sd=runs.quantum[at])
-        if df1:  # the moved test's worst is the worst group's mean change (a corruption, a stage)
-            low = min(runs.sign[at] * float(np.mean(g)) for g in groups)
-            out.append(broad(Kind.MOVED, *at, baseline=0.0, current=rms, change=rms, n=df1, p=p, floor=level, low=low))
-        model = (noise.get(task) or {}).get(metric) or {}
-        tested, variances, dfs = [], [], []
-        for unit, v in sorted(u.items()):
-            m = model.get(runs.kind.get((at, unit), "kernels"))
-            if m is None or (at, unit) in runs.inputs:
-                untested[(task, metric)] = untested.get((task, metric), 0) + 1
-                continue
-            tested.append(v)
-            variances.append(m["ms"] * NOISE_TOLERANCE**2)
-            dfs.append(m["units"])
-        if len(tested) > 1:
-            rms, p = noise_test(tested, variances, min(dfs))
-            base = float(np.sqrt(np.mean(variances))) / NOISE_TOLERANCE  # the model's own rms
-            # a training signal has no unit of its own: its noise test fires at SIGNAL_NOISE times arithmetic's rms
-            at_least = SIGNAL_NOISE * base if is_signal(metric) else level
-            worst = min(runs.sign[at] * v for v in u.values())  # the noise test's: the worst run
+        first = next(iter(pairs[next(g for g in paired if (g.task, g.backbone, g.metric) == at)].values()))[0]
+        sign = direction(first, metric)
+        groups = [[sign * v for v in seeds.values()] for _, seeds in sorted(sets.items())]
+        level = floor_of(task, metric, float(np.mean([np.mean(g) for g in groups])), floor)
+        q = max(quantum(first, g.split, metric) for g in paired if (g.task, g.backbone, g.metric) == at)
+        rms, p, df1, _ = moved_test(groups, min_sd=q)
+        if df1:
+            low = min(float(np.mean(g)) for g in groups)
+            out.append(
+                broad(Kind.MOVED, *at, baseline=0.0, current=rms, change=rms, n=df1, p=p, floor=level, low=low, null="seeds")
+            )
+    return out
+
+
+def model_comparisons(cells: list, floor: float, shared) -> list:
+    """Per (task, backbone, metric), over its cells judged against the noise model, on units that are runs (a data
+    set's seed; a seed where one run serves every data set): each run's mean change u over its comparisons (shot
+    counts, splits, swept settings), with the variance V the model allows it. The comparisons of one run share its
+    arithmetic, so V is the square of the mean of their standard deviations, the largest variance their mean can
+    have whatever their correlation. Then
+    - `pooled`: the mean of the runs' changes (the select stage's val split left out), a t on the model's degrees of
+      freedom with variance sum V / R^2: a broad shift that no single cell shows;
+    - `noise`: Q = sum u^2 / V against F(R, the model's degrees of freedom) (`records.stats.noise_test`): runs that
+      moved beyond arithmetic, both ways or with seeds that disagree;
+    - `spread`: the runs' deviations from their data set's mean over seeds, sum (u - mean)^2 / V against F(sum (n -
+      1), the model's degrees of freedom): seeds that disagree, a seed-to-seed spread multiplied or removed. Its
+      size is the root mean square deviation, against the metric's floor.
+    Each test's `low` is its worst run's change (signed, > 0 better): where none got worse by the floor, a move is
+    an improvement."""
+    runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [(change, sd, val split)]
+    info = {}
+    for x in cells:
+        if x.kind != Kind.CELL or x.null != "arithmetic" or x.variance is None:
+            continue
+        at = (x.task, x.backbone, x.metric)
+        info.setdefault(at, []).append(x)
+        for s, d in x.diffs.items():
+            unit = (s,) if shared(x.task) else (x.dataset, s)
+            runs[at][unit].append((d, math.sqrt(x.variance), x.split == "val"))
+    out = []
+    for at, units in sorted(runs.items()):
+        task, backbone, metric = at
+        xs = info[at]
+        df = min(x.model_df for x in xs)
+        level = float(np.mean([x.baseline for x in xs]))
+        at_floor = floor_of(task, metric, level, floor)
+        u = {k: float(np.mean([d for d, _, _ in v])) for k, v in units.items()}
+        var = {k: float(np.mean([sd for _, sd, _ in v])) ** 2 for k, v in units.items()}
+        model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
+        signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
+        reported = {k: (float(np.mean([d for d, _, val in v if not val])), var[k]) for k, v in units.items()}
+        reported = {k: x for k, x in reported.items() if not math.isnan(x[0])}
+        if reported:
+            mean = float(np.mean([x[0] for x in reported.values()]))
+            se = math.sqrt(sum(x[1] for x in reported.values())) / len(reported)
+            est = t_estimate(mean, se, min(df, MAX_DF), len(reported))
             out.append(
                 broad(
-                    Kind.NOISE,
+                    Kind.POOLED,
                     *at,
-                    baseline=base,
-                    current=rms,
-                    change=rms,
-                    n=len(tested),
-                    p=p,
-                    floor=at_least,
-                    low=worst,
+                    baseline=level,
+                    current=level + declared(task, metric).sign * mean,  # in the metric's own units
+                    change=mean,
+                    n=len(reported),
+                    p=est.p,
+                    floor=POOLED_FLOOR * at_floor,
+                    low=est.low,
+                    high=est.high,
+                    null="arithmetic",
+                )
+            )
+        worst = min(u.values())
+        if len(u) > 1:
+            rms, p = noise_test(list(u.values()), [var[k] for k in u], df)
+            out.append(
+                broad(
+                    Kind.NOISE, *at, baseline=model_rms, current=rms, change=rms, n=len(u), p=p,
+                    floor=signal_floor, low=worst, null="arithmetic",
+                )
+            )
+        by_set = defaultdict(list)
+        for k in u:
+            by_set[k[:-1]].append(k)
+        q = dof = 0.0
+        for keys in by_set.values():
+            if len(keys) > 1:
+                m = float(np.mean([u[k] for k in keys]))
+                q += sum((u[k] - m) ** 2 / var[k] for k in keys)
+                dof += len(keys) - 1
+        if dof:
+            dev = math.sqrt(sum((u[k] - np.mean([u[j] for j in keys])) ** 2 for keys in by_set.values() for k in keys)
+                            / dof)
+            p = float(_f_sf(q / dof, dof, df))
+            out.append(
+                broad(
+                    Kind.SPREAD, *at, baseline=model_rms, current=dev, change=dev, n=int(dof), p=p,
+                    floor=signal_floor, low=worst, null="arithmetic",
                 )
             )
     return out
+
+
+def _f_sf(x: float, d1: float, d2: float) -> float:
+    from scipy.stats import f
+
+    return f.sf(x, d1, min(d2, 1e7))
 
 
 def _pooled_sd(groups) -> float:

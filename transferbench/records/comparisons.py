@@ -1,18 +1,22 @@
 """The regression gate's second job (records.gate): test the statistical tier's matched cells and judge every
 test. Each test has the direction and floor records.metrics declares for its metric.
 
-- per comparison (task, dataset, backbone, stage, axes, split, metric): a moderated t over the seeds both sides
-  have (records.stats.moderated_difference), its variance borrowing from every comparison of the task, split and
-  metric; with one seed and no prior, McNemar's exact test where both sides logged their per-example results
-  (--log-samples), else untestable;
-- per (task, backbone, metric): `shift`, the sign test of whether its comparisons all moved one way;
-- the broad tests over a task and backbone's runs (records.broad): pooled, moved, noise and spread.
+- per comparison (task, dataset, backbone, stage, axes, split, metric): across arithmetic (the same code, weights,
+  data and protocol), a t of the mean change over the seeds against the arithmetic noise model's variance
+  (records.noise, measured on benign arithmetic, never on tonight); against seed variance where the change is the
+  question (an accepted protocol or code change, other weights or data): the plain paired t over the seeds, or
+  McNemar's exact test for one seed with logged examples; untested where neither applies;
+- per (task, metric), over every backbone: `shift`, the sign test of whether its comparisons moved one way more
+  often than the model allows (a Poisson binomial where a step's precision differs);
+- the broad tests over a task and backbone's runs (records.broad): pooled, noise and spread against the model;
+  pooled, spread and moved against seed variance.
 
-The cell tests are one family and the broad tests another, each Holm-corrected at alpha / 2, so that a night's
-family-wise error is at most alpha. A test fires when it is significant after Holm *and* its change passes a
-magnitude floor (the metric's: `floor` points for a percentage, 0.5% of the baseline for a training loss, ...; half
-of it for a pooled mean, a fifth for a shift, a factor 2 for a spread). Worse is a regression, better an
-improvement. A metric declared `either` (a training signal, a diagnostic) that moves either way is a regression.
+The cell tests are one family and the broad tests another, each Holm-corrected at alpha / 2 (a test that cannot
+reach its level left out: `family`), so that a night's family-wise error is at most alpha. A test fires when it is
+significant after Holm *and* its change passes a magnitude floor (the metric's: `floor` points for a percentage,
+0.5% of the baseline for a training loss, ...; half of it for a pooled mean, a fifth for a shift). Worse is a
+regression, better an improvement. A metric declared `either` (a training signal, a diagnostic) that moves either
+way is a regression.
 """
 
 from __future__ import annotations
@@ -21,14 +25,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import cache
 
 import numpy as np
 
-from .match import NonFinite, direction, precision
+from .match import NonFinite, direction
 from .metrics import EITHER, SIGNAL_FLOOR, SIGNALS, declared
 from .record import value
-from .stats import holm, mcnemar, moderated_difference, sign_test, variance_prior
+from .stats import MAX_DF, holm, mcnemar, paired_difference, t_estimate
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
@@ -41,7 +44,6 @@ SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change t
 # the noise test's allowance for a runner whose arithmetic is noisier than the model's variants (another CPU, other
 # kernels): a night up to NOISE_TOLERANCE times the model's rms is its null, so such a runner alarms at most alpha
 NOISE_TOLERANCE = 2.0
-NOISE_MODEL = "noise_model.json"  # beside this module: arithmetic noise per task and metric (docs/regression.md)
 PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
 
 
@@ -71,6 +73,7 @@ class Verdict(StrEnum):
     NOISE = "noise"
     SHIFT = "shift"
     SEE_POOLED = "see pooled"  # moved, noise or shift where the pooled mean regressed: told once, there
+    ACCEPTED = "accepted"  # a diagnostic or training signal that moved where its code changed as accepted
 
 
 FAILING = (Verdict.REGRESSED, Verdict.SPREAD, Verdict.MOVED, Verdict.NOISE, Verdict.SHIFT)
@@ -97,30 +100,29 @@ class Comparison:
     significant: bool = False
     verdict: Verdict = Verdict.UNCHANGED
     precision_changed: bool = False  # a cell: some seed's records ran a step in another precision
+    null: str = "arithmetic"  # what the test's null is: arithmetic (the noise model) | seeds (seed variance)
+    diffs: dict = field(default_factory=dict)  # a cell: seed -> signed change (> 0 better)
+    variance: float | None = None  # a cell against the model: one seed's change's variance (tolerance included)
+    model_df: int = 0  # ... and the degrees of freedom it was measured on
+    bias: float = 0.0  # ... the model's mean change for its kind (bf16 against fp32 moves numbers one way)
+    worse_share: float = 0.5  # ... the share of the model's moved changes that got worse
+    reach: float = 0.0  # the smallest p the test can reach (a discrete test's; 0 for a continuous one)
+    accepted: bool = False  # its cells' code changed as the ledger or --accept-code accepts (a meant change)
 
     @property
     def big(self) -> bool:
         if self.kind in (Kind.MOVED, Kind.NOISE):
             return self.change >= self.floor
-        if self.kind == Kind.SPREAD:
+        if self.kind == Kind.SPREAD and self.null == "seeds":  # a ratio of seed spreads, either way
             return self.change >= self.floor or self.change <= 1 / self.floor
+        if self.kind == Kind.SPREAD:  # the runs' deviations beyond arithmetic: their size
+            return self.change >= self.floor
         return abs(self.change) >= self.floor
 
 
 def is_signal(metric: str) -> bool:
     """A pretraining probe's training signal (records.metrics.SIGNALS: split "train", a move either way fails)."""
     return metric.startswith(SIGNALS)
-
-
-@cache
-def noise_model() -> dict:
-    """{task: {metric: {kind: {"ms": mean square of a unit's change, "units": how many units estimated it}}}}: the
-    arithmetic noise model that `python -m benchmarks.gate_power --noise-model` measures on benign runs (kind:
-    `kernels` where both sides ran a unit in the same precision, `precision` where a step's precision differs)."""
-    import json
-    from importlib.resources import files
-
-    return json.loads((files("transferbench.records") / NOISE_MODEL).read_text())["tasks"]
 
 
 def floor_of(task: str, metric: str, baseline: float, floor: float, record: dict | None = None) -> float:
@@ -144,16 +146,44 @@ def quantum(r: dict, split: str, metric: str) -> float:
     return 100.0 / n if isinstance(n, (int, float)) and n > 0 else 0.0
 
 
-def cell_comparisons(pairs: dict, axes_of: dict, floor: float, nonfinite: list | None = None) -> tuple[list, dict]:
-    """One test per matched group over its seeds: a moderated t (records.stats.moderated_difference), whose variance
-    borrows from every comparison of the same task, split and metric, all backbones (`variance_prior`: a night's
-    few-cell tasks, ADE20K's or high-res', have too few comparisons per backbone to estimate it); with one seed and
-    no prior, McNemar's test on the examples where both sides logged them. Returns the comparisons and, per group,
-    seed -> (baseline value, current value) where both sides have a finite one; a value that is not finite is
-    appended to `nonfinite` and fails the night."""
-    paired, rows = {}, []
+def raw(r: dict, split: str, metric: str) -> float | None:
+    """A finished record's value of `metric` on `split`: None where the record lacks it, NaN where it holds it as
+    `null` (a number that could not be computed fails the night as a non-finite value, never drops out)."""
+    if r["status"] != "ok":
+        return None
+    found = (r.get("metrics") or {}).get(split, {})
+    if metric in found and found[metric] is None:
+        return math.nan
+    return value(r, split, metric)
+
+
+def cell_comparisons(
+    pairs: dict,
+    axes_of: dict,
+    floor: float,
+    nonfinite: list | None = None,
+    *,
+    model=None,
+    seed_null=frozenset(),
+    code_accepted=frozenset(),
+) -> tuple[list, dict]:
+    """One test per matched group over its seeds. Against the arithmetic noise model (records.noise) where the two
+    sides ran the same code on the same weights, data and protocol: the mean change over the seeds, with the
+    model's variance of one (cell, seed)'s change for the task, split, metric and kind (`kernels`, or `precision`
+    where a step's precision differs) times NOISE_TOLERANCE squared, floored at the metric's resolution, as a t on
+    the model's degrees of freedom (one seed is testable: the variance is known). Against seed variance where the
+    weights or data differ or the group's cells are of an accepted protocol change (`seed_null`: CellKey): the plain
+    paired t over the seeds (the spread floored at one example); one seed there, McNemar's test on the examples
+    where both sides logged them. A group the model does not cover is untested (p None), and fails the night unless
+    allowed. Returns the comparisons and, per group, seed -> (baseline value, current value) where both sides have
+    a finite one; a value that is not finite (or `null`) is appended to `nonfinite` and fails the night."""
+    from .noise import judged, kind_of, resolution
+
+    paired, comparisons = {}, []
     for group, seeds in sorted(pairs.items()):
-        vals = {s: tuple(value(r, group.split, group.metric) for r in pair) for s, pair in seeds.items()}
+        if not judged(group.task, group.dataset, group.metric):
+            continue
+        vals = {s: tuple(raw(r, group.split, group.metric) for r in pair) for s, pair in seeds.items()}
         vals = {s: v for s, v in vals.items() if None not in v}
         bad = [s for s, v in vals.items() if not all(math.isfinite(x) for x in v)]
         if nonfinite is not None:
@@ -163,83 +193,121 @@ def cell_comparisons(pairs: dict, axes_of: dict, floor: float, nonfinite: list |
             continue
         first = next(iter(seeds.values()))[0]
         sign = direction(first, group.metric)
-        rows.append((group, seeds, vals, first, [sign * (v[1] - v[0]) for v in vals.values()]))
-    priors = _priors(rows)
-    comparisons = []
-    for group, seeds, vals, first, diffs in rows:
+        diffs = {s: sign * (v[1] - v[0]) for s, v in vals.items()}
         level = float(np.mean([v[0] for v in vals.values()]))
-        d = moderated_difference(
-            diffs,
-            priors.get((group.task, group.split, group.metric), (math.nan, 0.0)),
-            min_sd=quantum(first, group.split, group.metric),
+        kinds = {kind_of(*seeds[s]) for s in vals}
+        kind = next(k for k in ("unknown", "precision", "kernels") if k in kinds)
+        by_seeds = _seed_null(group, seeds, seed_null)
+        accepted = any(_in(group, s, code_accepted) for s in seeds)
+        c = Comparison(
+            kind=Kind.CELL,
+            task=group.task,
+            backbone=group.backbone,
+            dataset=group.dataset,
+            stage=group.stage,
+            axes=axes_of[group],
+            split=group.split,
+            metric=group.metric,
+            baseline=level,
+            current=float(np.mean([v[1] for v in vals.values()])),
+            change=float(np.mean(list(diffs.values()))),
+            n=len(diffs),
+            p=None,
+            floor=floor_of(group.task, group.metric, level, floor, first),
+            precision_changed=kind == "precision",
+            null="seeds" if by_seeds else "arithmetic",
+            diffs=diffs,
+            accepted=accepted,
         )
-        comparisons.append(
-            Comparison(
-                kind=Kind.CELL,
-                task=group.task,
-                backbone=group.backbone,
-                dataset=group.dataset,
-                stage=group.stage,
-                axes=axes_of[group],
-                split=group.split,
-                metric=group.metric,
-                baseline=level,
-                current=float(np.mean([v[1] for v in vals.values()])),
-                change=d.mean,
-                n=d.n,
-                p=d.p if d.p is not None else _examples_p(*seeds[next(iter(vals))], group.split),
-                floor=floor_of(group.task, group.metric, level, floor, first),
-                low=d.low,
-                high=d.high,
-                precision_changed=any(precision(rb) != precision(rc) for rb, rc in seeds.values()),
+        if by_seeds:
+            d = paired_difference(
+                {s: sign * v[1] for s, v in vals.items()},
+                {s: sign * v[0] for s, v in vals.items()},
+                min_sd=quantum(first, group.split, group.metric),
             )
-        )
+            c.p = d.p if d.p is not None else _examples_p(*seeds[next(iter(vals))], group.split)
+            c.low, c.high = d.low, d.high
+        else:
+            entry = model.entry(group.task, group.split, group.metric, kind) if model is not None else None
+            if entry is not None:
+                res = resolution(first, group.split, group.metric, level)
+                c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
+                c.model_df = max(int(entry.df), 1)
+                c.bias = entry.mean if kind != "kernels" else 0.0
+                c.worse_share = entry.worse if kind != "kernels" else 0.5
+                est = t_estimate(c.change, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)
+                c.p, c.low, c.high = est.p, est.low, est.high
+        comparisons.append(c)
     return comparisons, paired
 
 
-def _priors(rows: list) -> dict:
-    """(task, split, metric) -> the variance prior (records.stats.variance_prior) of its comparisons' seeds."""
-    spreads = defaultdict(lambda: ([], []))  # (task, split, metric) -> (variances, degrees of freedom)
-    for group, _, _, _, diffs in rows:
-        if len(diffs) > 1:
-            at = (group.task, group.split, group.metric)
-            spreads[at][0].append(float(np.var(diffs, ddof=1)))
-            spreads[at][1].append(len(diffs) - 1)
-    return {at: variance_prior(*v) for at, v in spreads.items()}
+def _in(group, seed: int, keys) -> bool:
+    from .match import CellKey
+
+    return CellKey(group.task, group.dataset, group.backbone, group.stage, seed, group.axes) in keys
+
+
+def _seed_null(group, seeds: dict, seed_null) -> bool:
+    """Whether a group is judged against seed variance: its cells are of an accepted protocol change, or a seed's
+    two records read other weights or data (a comparison of two checkpoints: there the change is the question)."""
+    from .match import CellKey
+
+    if any(CellKey(group.task, group.dataset, group.backbone, group.stage, s, group.axes) in seed_null for s in seeds):
+        return True
+    return any(rb.get(w) != rc.get(w) for rb, rc in seeds.values() for w in ("checkpoint_sha256", "data_version"))
 
 
 def shift_comparisons(cells: list, floor: float) -> list:
-    """Per (task, backbone, metric): did its comparisons all move one way? The exact sign test over the
-    comparisons that changed, with no regard to their size (a change of 0.24 points in each of 84 cells passes
-    every t-test, yet 84 of 84 worse is no chance), at a floor of SHIFT_FLOOR of the usual one on their mean
-    change. Comparisons whose precision differs between the sides are left out: bf16 against fp32 moves numbers
-    one way on its own."""
+    """Per (task, metric), pooled over backbones: did its comparisons move one way more than the noise model
+    allows? The exact sign test over the comparisons that changed, with no regard to their size (a change of 0.24
+    points in each of 84 cells passes every cell test, yet 84 of 84 worse is no chance). Under the model a change of
+    the same precision is as likely worse as better; one across precisions (bf16 against fp32) goes the worse way
+    with the share the model measured (`Noise.worse`), so its count is tested against that expectation (a Poisson
+    binomial) rather than left out. Its magnitude floor is SHIFT_FLOOR of the usual one on the mean change, the
+    model's sign bias taken off. Each test carries the smallest p it can reach (`reach`), so that `judge` leaves out
+    of the Holm family a test that cannot fire."""
     groups = defaultdict(list)
     for x in cells:
-        if x.split != "val" and x.change != 0 and not x.precision_changed:
-            groups[(x.task, x.backbone, x.metric)].append(x)
+        if x.split != "val" and x.change != 0 and x.null == "arithmetic" and x.p is not None:
+            groups[(x.task, x.metric)].append(x)
     out = []
-    for (task, backbone, metric), xs in sorted(groups.items()):
+    for (task, metric), xs in sorted(groups.items()):
         if len(xs) < SHIFT_MIN:
             continue
+        probs = [x.worse_share for x in xs]
         worse = sum(x.change < 0 for x in xs)
-        mean = float(np.mean([x.change for x in xs]))
+        p, reach = poisson_binomial_test(worse, probs)
+        mean = float(np.mean([x.change - x.bias for x in xs]))
         level = float(np.mean([x.baseline for x in xs]))
+        backbones = sorted({x.backbone for x in xs})
         out.append(
             broad(
                 Kind.SHIFT,
                 task,
-                backbone,
+                backbones[0] if len(backbones) == 1 else "(all)",
                 metric,
                 baseline=level,
-                current=level + mean,
+                current=level + declared(task, metric).sign * mean,
                 change=mean,
                 n=len(xs),
-                p=sign_test(worse, len(xs)),
+                p=p,
                 floor=SHIFT_FLOOR * floor_of(task, metric, level, floor),
+                reach=reach,
             )
         )
     return out
+
+
+def poisson_binomial_test(k: int, probs: list[float]) -> tuple[float, float]:
+    """(p, reach): the two-sided p of `k` successes of independent trials with success probabilities `probs` (twice
+    the smaller tail, at most 1), and the smallest p any outcome reaches. With every probability 1/2 it is the exact
+    sign test."""
+    pmf = np.array([1.0])
+    for q in probs:
+        pmf = np.convolve(pmf, [1 - q, q])
+    low, high = pmf[: k + 1].sum(), pmf[k:].sum()
+    tails = [min(1.0, 2 * min(pmf[: j + 1].sum(), pmf[j:].sum())) for j in (0, len(probs))]
+    return float(min(1.0, 2 * min(low, high))), float(min(tails))
 
 
 def broad(kind: Kind, task: str, backbone: str, metric: str, **values) -> Comparison:
@@ -247,17 +315,30 @@ def broad(kind: Kind, task: str, backbone: str, metric: str, **values) -> Compar
     return Comparison(kind=kind, task=task, backbone=backbone, metric=metric, **values)
 
 
+def family(members: list, alpha: float) -> list:
+    """The members of a Holm family at level `alpha` that can fire (Tarone 1990): a discrete test (a sign test
+    over few comparisons) whose smallest reachable p (`reach`) is above the level it would be held to only dilutes
+    the others. K is the smallest count for which at most K tests can reach alpha / K; those tests are the family."""
+    for k in range(1, len(members) + 1):
+        able = [x for x in members if x.reach <= alpha / k]
+        if len(able) <= k:
+            return able
+    return members
+
+
 def judge(comparisons: list, alpha: float) -> None:
     """Each comparison's verdict. Two families, each Holm-corrected at alpha / 2 (Bonferroni between them: the
-    night's family-wise error stays at most alpha): the few broad tests (pooled, moved, noise, spread, shift) are not
-    diluted by the hundreds of cell tests. A metric declared `either` (a diagnostic, a training signal) that moves
-    either way has regressed. A set that got worse fails even where another set gained (no "uneven" escape)."""
+    night's family-wise error stays at most alpha): the few broad tests (pooled, noise, spread, shift, moved) are
+    not diluted by the hundreds of cell tests; a test that cannot reach its level is left out of its family
+    (`family`). A metric declared `either` (a diagnostic, a training signal) that moves either way has regressed. A
+    set that got worse fails even where another set gained (no "uneven" escape)."""
     rejected = {}
-    for family in ((Kind.CELL,), BROAD):
-        members = [x for x in comparisons if x.kind in family]
-        rejected.update(zip(map(id, members), holm([x.p for x in members], alpha / 2)))
+    for kinds in ((Kind.CELL,), BROAD):
+        members = [x for x in comparisons if x.kind in kinds and x.p is not None]
+        able = family(members, alpha / 2)
+        rejected.update(zip(map(id, able), holm([x.p for x in able], alpha / 2)))
     for x in comparisons:
-        sig = rejected[id(x)]
+        sig = rejected.get(id(x), False)
         x.significant = sig
         if x.p is None:
             x.verdict = Verdict.UNTESTED
@@ -269,6 +350,9 @@ def judge(comparisons: list, alpha: float) -> None:
                 x.verdict = Verdict.SHIFT if worse else Verdict.IMPROVED
             else:
                 x.verdict = Verdict.REGRESSED if worse else Verdict.IMPROVED
+    for x in comparisons:  # a meant change of a diagnostic or a training signal: shown, accepted
+        if x.accepted and x.verdict in FAILING and either(x.task, x.metric):
+            x.verdict = Verdict.ACCEPTED
     pooled = {(y.task, y.backbone, y.metric): y.verdict for y in comparisons if y.kind == Kind.POOLED}
     for x in comparisons:
         moved = x.verdict in (Verdict.MOVED, Verdict.NOISE)

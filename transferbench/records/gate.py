@@ -8,24 +8,15 @@ renders the decision.
 2. Protocol changes. Every other setting of a matched cell (hyper-parameters, the dataset's configuration, the
    protocol version) must agree. A difference is listed by setting (`pool: gap → tok`) and fails the gate unless
    it is accepted by name (`--accept TASK:SETTING`); a changed cell's numbers are shown but not tested.
-3. Tests, on every metric a record holds, each with the direction and floor records.metrics declares:
-   - per comparison (task, dataset, backbone, stage, axes, split, metric): a moderated t over the seeds both sides
-     have (records.stats.moderated_difference), its variance borrowing from every comparison of the task, split and
-     metric; with one seed and no prior, McNemar's exact test where both sides logged their per-example results
-     (--log-samples), else untestable;
-   - per (task, backbone, metric): `shift`, the sign test of whether its comparisons all moved one way;
-   - per (task, backbone): the pooled test of the mean change over all its datasets, seeds and settings
-     (records.stats.suite_mean on the per-(dataset, seed) mean changes, the leaderboard's suite test), which sees
-     a broad shift that no single cell shows;
-   - per (task, backbone, metric): `moved_test`, the F-test that every comparison's true change is 0, which sees
-     cells that move both ways while the mean stays (it fails the night where the pooled mean did not fire);
-   - per (task, backbone): the F-test of the seed-to-seed spread (collapsed or exploded).
-   The cell tests are one family and the pooled, moved, noise, spread and shift tests another, each Holm-corrected at
-   alpha / 2, so that a night's family-wise error is at most alpha. A test fires when it is significant after Holm
-   *and* its change passes a magnitude floor (the metric's: `floor` points for a percentage, 0.5% of the baseline
-   for a training loss, ...; half of it for a pooled mean, a fifth for a shift, a factor 2 for a spread). Worse is a
-   regression, better an improvement; both fail unless improvements are allowed. A metric declared `either` (a
-   training signal, a diagnostic) that moves either way is a regression. A non-finite value fails.
+3. Tests, on every metric a record holds, each with the direction and floor records.metrics declares
+   (records.comparisons, records.broad). Across arithmetic their null is the noise model measured on benign
+   arithmetic (records.noise), never tonight's data: per comparison a t of the mean change over the seeds; per task,
+   backbone and metric the pooled mean, the noise and the spread of its runs; per task and metric the shift (sign)
+   test over every backbone. Where the change is the question (an accepted protocol or code change, other weights
+   or data) the null is seed variance: the paired t, the suite-mean test, the moved and spread F-tests. Two Holm
+   families at alpha / 2 each; a test fires when significant *and* past its magnitude floor. Worse is a regression,
+   better an improvement; both fail unless improvements are allowed where they happened. A non-finite or `null`
+   value, an untested comparison (unless allowed) and a baseline cell that failed fail the night.
 4. The exact tier comes first. A matched cell whose two records carry the same arithmetic digest
    (transferbench.arithmetic: kernels, threads, BLAS, library versions, precision, ...) is judged to the bit, not
    by statistics: equal outputs pass; different outputs where the code fingerprints differ fail, naming the
@@ -39,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from .broad import moved_comparisons, suite_comparisons
+from .broad import model_comparisons, moved_comparisons, suite_comparisons
 from .comparisons import (
     ALPHA,
     FAILING,
@@ -49,7 +40,6 @@ from .comparisons import (
     Verdict,
     cell_comparisons,
     judge,
-    noise_model,
     shift_comparisons,
 )
 from .match import Exact, ProtocolChange, TaskBackbone, axes, index, match, other_code
@@ -70,8 +60,15 @@ class Gate:
     vanished: list = field(default_factory=list)  # match.Vanished: judged in the baseline, lacking in current
     stale: list = field(default_factory=list)  # match.CellKey of current whose record another code computed (kept)
     absent: list = field(default_factory=list)  # match.TaskBackbone of the baseline of which current holds nothing
-    untested_noise: dict = field(default_factory=dict)  # (task, metric) -> units no noise model covers
-    nonfinite: list = field(default_factory=list)  # match.NonFinite: a value NaN or infinite on either side
+    nonfinite: list = field(default_factory=list)  # match.NonFinite: a value NaN, null or infinite on either side
+    baseline_failed: list = field(default_factory=list)  # match.CellKey: the baseline's latest record failed
+    model: object = None  # records.noise.Model: the statistical tier's null across arithmetic
+
+    @property
+    def untested(self) -> list[Comparison]:
+        """Cell comparisons no test could judge: no noise model entry for their task, split, metric and kind, or
+        one seed against seed variance with no logged examples."""
+        return [c for c in self.comparisons if c.kind == Kind.CELL and c.p is None]
 
     @property
     def tests(self) -> int:
@@ -118,26 +115,45 @@ def gate(
     accept_code=(),
     exact: bool = True,
     shared=None,
-    noise: dict | None = None,
+    noise=None,
+    code_of=None,
 ) -> Gate:
     """Match, judge the cells of equal arithmetic exactly (`exact`; False: every cell goes to the statistical tier,
     as against a fixed anchor), test and judge the rest (module docstring). `shared(task)`: whether one run per
     seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units. `noise`: the
-    arithmetic noise model (default: `noise_model()`; {} tests no change against one)."""
+    arithmetic noise model, a records.noise.Model or its `tasks` mapping (default: the package's, refused in one line
+    where it was measured on other code than `code_of`'s records: the anchor's, which `nightly` gives, against its
+    rolling baseline too; by default the baseline's)."""
     if shared is None:
         from ..spec import seeds_shared as shared
+    from .noise import Model, packaged
+
     ax = axes(baseline, current)
     b, c = index(baseline, ax), index(current, ax)
     stale = other_code(c)
     tier = Exact(enabled=exact)
     found = match(b, c, ax, tier, accept_code, accept, stale)
+    model = packaged() if noise is None else noise if isinstance(noise, Model) else Model.of({"tasks": noise})
     nonfinite: list = []
-    comparisons, paired = cell_comparisons(found.pairs, found.axes_of, floor, nonfinite)
-    comparisons += shift_comparisons(comparisons, floor)
-    comparisons += suite_comparisons(found.pairs, paired, floor, shared)
-    untested: dict = {}
-    model = noise_model() if noise is None else noise
-    comparisons += moved_comparisons(found.pairs, paired, floor, shared, model, untested)
+    cells, paired = cell_comparisons(
+        found.pairs, found.axes_of, floor, nonfinite, model=model, seed_null=found.declared,
+        code_accepted=found.code_accepted,
+    )
+    modelled = {x.task for x in cells if x.null == "arithmetic"}
+    if modelled:  # the model is the null of these tasks' comparisons: it must be of the anchor's (the baseline's) code
+        model.check(code_of if code_of is not None else [r for r, _ in b.values()], modelled)
+    by_seeds = {_group(x) for x in cells if x.null == "seeds"}
+    seeds_only = {g: v for g, v in paired.items() if g in by_seeds}
+    comparisons = list(cells)
+    comparisons += shift_comparisons(cells, floor)
+    comparisons += model_comparisons(cells, floor, shared)
+    comparisons += suite_comparisons(found.pairs, seeds_only, floor, shared)
+    comparisons += moved_comparisons(found.pairs, seeds_only, floor)
+    meant = {(x.task, x.backbone) for x in cells if x.accepted}
+    meant -= {(x.task, x.backbone) for x in cells if x.null == "seeds" and not x.accepted}
+    for x in comparisons:  # a broad test over seed variance whose every cell is a meant code change
+        if x.kind != Kind.CELL and x.null == "seeds" and (x.task, x.backbone) in meant:
+            x.accepted = True
     judge(comparisons, alpha)
     groups = lambda side: {TaskBackbone(k.task, k.backbone) for k in side}  # noqa: E731
     both = sorted(set(b) & set(c))
@@ -154,9 +170,22 @@ def gate(
         vanished=found.vanished,
         stale=sorted(k for k in stale if k in b),
         absent=sorted(groups(b) - groups(c)),
-        untested_noise=untested,
         nonfinite=nonfinite,
+        baseline_failed=found.baseline_failed,
+        model=model,
     )
+
+
+def _group(x: Comparison):
+    from .match import GroupKey
+
+    return GroupKey(x.task, x.dataset, x.backbone, x.stage, _axes_text(x.axes), x.split, x.metric)
+
+
+def _axes_text(ax: dict) -> str:
+    from ..hashing import canon
+
+    return canon(ax)
 
 
 def _flip(difference: str) -> str:
@@ -180,6 +209,19 @@ class Decision:
         return int(bool(self.reasons))
 
 
+def improvement_allowed(allow, x: Comparison) -> bool:
+    """Whether `allow` (True; or names TASK, TASK:BACKBONE, TASK:BACKBONE:METRIC, `*` for any part) passes this
+    improvement. A broad test over every backbone (a shift, `(all)`) is passed by a name without a backbone."""
+    if allow is True:
+        return True
+    for name in allow or ():
+        parts = (name.split(":") + ["*", "*"])[:3]
+        want = (x.task, x.backbone, x.metric)
+        if all(p in ("*", "", w) or (i == 1 and w == "(all)" and p == "*") for i, (p, w) in enumerate(zip(parts, want))):
+            return True
+    return False
+
+
 def decide_options(flags: dict, accept=(), accept_code=()) -> dict:
     """`decide`'s options from a command's gate flags (floor, alpha, accept, accept_code, allow_improvement: those of
     --floor, --alpha, --accept, --accept-code, --allow-improvement) and the acceptance ledger's entries that apply,
@@ -190,8 +232,16 @@ def decide_options(flags: dict, accept=(), accept_code=()) -> dict:
         accept=[*flags.get("accept", ()), *accept],
         accept_code=[*flags.get("accept_code", ()), *accept_code],
         fail_on_missing=True,
-        allow_improvement=flags.get("allow_improvement", False),
+        allow_improvement=flags.get("allow_improvement") or (),
+        allow_untested=flags.get("allow_untested", False),
+        **({"noise": _model_at(flags["noise_model"])} if flags.get("noise_model") else {}),
     )
+
+
+def _model_at(path):
+    from .noise import load
+
+    return load(path)
 
 
 def decide(
@@ -202,7 +252,8 @@ def decide(
     fail_on_missing: bool = True,
     fail_on_failed: bool = True,
     allow_missing=(),
-    allow_improvement: bool = False,
+    allow_improvement=False,
+    allow_untested: bool = False,
     **options,
 ) -> Decision:
     """The night's decision: it fails (exit code 1) when a cell of equal arithmetic changed by code not accepted
@@ -218,8 +269,15 @@ def decide(
     g = gate(baseline, current, floor=floor, **options)
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
 
-    def allowed(task: str, backbone: str) -> bool:
+    def allowed(task: str, backbone: str) -> bool:  # a task or backbone absent altogether
         return allow_missing is True or bool({"*", task, f"{task}:{backbone}"} & set(allow_missing or ()))
+
+    def cells_allowed(task: str, backbone: str) -> bool:  # a missing cell inside a task that ran
+        names = {"cells:*", f"cells:{task}", f"cells:{task}:{backbone}"}
+        return allow_missing is True or bool(names & set(allow_missing or ()))
+
+    def metric_allowed(task: str, metric: str) -> bool:  # a metric that vanished from a cell that ran
+        return allow_missing is True or bool({f"metric:{task}:{metric}", f"metric:*:{metric}"} & set(allow_missing or ()))
 
     reasons = []
     absent = [x for x in g.absent if not allowed(x.task, x.backbone)]
@@ -237,8 +295,13 @@ def decide(
         reasons.append(f"{len(g.regressed)} regressed")
     if g.nonfinite:
         reasons.append(f"{len(g.nonfinite)} non-finite values")
-    if g.improved and not allow_improvement:
-        reasons.append(f"{len(g.improved)} improved beyond chance (allow with --allow-improvement)")
+    if g.baseline_failed:
+        reasons.append(f"{len(g.baseline_failed)} cells failed in the baseline")
+    if g.untested and not allow_untested:
+        reasons.append(f"{len(g.untested)} untested (allow with --allow-untested)")
+    unallowed = [x for x in g.improved if not improvement_allowed(allow_improvement, x)]
+    if unallowed:
+        reasons.append(f"{len(unallowed)} improved beyond chance (allow with --allow-improvement)")
     if g.unaccepted:
         reasons.append(f"{len(g.unaccepted)} protocol changes")
     if fail_on_failed and failed:
@@ -248,9 +311,9 @@ def decide(
         gone = [
             k
             for k in g.missing + g.stale
-            if not allowed(k.task, k.backbone) and TaskBackbone(k.task, k.backbone) not in absent_groups
+            if not cells_allowed(k.task, k.backbone) and TaskBackbone(k.task, k.backbone) not in absent_groups
         ]
-        gone += [v for v in g.vanished if not allowed(v.cell.task, v.cell.backbone)]
+        gone += [v for v in g.vanished if not metric_allowed(v.cell.task, v.metric)]
         if gone:
             reasons.append(f"{len(gone)} cells or metrics missing")
     if not g.compared and not reasons:

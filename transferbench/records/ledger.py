@@ -1,17 +1,19 @@
 """The acceptance ledger: the changes that move the nightly's numbers on purpose, declared in the repository beside
 the anchor they are judged against (`results/nightly/ACCEPTED.yaml`; docs/regression.md#the-acceptance-ledger).
 
-Each entry names the commit that made the change, what it changes (code modules, as `--accept-code` takes them,
-and protocol settings, as `--accept` takes them) and why. `nightly` and `regress` read the ledger of their baseline
-folder. An entry applies to a comparison whose baseline was computed before its commit (the baseline records'
-`git_sha` does not contain the commit): against the anchor every entry since the anchor applies, night after
-night, while against a rolling baseline made after the commit the entry no longer covers a second change of the
-same module. Re-anchoring (`transferbench reanchor`) empties the ledger.
+Each entry names what changed, as it is after the change, and why:
+- `code`: modules at their new code fingerprint (the sha256 of the module's syntax tree, as records hold it). A cell
+  whose outputs changed passes when every module that changed in its fingerprint is accepted *at the hash tonight's
+  record holds*: a second change of the same module has another hash and fails, against the anchor and against any
+  rolling baseline, on every runner kind. No commit is named, so squash and rebase merges change nothing.
+- `protocol`: settings at their new value (`TASK:SETTING: VALUE`). A protocol change passes where its new value is
+  the accepted one.
+`transferbench accept --code MODULE --why "..."` writes an entry with the modules' current fingerprints;
+`transferbench reanchor` empties the ledger. An entry that matches nothing tonight is listed in the report.
 """
 
 from __future__ import annotations
 
-import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,25 +25,30 @@ from ..errors import UserError
 LEDGER = "ACCEPTED.yaml"
 EMPTY = """\
 # The acceptance ledger of this anchor (docs/regression.md#the-acceptance-ledger): changes that move the nightly's
-# numbers on purpose, made since these records. `transferbench nightly` and `regress` honour each entry against
-# every baseline computed before its commit; `transferbench reanchor` empties it.
+# numbers on purpose, made since these records, each as it is after the change. Write an entry with
+#   transferbench accept --code backbones.dtn --why "..."          (the module at its current code fingerprint)
+#   transferbench accept --protocol fewshot:pool=tok --why "..."   (a setting at its new value)
+# `transferbench nightly` and `regress` honour an entry against any baseline; a second change of the same module
+# has another fingerprint and fails. `transferbench reanchor` empties it.
 #
 # accepted:
-#   - commit: 1a2b3c4                      # the commit that makes the change
-#     code: [backbones.dtn]                # modules whose changed numbers are meant (as --accept-code takes them)
-#     protocol: ["fewshot:pool"]           # settings changed on purpose (as --accept takes them: TASK[:SETTING])
+#   - code: {transferbench.backbones.dtn: 929030bf62b3d707}   # module: its code fingerprint after the change
+#     protocol: {"fewshot:pool": tok}                          # TASK:SETTING: its value after the change
 #     why: DTN's backward as one Gram product per head; only DTN backbones' cells move
 accepted: []
 """
-_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+_HASH = "0123456789abcdef"
 
 
 @dataclass(frozen=True)
 class Entry:
-    commit: str
-    code: tuple = ()
-    protocol: tuple = ()
+    code: tuple = ()  # (module, tree hash)
+    protocol: tuple = ()  # (TASK:SETTING, value)
     why: str = ""
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{m}@{h}" for m, h in self.code] + [f"{s}={v}" for s, v in self.protocol]
 
 
 @dataclass
@@ -49,38 +56,29 @@ class Ledger:
     path: Path | None
     entries: list = field(default_factory=list)
 
-    def applying(self, baseline_sha: str | None, repo: Path | None = None) -> tuple[list[Entry], list[str]]:
-        """(the entries that apply against a baseline computed at `baseline_sha`, notes in words). An entry applies
-        where its commit is not already in the baseline's history. Where that cannot be told (no git history, a
-        commit unknown to it, a baseline of unknown commit), the entry applies and a note says why."""
-        out, notes = [], []
-        for e in self.entries:
-            if not baseline_sha:
-                out.append(e)
-                notes.append(f"{e.commit}: applied (the baseline records name no commit)")
-                continue
-            contained = _is_ancestor(e.commit, baseline_sha, repo)
-            if contained is None:
-                out.append(e)
-                notes.append(f"{e.commit}: applied (git cannot place it against the baseline's {baseline_sha[:12]})")
-            elif not contained:
-                out.append(e)
-        return out, notes
+    def accepts(self) -> tuple[list, list, list[str]]:
+        """(protocol changes for `--accept`, as TASK:SETTING=VALUE; modules for `--accept-code`, as MODULE@HASH;
+        report lines)."""
+        protocol = [f"{s}={v}" for e in self.entries for s, v in e.protocol]
+        code = [f"{m}@{h}" for e in self.entries for m, h in e.code]
+        return protocol, code, [f"- {', '.join(e.names)} ({e.why})" for e in self.entries]
 
-    def accepts(self, baseline_sha: str | None, repo: Path | None = None) -> tuple[list, list, list[str]]:
-        """(protocol names for `--accept`, modules for `--accept-code`, report lines) against that baseline."""
-        entries, notes = self.applying(baseline_sha, repo)
-        protocol = [p for e in entries for p in e.protocol]
-        code = [m for e in entries for m in e.code]
-        lines = [f"- {e.commit[:12]}: {', '.join([*e.code, *e.protocol])} ({e.why})" for e in entries]
-        if self.entries and not entries:
-            lines.append(f"- none of its {len(self.entries)} entries: the baseline already holds their commits")
-        return protocol, code, lines + [f"- {n}" for n in notes]
+    def unused(self, gate) -> list[str]:
+        """The entries that matched nothing in `gate` (records.gate.Gate): no accepted cell changed by one of its
+        modules at its hash, no protocol change to its value."""
+        used_code = {c for x in gate.exact.changed if x.accepted for c in x.causes}
+        used_code |= set(getattr(gate, "accepted_code", ()))
+        used_protocol = {(f"{p.task}:{p.setting}", p.after) for p in gate.protocol if p.accepted}
+        out = []
+        for e in self.entries:
+            if not any(m in used_code for m, _ in e.code) and not any(p in used_protocol for p in e.protocol):
+                out.append(f"- {', '.join(e.names)} ({e.why})")
+        return out
 
 
 def load(path: Path) -> Ledger:
     """The ledger at `path` (a file, or a records folder holding ACCEPTED.yaml); an empty one where there is none.
-    A ledger that does not parse, or an entry without a commit, a change or a reason, is one line and exit 2."""
+    A ledger that does not parse, or an entry without a change or a reason, is one line and exit 2."""
     path = Path(path)
     if path.is_dir():
         path = path / LEDGER
@@ -94,33 +92,127 @@ def load(path: Path) -> Ledger:
     if items is None:
         items = [] if isinstance(doc, dict) and "accepted" in doc else None
     if not isinstance(items, list):
-        raise UserError(f"{path}: give `accepted:` a list of entries (commit, code or protocol, why)")
+        raise UserError(f"{path}: give `accepted:` a list of entries (code and/or protocol, why)")
     entries = []
     for i, item in enumerate(items, 1):
         where = f"{path}: entry {i}"
-        if not isinstance(item, dict) or set(item) - {"commit", "code", "protocol", "why"}:
-            raise UserError(f"{where}: give commit, code and/or protocol, and why (nothing else)")
-        commit = str(item.get("commit") or "").strip().lower()
-        if not _SHA.match(commit):
-            raise UserError(f"{where}: commit {item.get('commit')!r} is not a git sha (7 to 40 hex digits)")
-        code, protocol = _names(item.get("code"), where, "code"), _names(item.get("protocol"), where, "protocol")
+        if isinstance(item, dict) and "commit" in item:
+            raise UserError(
+                f"{where}: an entry names what changed, not a commit (squash merges lose commits); write it with "
+                "`transferbench accept --code MODULE --why ...`"
+            )
+        if not isinstance(item, dict) or set(item) - {"code", "protocol", "why"}:
+            raise UserError(f"{where}: give code and/or protocol, and why (nothing else)")
+        code = tuple(_code(item.get("code"), where))
+        protocol = tuple(_protocol(item.get("protocol"), where))
         if not code and not protocol:
-            raise UserError(f"{where}: name what changes: code (modules) or protocol (TASK[:SETTING])")
+            raise UserError(f"{where}: name what changes: code ({{MODULE: HASH}}) or protocol ({{TASK:SETTING: VALUE}})")
         why = str(item.get("why") or "").strip()
         if not why:
             raise UserError(f"{where}: say why the change is meant (why: ...)")
-        entries.append(Entry(commit, code, protocol, why))
+        entries.append(Entry(code, protocol, why))
     return Ledger(path, entries)
 
 
-def _names(value, where: str, what: str) -> tuple:
+def _code(value, where: str) -> list:
     if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise UserError(f"{where}: {what} must be a list of names")
-    return tuple(v.strip() for v in value)
+        return []
+    if not isinstance(value, dict):
+        raise UserError(
+            f"{where}: code must map each module to its code fingerprint (write it with `transferbench accept --code "
+            "MODULE --why ...`)"
+        )
+    out = []
+    for module, h in value.items():
+        h = str(h).strip().lower()
+        if not isinstance(module, str) or len(h) != 16 or set(h) - set(_HASH):
+            raise UserError(f"{where}: code {module}: {h!r} is not a code fingerprint (16 hex digits)")
+        name = module.strip()
+        out.append((_full(name), h))
+    return out
+
+
+def _full(module: str) -> str:
+    """A module as records name it: with `transferbench.` where it is one of this package's."""
+    from importlib.util import find_spec
+
+    if module.startswith("transferbench."):
+        return module
+    try:
+        return f"transferbench.{module}" if find_spec(f"transferbench.{module}") is not None else module
+    except (ImportError, ValueError):
+        return module
+
+
+def _protocol(value, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: protocol must map TASK:SETTING to its new value, e.g. {{\"fewshot:pool\": tok}}")
+    out = []
+    for name, v in value.items():
+        if not isinstance(name, str) or name.count(":") != 1 or not all(name.split(":")):
+            raise UserError(f"{where}: protocol {name!r}: name a setting as TASK:SETTING")
+        from .match import value_text
+
+        out.append((name.strip(), value_text(v)))
+    return out
+
+
+def fingerprints(modules: list[str]) -> dict:
+    """{full module name: its code fingerprint now}, a package naming every module under it; a name that is no
+    module is one line, exit 2."""
+    import pkgutil
+    from importlib.util import find_spec
+
+    from ..fingerprint import closure
+
+    out = {}
+    for name in modules:
+        full = _full(name.strip())
+        try:
+            spec = find_spec(full)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise UserError(f"--code {name}: no such module (give one as records name it, e.g. backbones.dtn)")
+        names = [full]
+        if spec.submodule_search_locations:
+            names += [f"{full}.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)]
+        for n in names:
+            h = closure((n,)).get(n)
+            if h:
+                out[n] = h
+    return out
+
+
+def add(path: Path, code: list[str], protocol: list[str], why: str) -> str:
+    """Append an entry to the ledger at `path` (a file or a records folder): `code` modules at their current
+    fingerprints, `protocol` as TASK:SETTING=VALUE. Returns the entry as written."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LEDGER
+    if not why.strip():
+        raise UserError("--why: say why the change is meant")
+    if not code and not protocol:
+        raise UserError("name what changed: --code MODULE and/or --protocol TASK:SETTING=VALUE")
+    settings = {}
+    for p in protocol:
+        name, eq, v = p.partition("=")
+        if not eq or name.count(":") != 1 or not all(name.split(":")):
+            raise UserError(f"--protocol {p}: give TASK:SETTING=VALUE, e.g. fewshot:pool=tok")
+        settings[name] = yaml.safe_load(v) if v else v
+    load(path)  # a damaged ledger is refused before it is written to
+    entry = {**({"code": fingerprints(code)} if code else {}), **({"protocol": settings} if settings else {})}
+    entry["why"] = why.strip()
+    text = path.read_text() if path.is_file() else EMPTY
+    doc = yaml.safe_load(text) or {}
+    items = list(doc.get("accepted") or [])
+    items.append(entry)
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    path.write_text(header + yaml.safe_dump({"accepted": items}, sort_keys=False))
+    load(path)
+    return yaml.safe_dump([entry], sort_keys=False)
 
 
 def empty(path: Path) -> None:
@@ -139,17 +231,3 @@ def repository(start: Path | None = None) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
-
-
-def _is_ancestor(commit: str, of: str, repo: Path | None) -> bool | None:
-    """Whether `commit` is `of` or one of its ancestors; None where git cannot tell."""
-    repo = repo or repository()
-    if repo is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["git", "merge-base", "--is-ancestor", commit, of], cwd=repo, capture_output=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {0: True, 1: False}.get(out.returncode)

@@ -173,6 +173,9 @@ class Matched:
     pairs: dict = field(default_factory=lambda: defaultdict(dict))  # GroupKey -> seed -> (baseline, current)
     axes_of: dict = field(default_factory=dict)  # GroupKey -> the cell's axes
     vanished: list = field(default_factory=list)  # Vanished
+    declared: set = field(default_factory=set)  # CellKey of an accepted protocol change: the null is seed variance
+    code_accepted: set = field(default_factory=set)  # CellKey judged statistically whose code changed as accepted
+    baseline_failed: list = field(default_factory=list)  # CellKey whose baseline record failed or diverged
 
 
 def value_text(v) -> str:
@@ -246,20 +249,31 @@ def main_split(r: dict) -> str:
     return "test" if "test" in metrics else next(iter(metrics), "test")
 
 
-def accepts_code(accept_code, cause: str) -> bool:
-    """Whether `accept_code` (module names, with or without the leading `transferbench.`, a package naming every
-    module under it) names this cause of a changed cell."""
+def accepts_code(accept_code, cause: str, modules: dict | None = None) -> bool:
+    """Whether `accept_code` names this cause of a changed cell: a module name (with or without the leading
+    `transferbench.`; a package names every module under it), as `--accept-code` takes them for one run, or
+    MODULE@HASH, as the acceptance ledger writes them, which accepts the module only at that code fingerprint in
+    tonight's record (`modules`: its fingerprint's modules)."""
     name = cause.split(" ")[0]
     for a in accept_code or ():
+        a, _, at = a.partition("@")
         for full in {a, f"transferbench.{a}"}:
-            if name == full or name.startswith(full + "."):
+            if at:
+                if name == full and (modules or {}).get(name) == at:
+                    return True
+            elif name == full or name.startswith(full + "."):
                 return True
     return False
 
 
-def accepts(accept, task: str, setting: str) -> bool:
-    """Whether `accept` (TASK, TASK:SETTING or :SETTING entries) names this change."""
-    return any(a in (task, f"{task}:{setting}", f":{setting}", f"*:{setting}") for a in accept or ())
+def accepts(accept, task: str, setting: str, after: str | None = None) -> bool:
+    """Whether `accept` names this change: TASK, TASK:SETTING or :SETTING (any new value, as `--accept` takes them
+    for one run), or TASK:SETTING=VALUE (the acceptance ledger's: that new value only)."""
+    for a in accept or ():
+        a, eq, value = a.partition("=")
+        if a in (task, f"{task}:{setting}", f":{setting}", f"*:{setting}") and (not eq or value == after):
+            return True
+    return False
 
 
 def other_code(c: dict) -> set:
@@ -284,6 +298,8 @@ def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=
         differs = _protocol(out.changes, key, rb, rc, axes, accept)
         if differs is None:  # a change not accepted: shown, not tested
             continue
+        if rb["status"] != "ok" and rc["status"] == "ok":  # nothing to compare tonight's numbers with: named, fails
+            out.baseline_failed.append(key)
         if rb["status"] == "ok" and rc["status"] == "ok":
             for split in rb.get("metrics") or {}:
                 for metric in metrics_of(rb, rb, split):
@@ -294,10 +310,14 @@ def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=
             now = {k: rc["hparams"].get(k) for k in rb.get("select", [])}
             if chosen != now:
                 out.selection.append(Selection(key.task, key.dataset, key.backbone, ax, key.seed, chosen, now))
-        if differs:  # accepted: judged statistically whatever the arithmetic
+        if differs:  # accepted: judged statistically whatever the arithmetic, against seed variance
             tier.count(ACCEPTED_PROTOCOL)
+            out.declared.add(key)
         elif _judged_exactly(rb, rc, key, ax, tier, accept_code):
             continue
+        elif _code_accepted(rb, rc, accept_code):  # a meant change, across arithmetic: judged against seed variance
+            out.declared.add(key)
+            out.code_accepted.add(key)
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
             for metric in metrics_of(rb, rc, split):
                 group = GroupKey(key.task, key.dataset, key.backbone, key.stage, key.axes, split, metric)
@@ -315,7 +335,7 @@ def _protocol(changes: dict, key: CellKey, rb: dict, rc: dict, axes, accept) -> 
     for k in differs:
         before, after = sb.get(k, "(none)"), sc.get(k, "(none)")
         pc = changes.setdefault((key.task, k, before, after), ProtocolChange(key.task, k, before, after))
-        pc.accepted = accepts(accept, key.task, k)
+        pc.accepted = accepts(accept, key.task, k, after)
         accepted = accepted and pc.accepted
         pc.cells += 1
         pc.backbones.add(key.backbone)
@@ -363,11 +383,23 @@ def _judged_exactly(rb: dict, rc: dict, key: CellKey, ax: dict, tier: Exact, acc
     change = None if vb is None or vc is None else direction(rb, rb["metric"]) * (vc - vb)
     cell = ExactCell(key=key, axes=ax, causes=tuple(causes), change=change, arithmetic=tuple(own))
     if causes:
-        cell.accepted = all(accepts_code(accept_code, m) for m in causes)
+        modules = (rc.get("fingerprint") or {}).get("modules") or {}
+        cell.accepted = all(accepts_code(accept_code, m, modules) for m in causes)
         tier.changed.append(cell)
     else:
         tier.irreproducible.append(cell)
     return True
+
+
+def _code_accepted(rb: dict, rc: dict, accept_code) -> bool:
+    """Whether the two records' code differs only in modules that `accept_code` accepts (at tonight's fingerprint,
+    where it names one): a change meant to move numbers, which the arithmetic noise model cannot judge."""
+    fb, fc = rb.get("fingerprint"), rc.get("fingerprint")
+    if not fb or not fc or fb.get("digest") == fc.get("digest") or not accept_code:
+        return False
+    changed = changed_modules(fb, fc)
+    modules = fc.get("modules") or {}
+    return bool(changed) and all(accepts_code(accept_code, m, modules) for m, _ in changed)
 
 
 def _cache_state(rb: dict, rc: dict) -> list[str]:

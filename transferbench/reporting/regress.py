@@ -95,6 +95,7 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         + (f", {len(g.vanished)} metrics vanished" if g.vanished else "")
         + (f", {len(g.stale)} kept from other code" if g.stale else "")
         + (f", {len(g.nonfinite)} non-finite values" if g.nonfinite else "")
+        + (f", {len(g.baseline_failed)} failed in the baseline" if g.baseline_failed else "")
         + (f"; {len(failed)} cells of current failed or diverged" if failed else "")
         + "."
         + _direction(g),
@@ -104,7 +105,8 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
         f"α = {g.alpha}) "
         f"and its change passes the floor ({g.floor:g} per comparison, {g.floor * POOLED_FLOOR:g} pooled; "
         f"{LOSS_FLOOR * 100:g}% and {LOSS_FLOOR * POOLED_FLOOR * 100:g}% of a training signal, {SIGNAL_NOISE:g} times "
-        f"arithmetic's rms in its noise test; a factor {SPREAD_FLOOR:g} in seed spread); docs/regression.md.",
+        f"arithmetic's rms in its noise and spread tests). Across arithmetic every test's null is the noise model "
+        f"measured on benign arithmetic ({_model(g)}), never tonight's data; docs/regression.md.",
         "",
     ]
     return lines
@@ -170,6 +172,13 @@ def _pooled_section(g: Gate) -> list[str]:
     return lines
 
 
+def _model(g: Gate) -> str:
+    about = getattr(g.model, "about", None) or {}
+    if not about.get("date"):
+        return "a model given by the caller"
+    return f"{g.model.path}, measured {about['date']} at {str(about.get('commit') or '?')[:12]}"
+
+
 def _moved_section(g: Gate) -> list[str]:
     """The moved-either-way tests that fired or came close."""
     lines: list[str] = []
@@ -183,8 +192,9 @@ def _moved_section(g: Gate) -> list[str]:
             "## Moved either way",
             "",
             "Runs of one task and backbone (a data set's seed) whose changes, whatever their direction, exceed how "
-            "their seeds vary (`moved`: an F-test of the per-set mean changes against 0) or how arithmetic moves them "
-            "(`noise`: against the noise model measured on benign runs); docs/regression.md. Both fail the night.",
+            "arithmetic moves them (`noise`: against the noise model measured on benign arithmetic) or, for an "
+            "accepted protocol change or other weights, how their seeds vary (`moved`: an F-test of the per-set mean "
+            "changes); docs/regression.md. Both fail the night.",
             "",
             _md(
                 [
@@ -205,9 +215,6 @@ def _moved_section(g: Gate) -> list[str]:
             ),
             "",
         ]
-    if g.untested_noise:
-        named = ", ".join(f"{t} {m} ({n})" for (t, m), n in sorted(g.untested_noise.items()))
-        lines += [f"Not tested against the noise model (no model, or other weights or data): {named} units.", ""]
     return lines
 
 
@@ -224,16 +231,18 @@ def _spread_section(g: Gate) -> list[str]:
                     [
                         x.task,
                         x.backbone,
-                        f"{x.baseline:.2f}",
-                        f"{x.current:.2f}",
-                        _num(x.change, ".2f"),
+                        x.metric,
+                        "seed spread ratio" if x.null == "seeds" else "rms deviation over seeds",
+                        f"{x.baseline:.3g}",
+                        f"{x.current:.3g}",
+                        _num(x.change, ".3g"),
                         x.n,
                         _p(x.p),
                         x.verdict,
                     ]
                     for x in spreads
                 ],
-                ["task", "backbone", "baseline sd", "current sd", "ratio", "df", "p", "verdict"],
+                ["task", "backbone", "metric", "what", "baseline (model rms)", "current", "size", "df", "p", "verdict"],
             ),
             "",
         ]
@@ -404,8 +413,39 @@ def _missing_sections(g: Gate) -> list[str]:
             "",
         ]
         lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
+    if g.baseline_failed:
+        lines += [
+            "## Failed in the baseline",
+            "",
+            "The baseline's latest record of these cells failed or diverged, so tonight's numbers have nothing to be "
+            "compared with: each fails the night (rerun the baseline's cell, or re-anchor):",
+            "",
+        ]
+        lines += _first_50([f"- {_key(k)}" for k in g.baseline_failed])
+    untested = g.untested
+    if untested:
+        lines += [
+            "## Untested",
+            "",
+            "No test could judge these comparisons (no noise model entry for their task, split, metric and kind; or "
+            "one seed against seed variance without logged examples). Each fails the night unless "
+            "`--allow-untested` is given:",
+            "",
+        ]
+        lines += _first_50(
+            [
+                f"- {x.task} / {x.dataset} / {x.backbone} {x.stage} {words(x.axes)}: {x.split} {x.metric}"
+                + (" (bf16 against fp32)" if x.precision_changed else "")
+                for x in untested
+            ]
+        )
     if g.nonfinite:
-        lines += ["## Non-finite values", "", "A metric that is NaN or infinite on either side fails the night:", ""]
+        lines += [
+            "## Non-finite values",
+            "",
+            "A metric that is NaN, infinite or `null` on either side fails the night:",
+            "",
+        ]
         lines += _first_50(
             [
                 f"- {k.task} / {k.dataset} / {k.backbone} {k.stage} seed {seed}: {k.split} {k.metric}"
@@ -419,10 +459,10 @@ def _missing_sections(g: Gate) -> list[str]:
         lines += [
             "## Consistent shifts",
             "",
-            "Comparisons of one task, backbone and metric that moved one way more often than chance allows (the exact "
-            "sign test, Holm with the broad tests), each change perhaps too small for its own test; it fails where "
-            "their mean change passes a fifth of the floor. Cells whose precision differs between the sides are left "
-            "out (bf16 against fp32 moves numbers one way on its own).",
+            "Comparisons of one task and metric, over every backbone, that moved one way more often than the noise "
+            "model allows (the exact sign test, Holm with the broad tests), each change perhaps too small for its own "
+            "test; it fails where their mean change passes a fifth of the floor. A comparison whose precision differs "
+            "between the sides is expected to get worse as often as the model measured bf16 against fp32 doing so.",
             "",
             _md(
                 [[x.task, x.backbone, x.metric, x.n, _num(x.change), _p(x.p), x.verdict] for x in shifts],

@@ -1,0 +1,209 @@
+"""The arithmetic noise model: the statistical tier's null (docs/regression.md#the-noise-model).
+
+Across machines the two sides of a comparison ran the same code in other arithmetic, and their numbers differ by
+what that arithmetic makes of them. The model measures it once, on benign arithmetic (`python -m
+benchmarks.noise_model`: the nightly suite of the anchor's code under several CPU arithmetic variants, each paired
+cell by cell and seed by seed with a clean run), so that no test takes its null from the night it judges.
+
+For each (task, split, metric) and kind of difference it holds the variance of one (cell, seed)'s paired change:
+the mean square around 0 over the variant that moves it most (`ms`), the number of changes behind it (`df`), their
+mean (`mean`: a sign bias, which bf16 against fp32 has) and the share of the changes that moved that went the worse
+way (`worse`). Kinds: `kernels` where every step ran in one precision on both sides (kernels, threads, libraries),
+`precision` where a step's precision differs (bf16 against fp32).
+
+A metric that never moved has `ms` 0; the tests floor it at the metric's resolution (`resolution`): one example for
+an accuracy, one float32 ulp of the baseline's value for a continuous number. The model records the code it was
+measured on (a digest of each task's modules); `Model.check` refuses it for a baseline computed by other code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..hashing import digest
+
+MODEL_FILE = "noise_model.json"
+KERNELS, PRECISION = "kernels", "precision"
+MEASURE = "python -m benchmarks.noise_model --work W"  # the command that (re-)measures it
+PERCENT = ("accuracy", "error", "top5")  # points of one example each: 100 / examples
+RECALL = ("recall@5", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5")  # LiT's retrieval: one query each
+SEVERITY = "error_"  # ImageNet-C's error at one severity: one example of that severity's examples
+
+
+@dataclass(frozen=True)
+class Noise:
+    """One (task, split, metric, kind)'s arithmetic noise: the mean square of a (cell, seed)'s change around 0,
+    on `df` changes, their mean and the share of moved ones that got worse."""
+
+    ms: float
+    df: int
+    mean: float = 0.0
+    worse: float = 0.5
+    variant: str = ""
+
+
+@dataclass
+class Model:
+    tasks: dict = field(default_factory=dict)  # task -> split -> metric -> kind -> Noise
+    code: dict = field(default_factory=dict)  # task -> digest of the modules the model's runs were computed by
+    about: dict = field(default_factory=dict)  # made_by, date, commit, suite, variants, machine
+    path: str = ""
+
+    def entry(self, task: str, split: str, metric: str, kind: str) -> Noise | None:
+        kinds = self.tasks.get(task, {}).get(split, {}).get(metric, {})
+        if kind == UNKNOWN:  # the larger of what the model has: the conservative null
+            return max(kinds.values(), key=lambda e: e.ms, default=None)
+        return kinds.get(kind)
+
+    def check(self, baseline: list[dict], tasks: set) -> None:
+        """Refuse the model, in one line naming the command that re-measures it, where the baseline's records of a
+        task in `tasks` were computed by other code than the model's runs (records without a fingerprint: not
+        checked)."""
+        theirs = code_digests(baseline)
+        stale = sorted(t for t in tasks if t in self.code and t in theirs and theirs[t] != self.code[t])
+        if stale:
+            raise UserError(
+                f"the noise model {self.path or MODEL_FILE} was measured on other code than the baseline's "
+                f"({', '.join(stale)}; measured at {str(self.about.get('commit') or '?')[:12]}): re-measure it on the "
+                f"baseline's code with `{MEASURE} --anchor BASELINE`"
+            )
+
+    @classmethod
+    def of(cls, doc: dict, path: str = "") -> Model:
+        tasks = {
+            task: {
+                split: {m: {k: e if isinstance(e, Noise) else Noise(**e) for k, e in kinds.items()} for m, kinds in metrics.items()}
+                for split, metrics in splits.items()
+            }
+            for task, splits in (doc.get("tasks") or {}).items()
+        }
+        about = {k: doc.get(k) for k in ("made_by", "date", "commit", "suite", "variants", "machine")}
+        return cls(tasks, dict(doc.get("code") or {}), about, path)
+
+
+def load(path: Path | None = None) -> Model:
+    """The model at `path` (default: the package's); a missing or unreadable one is one line naming the command."""
+    where = Path(path) if path else None
+    try:
+        text = where.read_text() if where else (files("transferbench.records") / MODEL_FILE).read_text()
+        doc = json.loads(text)
+        if not isinstance(doc.get("tasks"), dict):
+            raise ValueError("no tasks")
+        return Model.of(doc, str(where or MODEL_FILE))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise UserError(f"the noise model {where or MODEL_FILE} is unreadable ({e}); re-measure it: {MEASURE}") from None
+
+
+@cache
+def packaged() -> Model:
+    return load()
+
+
+def code_digests(records: list[dict]) -> dict:
+    """task -> a digest of every module (name and tree hash) its records' fingerprints name; tasks whose records
+    hold no fingerprint are left out."""
+    modules = defaultdict(dict)
+    for r in records:
+        fp = (r.get("fingerprint") or {}).get("modules")
+        if fp:
+            modules[r["task"]].update(fp)
+    return {task: digest(dict(sorted(m.items())), 16) for task, m in modules.items()}
+
+
+def resolution(r: dict, split: str, metric: str, base: float) -> float:
+    """The smallest step `metric` can take in `r`: one example of the split for an accuracy or an error (one example
+    of its severity for ImageNet-C's per-severity errors), one query for a retrieval recall, else one float32 ulp
+    of the baseline's value."""
+    info = r.get("info") or {}
+    n = None
+    if metric.startswith(SEVERITY):
+        n = info.get("eval_examples_per_severity")
+    elif metric in PERCENT or metric in RECALL:
+        n = info.get(f"{split}_examples") or (info.get("eval_examples") if split == "test" else None)
+    if isinstance(n, (int, float)) and n > 0:
+        return 100.0 / n
+    return float(np.spacing(np.float32(abs(base)))) if math.isfinite(base) else 0.0
+
+
+def judged(task: str, dataset: str, metric: str) -> bool:
+    """Whether a metric is judged in this data set: LiT's retrieval sets (heldout_t2i, heldout_i2t) each hold
+    both directions' recalls, and their `accuracy` and `recall@5` are the set's own direction's R@1 and R@5, so
+    the directional names are duplicates and are compared once, as the set's accuracy and recall@5."""
+    if task == "lit" and dataset.startswith("heldout_"):
+        return metric not in RECALL[1:]
+    return True
+
+
+UNKNOWN = "unknown"  # a side recorded no precision (records of older code): the model's larger kind is taken
+
+
+def kind_of(rb: dict, rc: dict) -> str:
+    from .match import precision
+
+    a, b = precision(rb), precision(rc)
+    if a is None or b is None:
+        return UNKNOWN
+    return PRECISION if a != b else KERNELS
+
+
+def changes(baseline: list[dict], current: list[dict]) -> dict:
+    """{(task, split, metric, kind): [each (cell, seed)'s signed change, > 0 better]} between two sides that ran
+    the same code on the same weights and data in other arithmetic (every matched cell, none judged exactly)."""
+    from .match import Exact, axes, direction, index, match
+    from .record import value
+
+    ax = axes(baseline, current)
+    found = match(index(baseline, ax), index(current, ax), ax, Exact(enabled=False))
+    out = defaultdict(list)
+    for group, seeds in found.pairs.items():
+        if not judged(group.task, group.dataset, group.metric):
+            continue
+        for rb, rc in seeds.values():
+            if any(rb.get(w) != rc.get(w) for w in ("checkpoint_sha256", "data_version")):
+                continue
+            vb, vc = value(rb, group.split, group.metric), value(rc, group.split, group.metric)
+            if vb is None or vc is None or not (math.isfinite(vb) and math.isfinite(vc)):
+                continue
+            kind = kind_of(rb, rc)
+            if kind != UNKNOWN:
+                out[(group.task, group.split, group.metric, kind)].append(direction(rb, group.metric) * (vc - vb))
+    return dict(out)
+
+
+def summary(d: list[float]) -> dict:
+    x = np.asarray(d, dtype=np.float64)
+    moved = x[x != 0]
+    return {
+        "ms": float(np.mean(x**2)),
+        "df": int(x.size),
+        "mean": float(x.mean()),
+        "worse": float(np.mean(moved < 0)) if moved.size else 0.5,
+    }
+
+
+def measure(clean: list[dict], sides: list, *, suite: str, commit: str) -> dict:
+    """The model from `sides`: (name, what, records paired with `clean`, or a (baseline, current) pair of its own).
+    Per (task, split, metric, kind), the variant with the largest mean square wins; every variant's figures are kept
+    under `by_variant`."""
+    tasks: dict = {}
+    variants = []
+    for name, what, records in sides:
+        base, cur = records if isinstance(records, tuple) else (clean, records)
+        found = changes(base, cur)
+        variants.append({"name": name, "what": what, "changes": sum(len(v) for v in found.values())})
+        for (task, split, metric, kind), d in found.items():
+            s = {**summary(d), "variant": name}
+            slot = tasks.setdefault(task, {}).setdefault(split, {}).setdefault(metric, {})
+            if kind not in slot or s["ms"] > slot[kind]["ms"]:
+                slot[kind] = s
+    code = code_digests(clean)
+    return {"suite": suite, "commit": commit, "code": code, "variants": variants, "tasks": tasks}

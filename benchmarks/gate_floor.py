@@ -89,8 +89,13 @@ def fault(records: list, task: str, kind: str, size: float, rng) -> str:
     """Make `task`'s cells worse by `size` (see the module docstring); returns what was faulted."""
     mine = [r for r in records if r["task"] == task]
     backbone = sorted({r["backbone"] for r in mine})[rng.integers(len({r["backbone"] for r in mine}))]
-    groups = sorted({(r["dataset"], r.get("stage", ""), str(sorted(r["hparams"].items()))) for r in mine
-                     if r["backbone"] == backbone})
+    groups = sorted(
+        {
+            (r["dataset"], r.get("stage", ""), str(sorted(r["hparams"].items())))
+            for r in mine
+            if r["backbone"] == backbone
+        }
+    )
     group = groups[rng.integers(len(groups))]
     for r in mine:
         if kind != "all" and r["backbone"] != backbone:
@@ -135,8 +140,10 @@ def main(argv=None) -> int:
             for c in v.gate.comparisons:
                 if c.verdict in FAILING:
                     fired[(c.task, c.kind.value)] += 1
-    print(f"Benign nights at {args.noise:g}x the model's rms: {alarms} of {args.benign} alarmed"
-          + (f" ({dict(fired)})" if fired else ""))
+    print(
+        f"Benign nights at {args.noise:g}x the model's rms: {alarms} of {args.benign} alarmed"
+        + (f" ({dict(fired)})" if fired else "")
+    )
     sizes = [float(s) for s in args.sizes.split(",")]
     hits = defaultdict(int)
     for kind in args.kinds.split(","):

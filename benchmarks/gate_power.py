@@ -344,6 +344,121 @@ CATALOGUE = [
 ]
 
 
+# One real code fault per task, judged across arithmetic (`--across`): each a one-line edit of the anchor's own code,
+# run on this machine (the first seed of each cell: a night's cells pair by seed) and judged against the committed
+# anchor, computed on another CPU, by the statistical tier alone
+ACROSS = [
+    (
+        "fewshot",
+        "the ridge probe's bias feature 1 instead of 100",
+        "transferbench/adapters/fewshot.py",
+        "BIAS = 100.0",
+        "BIAS = 1.0",
+    ),
+    (
+        "vtab",
+        "every new head's bias starts 1 higher than asked",
+        "transferbench/backbones/vit.py",
+        "nn.init.constant_(self.head.bias, float(bias))",
+        "nn.init.constant_(self.head.bias, float(bias) + 1.0)",
+    ),
+    (
+        "hires",
+        "the big_vision position-embedding resample with align_corners=False",
+        "transferbench/backbones/checkpoint.py",
+        'grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=True)',
+        'grid = torch.nn.functional.interpolate(grid, size=tuple(new_grid), mode="bilinear", align_corners=False)',
+    ),
+    (
+        "ade20k",
+        "the pixel loss averaged over every pixel, ignored ones included",
+        "transferbench/adapters/seg/adapter.py",
+        "    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)",
+        '    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum") / target.numel()',
+    ),
+    (
+        "diagnose",
+        "attention distances in patches, not pixels",
+        "transferbench/backbones/measures.py",
+        "    pos = torch.stack([ys.flatten(), xs.flatten()], dim=-1).double() * patch",
+        "    pos = torch.stack([ys.flatten(), xs.flatten()], dim=-1).double()",
+    ),
+    (
+        "imagenet_c",
+        "every corruption one severity higher (capped at 5)",
+        "transferbench/data/corruptions.py",
+        "    return np.asarray(apply(image, severity=severity, corruption_name=corruption, **extra), dtype=np.uint8)",
+        "    return np.asarray(apply(image, severity=min(5, severity + 1), corruption_name=corruption, **extra), "
+        "dtype=np.uint8)",
+    ),
+    (
+        "lit",
+        "zero-shot image embeddings left unnormalised",
+        "transferbench/adapters/lit/zeroshot.py",
+        "logits = model.encode_image(torch.from_numpy(x).to(device), normalize=True)",
+        "logits = model.encode_image(torch.from_numpy(x).to(device), normalize=False)",
+    ),
+    (
+        "pretrain",
+        "mixup left one-hot (the mixed images keep their own targets)",
+        "transferbench/engine/augreg.py",
+        "        yield mixup(x, target, p, rng)",
+        "        xm, _ = mixup(x, target, p, rng)\n        yield xm, target",
+    ),
+]
+
+
+FAILING = ("regressed", "spread", "moved", "noise", "shift", "see pooled")
+
+
+def across(work: Path, anchor: Path, jobs: int, reuse: bool) -> list:
+    """Run each ACROSS fault on the anchor's commit here and judge it against the committed anchor (other CPU):
+    rows of (task, fault, largest cell change, verdict, what fired). The noise model's clean run of the anchor's
+    code here (work/clean) is judged the same way first: it must pass."""
+    from benchmarks.noise_model import anchor_commit, checkout
+    from transferbench.records.gate import decide
+    from transferbench.records.store import load_records
+
+    src = checkout(work, anchor_commit(anchor))
+    committed = load_records([anchor])
+    rows = []
+    clean = load_records([work / "clean" / "runs"])
+    for task, what, path, old, new in [(t, "none (the anchor's code)", "", "", "") for t, *_ in ACROSS] + ACROSS:
+        name = f"across-{task}"
+        out = work / name
+        if path and not (reuse and (out / "done").is_file()):
+            shutil.rmtree(out, ignore_errors=True)
+            pkg = out / "pkg"
+            shutil.copytree(src / "transferbench", pkg / "transferbench", ignore=shutil.ignore_patterns("__pycache__"))
+            if path:
+                target = pkg / path
+                text = target.read_text()
+                if text.count(old) != 1:
+                    raise SystemExit(f"{name}: {path} holds {text.count(old)} copies of {old!r}")
+                target.write_text(text.replace(old, new))
+            home = out / "home"
+            shutil.copytree(work / "clean" / "home" / "embedded", home / "embedded")
+            cmd = [sys.executable, "-m", "transferbench.cli", "run", task, "--suite", "nightly", "--seeds", "0"]
+            cmd += ["--out", str(out / "runs"), "--jobs", str(jobs), "--no-progress"]
+            env = {**os.environ, "TRANSFERBENCH_HOME": str(home), "PYTHONPATH": str(pkg)}
+            done = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True)
+            if done.returncode not in (0, 1):
+                raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
+            (out / "done").write_text("ok\n")
+        tonight = load_records([out / "runs"]) if path else [r for r in clean if r["task"] == task]
+        base = [r for r in committed if r["task"] == task and (r.get("suite") or "") == "nightly"]
+        v = decide(base, tonight, allow_missing=[f"cells:{task}"])
+        g = v.gate
+        cells = [abs(c.change) for c in g.of("cell") if c.p is not None]
+        fired = sorted({f"{c.kind.value} {c.verdict.value}" for c in g.comparisons if c.verdict in FAILING})
+        verdict = ("caught" if v.code else "missed") if path else ("quiet" if not v.code else "alarm")
+        rows.append(
+            [task, what, f"{max(cells, default=0):.3g}", verdict, ", ".join(fired) or "-", "; ".join(v.reasons)]
+        )
+        print(tabulate([rows[-1]], tablefmt="plain"), file=sys.stderr, flush=True)
+    return rows
+
+
 def _copy(tmp: Path, variant: Variant) -> Path:
     pkg = tmp / "pkg"
     shutil.copytree(ROOT / "transferbench", pkg / "transferbench", ignore=shutil.ignore_patterns("__pycache__"))
@@ -499,9 +614,24 @@ def main(argv=None) -> int:
         "aten_default, aten_avx2): the statistical tier judges alone, as between two machines",
     )
     ap.add_argument("--tasks", help="comma-separated tasks of the subset to run (default: fewshot,vtab,pretrain)")
+    ap.add_argument(
+        "--across",
+        action="store_true",
+        help="one real code fault per task (ACROSS) on the anchor's commit, run here and judged against the "
+        "committed anchor by the statistical tier alone (--work: the noise model's work folder, whose clean home "
+        "it reuses)",
+    )
     args = ap.parse_args(argv)
     if args.list:
         print(tabulate([[v.name, v.kind, v.area, v.what] for v in CATALOGUE], ["variant", "kind", "area", "what"]))
+        return 0
+    if args.across:
+        if not args.work:
+            ap.error("--across needs --work W (the noise model's work folder)")
+        sys.path.insert(0, str(ROOT))
+        rows = across(args.work, ROOT / "results" / "nightly", args.jobs, args.reuse)
+        head = ["task", "fault", "largest cell change", "verdict", "what fired", "why the night fails"]
+        print(tabulate(rows, head, tablefmt="github", disable_numparse=True))
         return 0
     by_name = {v.name: v for v in CATALOGUE}
     chosen = [n for n in (args.only.split(",") if args.only else by_name) if n]

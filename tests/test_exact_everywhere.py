@@ -31,6 +31,7 @@ def verdict(*a, **kw):
     kw.setdefault("noise", MODEL)
     return _verdict(*a, **kw)
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

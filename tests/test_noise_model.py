@@ -14,15 +14,36 @@ from transferbench.errors import UserError
 from transferbench.records import noise
 from transferbench.records.comparisons import ALPHA, NOISE_TOLERANCE, family, poisson_binomial_test
 from transferbench.records.gate import decide, gate
-from transferbench.records.noise import Model, Noise, code_digests, measure, resolution
+from transferbench.records.noise import Model, code_digests, measure, resolution
 
 
-def rec(value, *, task="fewshot", dataset="d1", backbone="a", seed=0, shots=1, precision="fp32", split="test",
-        metric="accuracy", examples=1000, modules=None, **extra):
+def rec(
+    value,
+    *,
+    task="fewshot",
+    dataset="d1",
+    backbone="a",
+    seed=0,
+    shots=1,
+    precision="fp32",
+    split="test",
+    metric="accuracy",
+    examples=1000,
+    modules=None,
+    **extra,
+):
     info = {f"{split}_examples": examples} if examples else {}
     r = kit.record(
-        task, dataset, backbone, seed, {split: {metric: value}}, hparams={"shots": shots, "l2": 1024.0},
-        info=info, suite="nightly", finished_at="2026-11-28T00:00:00", **extra,
+        task,
+        dataset,
+        backbone,
+        seed,
+        {split: {metric: value}},
+        hparams={"shots": shots, "l2": 1024.0},
+        info=info,
+        suite="nightly",
+        finished_at="2026-11-28T00:00:00",
+        **extra,
     )
     r["arithmetic"] = {"digest": precision, "machine": {"digest": "m"}, "cell": {"precision": [precision]}}
     if modules:
@@ -114,6 +135,7 @@ def test_resolution_is_one_example_one_severity_example_or_one_float32_ulp():
     assert resolution(r, "test", "accuracy", 70.0) == pytest.approx(100 / 797)
     c = kit.record("imagenet_c", "d", "b", 0, {"test": {"error_3": 40.0}}, info={"eval_examples_per_severity": 300})
     assert resolution(c, "test", "error_3", 40.0) == pytest.approx(100 / 300)
+    assert resolution(c, "test", "error", 40.0) == pytest.approx(100 / 1500)
     p = kit.record("pretrain", "upstream", "mu4", 0, {"train": {"target_entropy": 1.9}})
     assert resolution(p, "train", "target_entropy", 1.9) == float(np.spacing(np.float32(1.9)))
 
@@ -200,8 +222,16 @@ def test_the_gate_holds_its_level_against_a_runner_twice_as_noisy_as_the_model()
         cur = []
         for r in base:
             d = z.setdefault((r["backbone"], r["dataset"], r["seed"]), NOISE_TOLERANCE * math.sqrt(ms) * rng.normal())
-            cur.append(rec(r["metrics"]["test"]["accuracy"] + d, dataset=r["dataset"], backbone=r["backbone"],
-                           seed=r["seed"], shots=r["hparams"]["shots"], examples=0))
+            cur.append(
+                rec(
+                    r["metrics"]["test"]["accuracy"] + d,
+                    dataset=r["dataset"],
+                    backbone=r["backbone"],
+                    seed=r["seed"],
+                    shots=r["hparams"]["shots"],
+                    examples=0,
+                )
+            )
         alarms += D(base, cur, noise=m, floor=0.0).code
     assert alarms <= stats.binom.ppf(0.99, 300, ALPHA)
 
@@ -225,8 +255,20 @@ def test_a_shift_across_precisions_is_tested_against_the_models_sign_bias():
     base = side(cells)
     rng = np.random.default_rng(3)
     # bf16 against fp32: the model says 90% of changes go worse by 0.2 on average; tonight does just that
-    m = Model.of({"tasks": {"fewshot": {"test": {"accuracy": {
-        "kernels": {"ms": 0.01, "df": 400}, "precision": {"ms": 0.05, "df": 400, "mean": -0.2, "worse": 0.9}}}}}})
+    m = Model.of(
+        {
+            "tasks": {
+                "fewshot": {
+                    "test": {
+                        "accuracy": {
+                            "kernels": {"ms": 0.01, "df": 400},
+                            "precision": {"ms": 0.05, "df": 400, "mean": -0.2, "worse": 0.9},
+                        }
+                    }
+                }
+            }
+        }
+    )
     cur = side({c: v - 0.2 + 0.01 * rng.normal() for c, v in cells.items()}, precision="bf16")
     shift = G(base, cur, noise=m).of("shift")
     assert shift and all(x.verdict != "shift" for x in shift)
@@ -324,3 +366,17 @@ def test_a_meant_change_of_a_diagnostic_has_a_path_across_machines():
     assert ok.code == 0 and any(c.verdict == "accepted" for c in ok.gate.comparisons)
     # a second change of the module has another fingerprint: the ledger's entry no longer covers it
     assert D(base, cur, noise=m, accept_code=[f"backbones.measures@{'c' * 16}"]).code == 1
+
+
+def test_a_rolling_baseline_is_filtered_to_the_anchors_cells():
+    """A suite that shrinks on purpose (the anchor re-made without a data set) passes against a rolling baseline
+    that still holds the dropped cells: they are not expected tonight."""
+    from transferbench.night import anchor_cells
+
+    last = side({(d, 1, s): 50.0 for d in ("d1", "d2") for s in (0, 1)})
+    anchor = side({("d1", 1, s): 50.0 for s in (0, 1)})
+    kept = anchor_cells(last, anchor)
+    assert sorted((r["dataset"], r["seed"]) for r in kept) == [("d1", 0), ("d1", 1)]
+    tonight = side({("d1", 1, s): 50.0 for s in (0, 1)})
+    assert D(last, tonight, noise=model_of(0.01)).code == 1  # unfiltered: d2 missing
+    assert D(kept, tonight, noise=model_of(0.01)).code == 0

@@ -848,5 +848,3 @@ def test_a_runner_twice_as_noisy_as_the_model_alarms_at_most_alpha():
         rates[times] = alarms / nights
     assert rates[2.0] <= stats.binom.ppf(0.999, 300, ALPHA) / 300, rates
     assert rates[4.0] > 0.5, rates
-
-

@@ -109,9 +109,7 @@ class Night:
         judgments = [self.judge("the anchor", baseline.folder, baseline.records, tonight, ran)]
         roll = self.rolling / key if self.rolling is not None else None
         if roll is not None and roll.is_dir():
-            # the anchor's cells only: a suite that shrinks on purpose drops cells the last night still holds
-            cells = {_cell(r) for r in expected}
-            last = [r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran) and _cell(r) in cells]
+            last = anchor_cells([r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran)], expected)
             judgments.append(self.judge("the rolling baseline", roll, last, tonight, ran))
         code = max(j.code for j in judgments)
         kept = self._keep(judgments, roll, code)
@@ -331,6 +329,13 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
 def _cell(r: dict) -> tuple:
     """What a cell is, whatever its settings: task, data set, backbone, stage, seed."""
     return (r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"])
+
+
+def anchor_cells(rolling: list, anchor: list) -> list:
+    """The rolling baseline's records of the cells the anchor holds: a suite that shrinks on purpose (the anchor
+    re-made without some cells) must not fail forever against a last night that still holds them."""
+    cells = {_cell(r) for r in anchor}
+    return [r for r in rolling if _cell(r) in cells]
 
 
 def keep_rolling(night: Path, roll: Path) -> None:

@@ -42,16 +42,21 @@ def _accept_parser(sub, fmt) -> None:
         "and `regress` then pass the cells whose outputs changed only in those modules, at exactly those "
         "fingerprints: a later change of the same module has another fingerprint and fails, against the anchor and "
         "any rolling baseline. Run it in the commit that makes the change; `reanchor` empties the ledger.",
-        epilog="examples:\n  transferbench accept --code backbones.dtn --why \"DTN's backward as one Gram product\"\n"
-        "  transferbench accept --protocol fewshot:pool=tok --why \"the paper pools the class token\"",
+        epilog='examples:\n  transferbench accept --code backbones.dtn --why "DTN\'s backward as one Gram product"\n'
+        '  transferbench accept --protocol fewshot:pool=tok --why "the paper pools the class token"',
     )
-    ac.add_argument("--code", type=csv_list, default=[], metavar="MODULE", help="modules (a package: each module in it)")
+    ac.add_argument(
+        "--code", type=csv_list, default=[], metavar="MODULE", help="modules (a package: each module in it)"
+    )
     ac.add_argument(
         "--protocol", action="append", default=[], metavar="TASK:SETTING=VALUE", help="a setting at its new value"
     )
     ac.add_argument("--why", required=True, help="why the change is meant (one line)")
     ac.add_argument(
-        "--anchor", type=Path, default=Path("results/nightly"), help="the anchor whose ledger (default: results/nightly)"
+        "--anchor",
+        type=Path,
+        default=Path("results/nightly"),
+        help="the anchor whose ledger (default: results/nightly)",
     )
 
 

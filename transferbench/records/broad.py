@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -113,35 +112,43 @@ def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
     return out
 
 
-def _runs_of_seeds(pairs: dict, paired: dict, shared) -> dict:
-    """The moved test's groups per (task, backbone, metric): {(data set, stage, axes, split): {seed: change}} (a
-    corruption, a stage, a shot count or a fraction is a group of its own, also where one run serves every set)."""
-    sets = defaultdict(lambda: defaultdict(dict))
-    for group, vals in paired.items():
-        at = (group.task, group.backbone, group.metric)
-        for s, (vb, vc) in vals.items():
-            sets[at][(group.dataset, group.stage, group.axes, group.split)][s] = vc - vb
-    return sets
-
-
 def moved_comparisons(pairs: dict, paired: dict, floor: float) -> list:
     """Per (task, backbone, metric) of the groups judged against seed variance: did its groups, each (data set,
-    stage, axes, split) over its seeds, move differently from each other, more than their seeds vary
-    (`records.stats.moved_test`)? Its `low` (signed, > 0 better) is the worst group's mean change: where none got
-    worse by the floor, the move is an improvement."""
+    stage, axes, split) over its seeds (a corruption, a stage, a shot count or a fraction is a group of its own),
+    move differently from each other, more than their seeds vary (`records.stats.moved_test`)? Its `low` (signed,
+    > 0 better) is the worst group's mean change: where none got worse by the floor, the move is an improvement."""
+    sets = defaultdict(dict)  # at -> {(data set, stage, axes, split): {seed: signed change}}
+    levels, quanta, first = defaultdict(list), defaultdict(float), {}
+    for group, vals in sorted(paired.items()):
+        at = (group.task, group.backbone, group.metric)
+        r = first.setdefault(at, next(iter(pairs[group].values()))[0])
+        sign = direction(r, group.metric)
+        sets[at][(group.dataset, group.stage, group.axes, group.split)] = {
+            s: sign * (vc - vb) for s, (vb, vc) in vals.items()
+        }
+        levels[at] += [vb for vb, _ in vals.values()]
+        quanta[at] = max(quanta[at], quantum(r, group.split, group.metric))
     out = []
-    for at, sets in sorted(_runs_of_seeds(pairs, paired, None).items()):
+    for at, groups_of in sorted(sets.items()):
         task, backbone, metric = at
-        first = next(iter(pairs[next(g for g in paired if (g.task, g.backbone, g.metric) == at)].values()))[0]
-        sign = direction(first, metric)
-        groups = [[sign * v for v in seeds.values()] for _, seeds in sorted(sets.items())]
-        level = floor_of(task, metric, float(np.mean([np.mean(g) for g in groups])), floor)
-        q = max(quantum(first, g.split, metric) for g in paired if (g.task, g.backbone, g.metric) == at)
-        rms, p, df1, _ = moved_test(groups, min_sd=q)
+        groups = [list(seeds.values()) for _, seeds in sorted(groups_of.items()) if seeds]
+        level = floor_of(task, metric, float(np.mean(levels[at])), floor)
+        rms, p, df1, _ = moved_test(groups, min_sd=quanta[at])
         if df1:
             low = min(float(np.mean(g)) for g in groups)
             out.append(
-                broad(Kind.MOVED, *at, baseline=0.0, current=rms, change=rms, n=df1, p=p, floor=level, low=low, null="seeds")
+                broad(
+                    Kind.MOVED,
+                    *at,
+                    baseline=0.0,
+                    current=rms,
+                    change=rms,
+                    n=df1,
+                    p=p,
+                    floor=level,
+                    low=low,
+                    null="seeds",
+                )
             )
     return out
 
@@ -208,8 +215,16 @@ def model_comparisons(cells: list, floor: float, shared) -> list:
             rms, p = noise_test(list(u.values()), [var[k] for k in u], df)
             out.append(
                 broad(
-                    Kind.NOISE, *at, baseline=model_rms, current=rms, change=rms, n=len(u), p=p,
-                    floor=signal_floor, low=worst, null="arithmetic",
+                    Kind.NOISE,
+                    *at,
+                    baseline=model_rms,
+                    current=rms,
+                    change=rms,
+                    n=len(u),
+                    p=p,
+                    floor=signal_floor,
+                    low=worst,
+                    null="arithmetic",
                 )
             )
         by_set = defaultdict(list)
@@ -222,13 +237,22 @@ def model_comparisons(cells: list, floor: float, shared) -> list:
                 q += sum((u[k] - m) ** 2 / var[k] for k in keys)
                 dof += len(keys) - 1
         if dof:
-            dev = math.sqrt(sum((u[k] - np.mean([u[j] for j in keys])) ** 2 for keys in by_set.values() for k in keys)
-                            / dof)
+            dev = math.sqrt(
+                sum((u[k] - np.mean([u[j] for j in keys])) ** 2 for keys in by_set.values() for k in keys) / dof
+            )
             p = float(_f_sf(q / dof, dof, df))
             out.append(
                 broad(
-                    Kind.SPREAD, *at, baseline=model_rms, current=dev, change=dev, n=int(dof), p=p,
-                    floor=signal_floor, low=worst, null="arithmetic",
+                    Kind.SPREAD,
+                    *at,
+                    baseline=model_rms,
+                    current=dev,
+                    change=dev,
+                    n=int(dof),
+                    p=p,
+                    floor=signal_floor,
+                    low=worst,
+                    null="arithmetic",
                 )
             )
     return out

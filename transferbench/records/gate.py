@@ -136,7 +136,12 @@ def gate(
     model = packaged() if noise is None else noise if isinstance(noise, Model) else Model.of({"tasks": noise})
     nonfinite: list = []
     cells, paired = cell_comparisons(
-        found.pairs, found.axes_of, floor, nonfinite, model=model, seed_null=found.declared,
+        found.pairs,
+        found.axes_of,
+        floor,
+        nonfinite,
+        model=model,
+        seed_null=found.declared,
         code_accepted=found.code_accepted,
     )
     modelled = {x.task for x in cells if x.null == "arithmetic"}
@@ -217,7 +222,9 @@ def improvement_allowed(allow, x: Comparison) -> bool:
     for name in allow or ():
         parts = (name.split(":") + ["*", "*"])[:3]
         want = (x.task, x.backbone, x.metric)
-        if all(p in ("*", "", w) or (i == 1 and w == "(all)" and p == "*") for i, (p, w) in enumerate(zip(parts, want))):
+        if all(
+            p in ("*", "", w) or (i == 1 and w == "(all)" and p == "*") for i, (p, w) in enumerate(zip(parts, want))
+        ):
             return True
     return False
 
@@ -277,7 +284,9 @@ def decide(
         return allow_missing is True or bool(names & set(allow_missing or ()))
 
     def metric_allowed(task: str, metric: str) -> bool:  # a metric that vanished from a cell that ran
-        return allow_missing is True or bool({f"metric:{task}:{metric}", f"metric:*:{metric}"} & set(allow_missing or ()))
+        return allow_missing is True or bool(
+            {f"metric:{task}:{metric}", f"metric:*:{metric}"} & set(allow_missing or ())
+        )
 
     reasons = []
     absent = [x for x in g.absent if not allowed(x.task, x.backbone)]

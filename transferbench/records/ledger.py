@@ -106,7 +106,9 @@ def load(path: Path) -> Ledger:
         code = tuple(_code(item.get("code"), where))
         protocol = tuple(_protocol(item.get("protocol"), where))
         if not code and not protocol:
-            raise UserError(f"{where}: name what changes: code ({{MODULE: HASH}}) or protocol ({{TASK:SETTING: VALUE}})")
+            raise UserError(
+                f"{where}: name what changes: code ({{MODULE: HASH}}) or protocol ({{TASK:SETTING: VALUE}})"
+            )
         why = str(item.get("why") or "").strip()
         if not why:
             raise UserError(f"{where}: say why the change is meant (why: ...)")
@@ -148,7 +150,7 @@ def _protocol(value, where: str) -> list:
     if value is None:
         return []
     if not isinstance(value, dict):
-        raise UserError(f"{where}: protocol must map TASK:SETTING to its new value, e.g. {{\"fewshot:pool\": tok}}")
+        raise UserError(f'{where}: protocol must map TASK:SETTING to its new value, e.g. {{"fewshot:pool": tok}}')
     out = []
     for name, v in value.items():
         if not isinstance(name, str) or name.count(":") != 1 or not all(name.split(":")):

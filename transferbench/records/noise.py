@@ -81,7 +81,10 @@ class Model:
     def of(cls, doc: dict, path: str = "") -> Model:
         tasks = {
             task: {
-                split: {m: {k: e if isinstance(e, Noise) else Noise(**e) for k, e in kinds.items()} for m, kinds in metrics.items()}
+                split: {
+                    m: {k: e if isinstance(e, Noise) else Noise(**e) for k, e in kinds.items()}
+                    for m, kinds in metrics.items()
+                }
                 for split, metrics in splits.items()
             }
             for task, splits in (doc.get("tasks") or {}).items()
@@ -100,7 +103,9 @@ def load(path: Path | None = None) -> Model:
             raise ValueError("no tasks")
         return Model.of(doc, str(where or MODEL_FILE))
     except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise UserError(f"the noise model {where or MODEL_FILE} is unreadable ({e}); re-measure it: {MEASURE}") from None
+        raise UserError(
+            f"the noise model {where or MODEL_FILE} is unreadable ({e}); re-measure it: {MEASURE}"
+        ) from None
 
 
 @cache
@@ -120,13 +125,16 @@ def code_digests(records: list[dict]) -> dict:
 
 
 def resolution(r: dict, split: str, metric: str, base: float) -> float:
-    """The smallest step `metric` can take in `r`: one example of the split for an accuracy or an error (one example
-    of its severity for ImageNet-C's per-severity errors), one query for a retrieval recall, else one float32 ulp
-    of the baseline's value."""
+    """The smallest step `metric` can take in `r`: one example of the split for an accuracy or an error (ImageNet-C:
+    one example of a severity for its per-severity errors and clean accuracy, of the five severities for its mean
+    error), one query for a retrieval recall, else one float32 ulp of the baseline's value."""
     info = r.get("info") or {}
     n = None
-    if metric.startswith(SEVERITY):
-        n = info.get("eval_examples_per_severity")
+    per_severity = info.get("eval_examples_per_severity")
+    if metric.startswith(SEVERITY) or (per_severity and metric == "accuracy"):
+        n = per_severity  # one severity's examples; the clean accuracy is scored on as many
+    elif per_severity and metric == "error":
+        n = 5 * per_severity  # the mean error over the five severities
     elif metric in PERCENT or metric in RECALL:
         n = info.get(f"{split}_examples") or (info.get("eval_examples") if split == "test" else None)
     if isinstance(n, (int, float)) and n > 0:

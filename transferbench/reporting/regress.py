@@ -6,7 +6,7 @@ import math
 
 from tabulate import tabulate
 
-from ..records.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, SPREAD_FLOOR, Comparison, Kind
+from ..records.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
 from ..records.comparisons import Verdict as V
 from ..records.gate import Gate, decide
 from ..records.match import CellKey, ExactCell, value_text

@@ -8,9 +8,10 @@ nothing but the arithmetic changed: simulated nights on the committed nightly re
 A night is the committed nightly records (results/nightly) against a copy that ran "on another machine": every
 record's arithmetic digest differs, so nothing is judged exactly and the statistical tier decides alone, against the
 package's noise model. The copy carries benign noise at `--noise` times the model's root mean square (default 2, the
-gate's NOISE_TOLERANCE: the noisiest runner it promises to stay quiet for): one normal draw per run (a data set's
-seed; a seed where one run serves every data set) shared by every comparison of that run, the worst case for the
-run-level tests, scaled by each comparison's model rms, and rounded to the metric's resolution (one example).
+gate's NOISE_TOLERANCE: the noisiest runner it promises to stay quiet for), the rms floored at the metric's
+resolution as the gate floors it: one normal draw per run (a data set's seed; a seed where one run serves every data
+set) shared by every comparison of that run, the worst case for the run-level tests, scaled by each comparison's
+model rms, and rounded to the metric's resolution (one example).
 
 Faults, in every task at once (each task's verdict is read from its own tests), at sizes 0.5, 1, 2 and 4: points
 for a percentage, percent of the value for a relative metric (a training signal, a norm, a distance), floors for a
@@ -71,11 +72,11 @@ def add_noise(records: list, rng, scale: float, model=None) -> list:
             for metric, v in values.items():
                 if v is None or not judged(r["task"], r["dataset"], metric):
                     continue
-                e = model.entry(r["task"], split, metric, "kernels")
-                if e is None or e.ms == 0:
+                e = model.entry(r["task"], split, metric, "kernels") or model.entry(r["task"], split, metric, "unknown")
+                if e is None:
                     continue
                 step = resolution(r, split, metric, v)
-                d = scale * math.sqrt(e.ms) * z
+                d = scale * math.sqrt(max(e.ms, step**2)) * z  # the gate's null: at least one example
                 values[metric] = v + (round(d / step) * step if step > 1e-6 * max(1.0, abs(v)) else d)
     return records
 

@@ -3,6 +3,7 @@
     python -m benchmarks.noise_model --work W                 # run every variant (about 70 minutes on 2 cores)
     python -m benchmarks.noise_model --work W --reuse         # measure from the runs already in W and write it
     python -m benchmarks.noise_model --list                   # the variants
+    python -m benchmarks.noise_model --table                  # the package's model as a table
     python -m benchmarks.noise_model --work W --reuse --measured results/nightly:ROLLING/anchors/<commit>-<digest>
 
 The statistical tier (docs/regression.md) tests each comparison against this model, never against the night it
@@ -171,6 +172,26 @@ def load(out: Path, v: Variant) -> list:
     return records
 
 
+def table(model: dict) -> str:
+    """The model as a markdown table: per task, split and metric, each kind's rms, changes and variant."""
+    rows = []
+    for task, splits in sorted(model["tasks"].items()):
+        for split, metrics in sorted(splits.items()):
+            for metric, kinds in sorted(metrics.items()):
+                row = [task, split, metric]
+                for kind in ("kernels", "precision"):
+                    e = kinds.get(kind)
+                    row.append(
+                        f"{e['ms'] ** 0.5:.3g} ({e['df']}, {e['variant']}"
+                        + (f", mean {e['mean']:+.3g}, worse {e['worse']:.0%})" if kind == "precision" else ")")
+                        if e
+                        else "-"
+                    )
+                rows.append(row)
+    head = ["task", "split", "metric", "kernels: rms (changes, variant)", "bf16 against fp32: rms (changes, ...)"]
+    return tabulate(rows, head, tablefmt="github", disable_numparse=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, help="the worktree, homes and records of every variant (kept for --reuse)")
@@ -193,6 +214,7 @@ def main(argv=None) -> int:
         help="where the model is written (default: the package's)",
     )
     ap.add_argument("--run-only", action="store_true", help="run the variants, write no model")
+    ap.add_argument("--table", action="store_true", help="print the model at --out as a markdown table and exit")
     ap.add_argument(
         "--measured",
         action="append",
@@ -204,6 +226,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.list:
         print(tabulate([[v.name, v.what] for v in VARIANTS], ["variant", "what"]))
+        return 0
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
         return 0
     if not args.work:
         ap.error("give --work W: the variants' runs are kept there")

@@ -336,7 +336,7 @@ def test_an_anchor_rerun_is_a_measured_variant_of_the_noise_model(tmp_path):
 
     from transferbench.records.noise import measure
 
-    base = suite(noise())
+    base = with_cell(suite(noise()), "fp32", "v1", "o1")  # both sides record the precision each step ran in
     rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each cell by 0.1 either way
     model = measure(base, [("rerun:x", "the anchor's rerun", (base, rerun))], suite="embedded", commit="abc")
     entry = model["tasks"]["fewshot"]["test"]["accuracy"]["kernels"]

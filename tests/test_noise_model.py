@@ -14,7 +14,7 @@ from transferbench.errors import UserError
 from transferbench.records import noise
 from transferbench.records.comparisons import ALPHA, NOISE_TOLERANCE, family, poisson_binomial_test
 from transferbench.records.gate import decide, gate
-from transferbench.records.noise import Model, code_digests, measure, resolution
+from transferbench.records.noise import Model, Noise, code_digests, measure, resolution
 
 
 def rec(
@@ -242,6 +242,9 @@ def test_the_shift_test_is_a_poisson_binomial_and_one_that_cannot_fire_leaves_th
     # across precisions the model says bf16 gets worse 80% of the time: 8 of 10 worse is what it expects
     p, _ = poisson_binomial_test(8, [0.8] * 10)
     assert p > 0.5
+    # a share measured as 1 on 9 changes is shrunk to 9.5 / 10: one change the other way is unlikely, not impossible
+    assert Noise(ms=1.0, df=9, worse=1.0, moved=9).shrunk_worse == pytest.approx(0.95)
+    assert poisson_binomial_test(8, [0.95] * 9)[0] > 0
     # six comparisons can reach p = 1/32 at best: against alpha/2 = 0.005 it can never fire, so it is left out and
     # the family's other test keeps its full level
     from types import SimpleNamespace as NS

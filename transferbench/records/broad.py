@@ -33,7 +33,6 @@ from .comparisons import (
     quantum,
 )
 from .match import direction
-from .metrics import declared
 from .stats import MAX_DF, moved_test, noise_test, pooled_variance, suite_mean, t_estimate, variance_ratio
 
 
@@ -168,90 +167,80 @@ def model_comparisons(cells: list, floor: float, shared) -> list:
       size is the root mean square deviation, against the metric's floor.
     Each test's `low` is its worst run's change (signed, > 0 better): where none got worse by the floor, a move is
     an improvement."""
-    runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [(change, sd, val split)]
-    info = {}
+    runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [(change, the model's bias, sd, val split)]
+    info = defaultdict(list)
     for x in cells:
         if x.kind != Kind.CELL or x.null != "arithmetic" or x.variance is None:
             continue
         at = (x.task, x.backbone, x.metric)
-        info.setdefault(at, []).append(x)
+        info[at].append(x)
         for s, d in x.diffs.items():
             unit = (s,) if shared(x.task) else (x.dataset, s)
-            runs[at][unit].append((d, math.sqrt(x.variance), x.split == "val"))
+            runs[at][unit].append((d, x.bias, math.sqrt(x.variance), x.split == "val"))
     out = []
     for at, units in sorted(runs.items()):
         task, backbone, metric = at
         xs = info[at]
-        df = min(x.model_df for x in xs)
-        level = float(np.mean([x.baseline for x in xs]))
+        df = min(min(x.model_df for x in xs), MAX_DF)
+        shown = [x for x in xs if x.split != "val"] or xs
+        level = float(np.mean([x.baseline for x in shown]))
         at_floor = floor_of(task, metric, level, floor)
-        u = {k: float(np.mean([d for d, _, _ in v])) for k, v in units.items()}
-        var = {k: float(np.mean([sd for _, sd, _ in v])) ** 2 for k, v in units.items()}
+        mean_of = lambda v, i: float(np.mean([c[i] for c in v]))  # noqa: E731
+        raw = {k: mean_of(v, 0) for k, v in units.items()}
+        u = {k: mean_of(v, 0) - mean_of(v, 1) for k, v in units.items()}  # beyond the shift the model expects
+        var = {k: mean_of(v, 2) ** 2 for k, v in units.items()}
         model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
         signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
-        reported = {k: (float(np.mean([d for d, _, val in v if not val])), var[k]) for k, v in units.items()}
-        reported = {k: x for k, x in reported.items() if not math.isnan(x[0])}
+        reported = {k: [c for c in v if not c[3]] for k, v in units.items()}
+        reported = {k: v for k, v in reported.items() if v}
         if reported:
-            mean = float(np.mean([x[0] for x in reported.values()]))
-            se = math.sqrt(sum(x[1] for x in reported.values())) / len(reported)
-            est = t_estimate(mean, se, min(df, MAX_DF), len(reported))
+            change = float(np.mean([mean_of(v, 0) for v in reported.values()]))
+            bias = float(np.mean([mean_of(v, 1) for v in reported.values()]))
+            se = math.sqrt(sum(mean_of(v, 2) ** 2 for v in reported.values())) / len(reported)
+            est = t_estimate(change - bias, se, df, len(reported))
             out.append(
                 broad(
                     Kind.POOLED,
                     *at,
                     baseline=level,
-                    current=level + declared(task, metric).sign * mean,  # in the metric's own units
-                    change=mean,
+                    current=level + xs[0].sign * change,  # in the metric's own units
+                    change=change,
                     n=len(reported),
                     p=est.p,
                     floor=POOLED_FLOOR * at_floor,
-                    low=est.low,
-                    high=est.high,
+                    low=est.low + bias,
+                    high=est.high + bias,
                     null="arithmetic",
                 )
             )
-        worst = min(u.values())
+        tests = []  # (kind, size, units or degrees of freedom, p)
         if len(u) > 1:
             rms, p = noise_test(list(u.values()), [var[k] for k in u], df)
-            out.append(
-                broad(
-                    Kind.NOISE,
-                    *at,
-                    baseline=model_rms,
-                    current=rms,
-                    change=rms,
-                    n=len(u),
-                    p=p,
-                    floor=signal_floor,
-                    low=worst,
-                    null="arithmetic",
-                )
-            )
-        by_set = defaultdict(list)
+            tests.append((Kind.NOISE, rms, len(u), p))
+        by_set = defaultdict(list)  # a data set's runs (its seeds); one group where one run serves every set
         for k in u:
             by_set[k[:-1]].append(k)
-        q = dof = 0.0
-        for keys in by_set.values():
-            if len(keys) > 1:
-                m = float(np.mean([u[k] for k in keys]))
-                q += sum((u[k] - m) ** 2 / var[k] for k in keys)
-                dof += len(keys) - 1
+        q = ss = dof = 0.0
+        for keys in by_set.values():  # deviations from the set's 1/V-weighted mean: chi-square on n - 1
+            w = np.array([1 / var[k] for k in keys])
+            m = float(np.dot(w, [u[k] for k in keys]) / w.sum())
+            q += sum((u[k] - m) ** 2 / var[k] for k in keys)
+            ss += sum((u[k] - m) ** 2 for k in keys)
+            dof += len(keys) - 1
         if dof:
-            dev = math.sqrt(
-                sum((u[k] - np.mean([u[j] for j in keys])) ** 2 for keys in by_set.values() for k in keys) / dof
-            )
-            p = float(_f_sf(q / dof, dof, df))
+            tests.append((Kind.SPREAD, math.sqrt(ss / dof), int(dof), float(_f_sf(q / dof, dof, df))))
+        for kind, size, n, p in tests:
             out.append(
                 broad(
-                    Kind.SPREAD,
+                    kind,
                     *at,
                     baseline=model_rms,
-                    current=dev,
-                    change=dev,
-                    n=int(dof),
+                    current=size,
+                    change=size,
+                    n=n,
                     p=p,
                     floor=signal_floor,
-                    low=worst,
+                    low=min(raw.values()),
                     null="arithmetic",
                 )
             )

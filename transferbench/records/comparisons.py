@@ -100,6 +100,7 @@ class Comparison:
     significant: bool = False
     verdict: Verdict = Verdict.UNCHANGED
     precision_changed: bool = False  # a cell: some seed's records ran a step in another precision
+    sign: float = 1.0  # +1 where higher is better (or either), -1 where lower is: `change` is signed by it
     null: str = "arithmetic"  # what the test's null is: arithmetic (the noise model) | seeds (seed variance)
     diffs: dict = field(default_factory=dict)  # a cell: seed -> signed change (> 0 better)
     variance: float | None = None  # a cell against the model: one seed's change's variance (tolerance included)
@@ -215,6 +216,7 @@ def cell_comparisons(
             p=None,
             floor=floor_of(group.task, group.metric, level, floor, first),
             precision_changed=kind == "precision",
+            sign=sign,
             null="seeds" if by_seeds else "arithmetic",
             diffs=diffs,
             accepted=accepted,
@@ -234,9 +236,11 @@ def cell_comparisons(
                 c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
                 c.model_df = max(int(entry.df), 1)
                 c.bias = entry.mean if kind != "kernels" else 0.0
-                c.worse_share = entry.worse if kind != "kernels" else 0.5
-                est = t_estimate(c.change, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)
-                c.p, c.low, c.high = est.p, est.low, est.high
+                c.worse_share = entry.shrunk_worse if kind != "kernels" else 0.5
+                # against the shift the model expects (bf16 against fp32 moves numbers one way): p tests the change
+                # beyond it, and the interval of the change excludes it exactly where p < 0.05
+                est = t_estimate(c.change - c.bias, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)
+                c.p, c.low, c.high = est.p, est.low + c.bias, est.high + c.bias
         comparisons.append(c)
     return comparisons, paired
 
@@ -257,29 +261,39 @@ def _seed_null(group, seeds: dict, seed_null) -> bool:
     return any(rb.get(w) != rc.get(w) for rb, rc in seeds.values() for w in ("checkpoint_sha256", "data_version"))
 
 
-def shift_comparisons(cells: list, floor: float) -> list:
-    """Per (task, metric), pooled over backbones: did its comparisons move one way more than the noise model
-    allows? The exact sign test over the comparisons that changed, with no regard to their size (a change of 0.24
-    points in each of 84 cells passes every cell test, yet 84 of 84 worse is no chance). Under the model a change of
-    the same precision is as likely worse as better; one across precisions (bf16 against fp32) goes the worse way
-    with the share the model measured (`Noise.worse`), so its count is tested against that expectation (a Poisson
-    binomial) rather than left out. Its magnitude floor is SHIFT_FLOOR of the usual one on the mean change, the
-    model's sign bias taken off. Each test carries the smallest p it can reach (`reach`), so that `judge` leaves out
-    of the Holm family a test that cannot fire."""
-    groups = defaultdict(list)
+def shift_comparisons(cells: list, floor: float, shared) -> list:
+    """Per (task, metric), pooled over backbones: did its runs move one way more than the noise model allows? A run
+    (a data set's seed; a seed where one run serves every set, LiT's and ImageNet-C's) is the unit, its change the
+    mean over its comparisons of the reported splits, since the comparisons of one run share its arithmetic and are
+    not independent signs. The exact sign test over the runs that changed, with no regard to their size (a change of
+    0.24 points in each of 84 cells passes every cell test, yet all of them worse is no chance). Under the model a
+    run of one precision is as likely worse as better; one across precisions (bf16 against fp32) goes the worse way
+    with the share the model measured (`Noise.worse`, shrunk towards 1/2 by one pseudo-change each way), so its count
+    is tested against that expectation (a Poisson binomial) rather than left out. It is worse where more runs got
+    worse than expected; its magnitude floor is SHIFT_FLOOR of the usual one on the mean change, the model's sign
+    bias taken off. Each test carries the smallest p it can reach (`reach`), so that `judge` leaves out of the Holm
+    family a test that cannot fire."""
+    runs = defaultdict(lambda: defaultdict(list))  # (task, metric) -> run -> [(change, bias, share, baseline, sign)]
     for x in cells:
-        if x.split != "val" and x.change != 0 and x.null == "arithmetic" and x.p is not None:
-            groups[(x.task, x.metric)].append(x)
-    out = []
-    for (task, metric), xs in sorted(groups.items()):
-        if len(xs) < SHIFT_MIN:
+        if x.split == "val" or x.null != "arithmetic" or x.p is None:
             continue
-        probs = [x.worse_share for x in xs]
-        worse = sum(x.change < 0 for x in xs)
+        for seed, d in x.diffs.items():
+            run = (x.backbone, seed) if shared(x.task) else (x.backbone, x.dataset, seed)
+            runs[(x.task, x.metric)][run].append((d, x.bias, x.worse_share, x.baseline, x.sign))
+    out = []
+    for (task, metric), units in sorted(runs.items()):
+        u = {k: [float(np.mean([v[i] for v in vs])) for i in range(4)] for k, vs in units.items()}
+        moved = {k: x for k, x in u.items() if x[0] != 0}
+        if len(moved) < SHIFT_MIN:
+            continue
+        probs = [x[2] for x in moved.values()]
+        worse = sum(x[0] < 0 for x in moved.values())
         p, reach = poisson_binomial_test(worse, probs)
-        mean = float(np.mean([x.change - x.bias for x in xs]))
-        level = float(np.mean([x.baseline for x in xs]))
-        backbones = sorted({x.backbone for x in xs})
+        size = abs(float(np.mean([x[0] - x[1] for x in moved.values()])))
+        change = -size if worse > sum(probs) else size  # worse: more runs got worse than the model expects
+        level = float(np.mean([x[3] for x in u.values()]))
+        sign = next(iter(units.values()))[0][4]
+        backbones = sorted({k[0] for k in moved})
         out.append(
             broad(
                 Kind.SHIFT,
@@ -287,9 +301,9 @@ def shift_comparisons(cells: list, floor: float) -> list:
                 backbones[0] if len(backbones) == 1 else "(all)",
                 metric,
                 baseline=level,
-                current=level + declared(task, metric).sign * mean,
-                change=mean,
-                n=len(xs),
+                current=level + sign * change,
+                change=change,
+                n=len(moved),
                 p=p,
                 floor=SHIFT_FLOOR * floor_of(task, metric, level, floor),
                 reach=reach,

@@ -62,6 +62,7 @@ class Gate:
     absent: list = field(default_factory=list)  # match.TaskBackbone of the baseline of which current holds nothing
     nonfinite: list = field(default_factory=list)  # match.NonFinite: a value NaN, null or infinite on either side
     baseline_failed: list = field(default_factory=list)  # match.CellKey: the baseline's latest record failed
+    accepted_modules: set = field(default_factory=set)  # modules of an accepted change judged statistically
     model: object = None  # records.noise.Model: the statistical tier's null across arithmetic
 
     @property
@@ -150,7 +151,7 @@ def gate(
     by_seeds = {_group(x) for x in cells if x.null == "seeds"}
     seeds_only = {g: v for g, v in paired.items() if g in by_seeds}
     comparisons = list(cells)
-    comparisons += shift_comparisons(cells, floor)
+    comparisons += shift_comparisons(cells, floor, shared)
     comparisons += model_comparisons(cells, floor, shared)
     comparisons += suite_comparisons(found.pairs, seeds_only, floor, shared)
     comparisons += moved_comparisons(found.pairs, seeds_only, floor)
@@ -177,6 +178,7 @@ def gate(
         absent=sorted(groups(b) - groups(c)),
         nonfinite=nonfinite,
         baseline_failed=found.baseline_failed,
+        accepted_modules=found.accepted_modules,
         model=model,
     )
 

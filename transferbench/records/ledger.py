@@ -66,8 +66,8 @@ class Ledger:
     def unused(self, gate) -> list[str]:
         """The entries that matched nothing in `gate` (records.gate.Gate): no accepted cell changed by one of its
         modules at its hash, no protocol change to its value."""
-        used_code = {c for x in gate.exact.changed if x.accepted for c in x.causes}
-        used_code |= set(getattr(gate, "accepted_code", ()))
+        used_code = {c.split(" ")[0] for x in gate.exact.changed if x.accepted for c in x.causes}
+        used_code |= set(gate.accepted_modules)  # accepted where the statistical tier judged the cells
         used_protocol = {(f"{p.task}:{p.setting}", p.after) for p in gate.protocol if p.accepted}
         out = []
         for e in self.entries:
@@ -179,8 +179,8 @@ def fingerprints(modules: list[str]) -> dict:
         if spec is None:
             raise UserError(f"--code {name}: no such module (give one as records name it, e.g. backbones.dtn)")
         names = [full]
-        if spec.submodule_search_locations:
-            names += [f"{full}.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)]
+        if spec.submodule_search_locations:  # a package: every module in it, nested packages' too
+            names += [m.name for m in pkgutil.walk_packages(spec.submodule_search_locations, prefix=f"{full}.")]
         for n in names:
             h = closure((n,)).get(n)
             if h:

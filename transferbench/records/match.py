@@ -175,6 +175,7 @@ class Matched:
     vanished: list = field(default_factory=list)  # Vanished
     declared: set = field(default_factory=set)  # CellKey of an accepted protocol change: the null is seed variance
     code_accepted: set = field(default_factory=set)  # CellKey judged statistically whose code changed as accepted
+    accepted_modules: set = field(default_factory=set)  # the modules whose accepted change those cells carry
     baseline_failed: list = field(default_factory=list)  # CellKey whose baseline record failed or diverged
 
 
@@ -315,9 +316,10 @@ def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=
             out.declared.add(key)
         elif _judged_exactly(rb, rc, key, ax, tier, accept_code):
             continue
-        elif _code_accepted(rb, rc, accept_code):  # a meant change, across arithmetic: judged against seed variance
+        elif meant := _code_accepted(rb, rc, accept_code):  # a meant change across arithmetic: against seed variance
             out.declared.add(key)
             out.code_accepted.add(key)
+            out.accepted_modules |= set(meant)
         for split in sorted(set(rb.get("metrics") or {}) | set(rc.get("metrics") or {})):
             for metric in metrics_of(rb, rc, split):
                 group = GroupKey(key.task, key.dataset, key.backbone, key.stage, key.axes, split, metric)
@@ -391,15 +393,16 @@ def _judged_exactly(rb: dict, rc: dict, key: CellKey, ax: dict, tier: Exact, acc
     return True
 
 
-def _code_accepted(rb: dict, rc: dict, accept_code) -> bool:
-    """Whether the two records' code differs only in modules that `accept_code` accepts (at tonight's fingerprint,
-    where it names one): a change meant to move numbers, which the arithmetic noise model cannot judge."""
+def _code_accepted(rb: dict, rc: dict, accept_code) -> list[str]:
+    """The modules that changed between the two records' code where every one of them is accepted by `accept_code`
+    (at tonight's fingerprint, where it names one): a change meant to move numbers, which the arithmetic noise model
+    cannot judge; else []."""
     fb, fc = rb.get("fingerprint"), rc.get("fingerprint")
     if not fb or not fc or fb.get("digest") == fc.get("digest") or not accept_code:
-        return False
-    changed = changed_modules(fb, fc)
+        return []
+    changed = [m for m, _ in changed_modules(fb, fc)]
     modules = fc.get("modules") or {}
-    return bool(changed) and all(accepts_code(accept_code, m, modules) for m, _ in changed)
+    return changed if changed and all(accepts_code(accept_code, m, modules) for m in changed) else []
 
 
 def _cache_state(rb: dict, rc: dict) -> list[str]:

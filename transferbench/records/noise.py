@@ -49,6 +49,13 @@ class Noise:
     mean: float = 0.0
     worse: float = 0.5
     variant: str = ""
+    moved: int = 0  # how many of the changes moved at all (those `worse` is a share of)
+
+    @property
+    def shrunk_worse(self) -> float:
+        """`worse`, one pseudo-change added each way: a share of 0 or 1 measured on a few changes says little, and
+        a test that expects it exactly would call one change the other way impossible."""
+        return (self.worse * self.moved + 0.5) / (self.moved + 1)
 
 
 @dataclass
@@ -195,6 +202,7 @@ def summary(d: list[float]) -> dict:
         "df": int(x.size),
         "mean": float(x.mean()),
         "worse": float(np.mean(moved < 0)) if moved.size else 0.5,
+        "moved": int(moved.size),
     }
 
 

@@ -7,7 +7,8 @@ nothing but the arithmetic changed: simulated nights on the committed nightly re
 
 A night is the committed nightly records (results/nightly) against a copy that ran "on another machine": every
 record's arithmetic digest differs, so nothing is judged exactly and the statistical tier decides alone, against the
-package's noise model. The copy carries benign noise at `--noise` times the model's root mean square (default 2, the
+package's noise model (`--arithmetic`: on another processor, or with ATen's scalar kernels on this one, the widest
+kind the model holds). The copy carries benign noise at `--noise` times the model's root mean square (default 2, the
 gate's NOISE_TOLERANCE: the noisiest runner it promises to stay quiet for), the rms floored at the metric's
 resolution as the gate floors it: one normal draw per run (a data set's seed; a seed where one run serves every data
 set) shared by every comparison of that run, the worst case for the run-level tests, scaled by each comparison's
@@ -49,12 +50,19 @@ FAILING = (*comparisons.FAILING, comparisons.Verdict.SEE_POOLED)  # every verdic
 SEED_SPREAD = 0.2
 
 
-def other_machine(records: list) -> list:
+def other_machine(records: list, kind: str = "cpu") -> list:
+    """A copy of `records` as computed in other arithmetic: on another processor (`cpu`), or on the same one with
+    ATen's scalar kernels (`kernels`)."""
     out = copy.deepcopy(records)
     for r in out:
         arith = r.setdefault("arithmetic", {})
         arith["digest"] = "elsewhere"
-        arith.setdefault("machine", {}).update(digest="elsewhere", cpu="another cpu")
+        machine = arith.setdefault("machine", {})
+        machine["digest"] = "elsewhere"
+        if kind == "cpu":
+            machine["cpu"] = "another cpu"
+        else:
+            machine["cpu_capability"] = "DEFAULT"
     return out
 
 
@@ -62,8 +70,9 @@ def run_of(r: dict) -> tuple:
     return (r["task"], r["backbone"], r["seed"]) + (() if seeds_shared(r["task"]) else (r["dataset"],))
 
 
-def add_noise(records: list, rng, scale: float, model=None) -> list:
-    """Benign noise at `scale` times the model's rms, one draw per run, rounded to each metric's resolution."""
+def add_noise(records: list, rng, scale: float, model=None, kind: str = "cpu") -> list:
+    """Benign noise at `scale` times the model's rms of `kind`, one draw per run, rounded to each metric's
+    resolution."""
     model = model or packaged()
     draws: dict = {}
     for r in records:
@@ -72,7 +81,7 @@ def add_noise(records: list, rng, scale: float, model=None) -> list:
             for metric, v in values.items():
                 if v is None or not judged(r["task"], r["dataset"], metric):
                     continue
-                e = model.entry(r["task"], split, metric, "kernels") or model.entry(r["task"], split, metric, "unknown")
+                e = model.entry(r["task"], split, metric, kind)
                 if e is None:
                     continue
                 step = resolution(r, split, metric, v)
@@ -127,6 +136,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=",".join(f"{s:g}" for s in SIZES))
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--arithmetic",
+        choices=("cpu", "kernels"),
+        default="cpu",
+        help="the night's other arithmetic: another processor (cpu, default), or ATen's scalar kernels (kernels), "
+        "the widest kind the model holds",
+    )
     ap.add_argument("--benign-pair", action="append", default=[], metavar="BASELINE:CURRENT")
     args = ap.parse_args(argv)
     started = time.time()
@@ -135,7 +151,7 @@ def main(argv=None) -> int:
     tasks = sorted({r["task"] for r in records})
     alarms, fired = 0, defaultdict(int)
     for _ in range(args.benign):
-        v = decide(records, add_noise(other_machine(records), rng, args.noise))
+        v = decide(records, add_noise(other_machine(records, args.arithmetic), rng, args.noise, kind=args.arithmetic))
         if v.code:
             alarms += 1
             for c in v.gate.comparisons:
@@ -150,7 +166,7 @@ def main(argv=None) -> int:
     for kind in args.kinds.split(","):
         for size in sizes:
             for _ in range(args.nights):
-                current = add_noise(other_machine(records), rng, args.noise)
+                current = add_noise(other_machine(records, args.arithmetic), rng, args.noise, kind=args.arithmetic)
                 for task in tasks:
                     fault(current, task, kind, size, rng)
                 v = decide(records, current)

@@ -20,12 +20,14 @@ seed by seed with a clean run of the same code:
   before pairing), which gives the `precision` kind;
 - the committed anchor itself against the clean run: another CPU (the anchor's), the same code.
 
-For each (task, split, metric) and kind of difference (`kernels`: every step in one precision on both sides;
-`precision`: a step's precision differs), the model keeps the mean square of the per-(cell, seed) change around 0
-over the variant that moves it most, its degrees of freedom (the changes behind it), the mean change (a sign bias,
-which bf16 against fp32 has) and the share of changes that went the worse way. It records the code fingerprint of
-each task (the anchor's), the suite, the variants and the date: `records.noise` refuses a model whose code is not
-the baseline's, naming this command.
+Each variant measures one kind of difference (records.noise.KINDS): `threads`, `kernels` (ATen's capability on one
+processor), `onednn`, `precision` (a step in bf16 on one side and fp32 on the other, whichever variant showed it) and
+`cpu` (another processor). For each (task, split, metric) and kind the model keeps the mean square of the
+per-(cell, seed) change around 0 over the variant that moves it most, its degrees of freedom (the changes behind
+it), the mean change (a sign bias, which bf16 against fp32 has) and the share of changes that went the worse way.
+The gate takes, for each comparison, the largest of the kinds its two sides differ in. The model records the code
+fingerprint of each task (the anchor's), the suite, the variants and the date: `records.noise` refuses a model whose
+code is not the baseline's, naming this command.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Variant:
     skip: tuple = ()  # tasks this variant does not change (their clean records stand in)
     relabel: dict = field(default_factory=dict)  # hparam -> the clean run's value, written back before pairing
     site: str = ""  # a sitecustomize module's text, first on the path
+    kind: str = ""  # the kind of difference it measures (records.noise.KINDS)
 
 
 VARIANTS = [
@@ -73,13 +76,15 @@ VARIANTS = [
         "2 torch threads per cell instead of 1 (another reduction order)",
         args=("--cpus-per-cell", "2"),
         jobs=1,
+        kind="threads",
     ),
     Variant(
         "aten_default",
         "scalar ATen CPU kernels (ATEN_CPU_CAPABILITY=default): other vector widths, other rounding",
         env={"ATEN_CPU_CAPABILITY": "default"},
+        kind="kernels",
     ),
-    Variant("onednn_off", "oneDNN disabled (torch.backends.mkldnn.enabled = False)", site=ONEDNN_OFF),
+    Variant("onednn_off", "oneDNN disabled (torch.backends.mkldnn.enabled = False)", site=ONEDNN_OFF, kind="onednn"),
     Variant(
         "bf16_on",
         "bf16 autocast forced on (--set bf16=on) where a task autocasts: bf16 against the clean run's choice",
@@ -88,6 +93,7 @@ VARIANTS = [
         # shipped profile pins fp32): their bf16 would be emulated on a CPU without bf16 units, at many times the cost
         skip=("pretrain", "vtab", "hires"),
         relabel={"bf16": "auto"},
+        kind="precision",
     ),
 ]
 
@@ -246,19 +252,19 @@ def main(argv=None) -> int:
     from transferbench.records.noise import measure
 
     clean = load(args.work / "clean" / "runs", chosen[0])
-    sides = [(v.name, v.what, load(args.work / v.name / "runs", v)) for v in chosen[1:]]
+    sides = [(v.name, v.what, v.kind, load(args.work / v.name / "runs", v)) for v in chosen[1:]]
     if args.anchor and args.anchor.is_dir():
         from transferbench.records.store import load_records
 
         anchor = [r for r in load_records([args.anchor]) if (r.get("suite") or "") == SUITE]
-        sides.append(
-            ("machine", f"the committed anchor {args.anchor.name} (its own CPU) against the clean run", anchor)
-        )
+        what = f"the committed anchor {args.anchor.name} (its own CPU) against the clean run"
+        sides.append(("machine", what, "cpu", anchor))
     for pair in args.measured:
         from transferbench.records.store import load_records
 
         a, b = pair.split(":", 1)
-        sides.append((f"rerun:{Path(b).name}", f"{a} against its rerun {b}", (load_records([a]), load_records([b]))))
+        pair = (load_records([a]), load_records([b]))
+        sides.append((f"rerun:{Path(b).name}", f"{a} against its rerun {b}", "cpu", pair))
     model = measure(clean, sides, suite=SUITE, commit=commit)
     model["made_by"] = "python -m benchmarks.noise_model"
     model["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")

@@ -338,8 +338,8 @@ def test_an_anchor_rerun_is_a_measured_variant_of_the_noise_model(tmp_path):
 
     base = with_cell(suite(noise()), "fp32", "v1", "o1")  # both sides record the precision each step ran in
     rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each cell by 0.1 either way
-    model = measure(base, [("rerun:x", "the anchor's rerun", (base, rerun))], suite="embedded", commit="abc")
-    entry = model["tasks"]["fewshot"]["test"]["accuracy"]["kernels"]
+    model = measure(base, [("rerun:x", "the anchor's rerun", "cpu", (base, rerun))], suite="embedded", commit="abc")
+    entry = model["tasks"]["fewshot"]["test"]["accuracy"]["cpu"]
     # every (cell, seed)'s change is +-0.1: its mean square around 0 is 0.01, over 2 backbones x 4 sets x 2 shots x 3
     # seeds; two seeds of three went worse
     assert entry["ms"] == pytest.approx(0.01) and entry["df"] == 48 and entry["worse"] == pytest.approx(2 / 3)

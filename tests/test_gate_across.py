@@ -33,6 +33,9 @@ def test_nothing_changed_but_the_machine_passes_at_twice_the_models_noise(commit
     rng = np.random.default_rng(0)
     v = decide(committed, add_noise(other_machine(committed), rng, 2.0))
     assert v.code == 0, v.reasons
+    # ATen's scalar kernels on this processor, the widest kind the model holds, at twice its noise
+    v = decide(committed, add_noise(other_machine(committed, "kernels"), rng, 2.0, kind="kernels"))
+    assert v.code == 0, v.reasons
 
 
 @pytest.mark.parametrize("kind", ["backbone", "group", "all"])

@@ -81,7 +81,11 @@ def test_the_model_keeps_the_largest_mean_square_per_kind_with_its_changes_mean_
     bf16 = {c: 50.0 - 0.3 + 0.1 * rng.normal() for c in cells}
     model = measure(
         clean,
-        [("small", "", side(small)), ("large", "", side(large)), ("bf16", "", side(bf16, precision="bf16"))],
+        [
+            ("small", "", "kernels", side(small)),
+            ("large", "", "kernels", side(large)),
+            ("bf16", "", "precision", side(bf16, precision="bf16")),
+        ],
         suite="nightly",
         commit="abc",
     )

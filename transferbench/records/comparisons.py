@@ -170,15 +170,16 @@ def cell_comparisons(
 ) -> tuple[list, dict]:
     """One test per matched group over its seeds. Against the arithmetic noise model (records.noise) where the two
     sides ran the same code on the same weights, data and protocol: the mean change over the seeds, with the
-    model's variance of one (cell, seed)'s change for the task, split, metric and kind (`kernels`, or `precision`
-    where a step's precision differs) times NOISE_TOLERANCE squared, floored at the metric's resolution, as a t on
+    model's variance of one (cell, seed)'s change for the task, split, metric and the kinds of difference between
+    the two sides' arithmetic (`records.noise.kinds_of`: another CPU, ATen's kernels, threads, oneDNN, bf16 against
+    fp32; the largest of theirs) times NOISE_TOLERANCE squared, floored at the metric's resolution, as a t on
     the model's degrees of freedom (one seed is testable: the variance is known). Against seed variance where the
     weights or data differ or the group's cells are of an accepted protocol change (`seed_null`: CellKey): the plain
     paired t over the seeds (the spread floored at one example); one seed there, McNemar's test on the examples
     where both sides logged them. A group the model does not cover is untested (p None), and fails the night unless
     allowed. Returns the comparisons and, per group, seed -> (baseline value, current value) where both sides have
     a finite one; a value that is not finite (or `null`) is appended to `nonfinite` and fails the night."""
-    from .noise import judged, kind_of, resolution
+    from .noise import PRECISION, judged, kinds_of, resolution
 
     paired, comparisons = {}, []
     for group, seeds in sorted(pairs.items()):
@@ -196,8 +197,8 @@ def cell_comparisons(
         sign = direction(first, group.metric)
         diffs = {s: sign * (v[1] - v[0]) for s, v in vals.items()}
         level = float(np.mean([v[0] for v in vals.values()]))
-        kinds = {kind_of(*seeds[s]) for s in vals}
-        kind = next(k for k in ("unknown", "precision", "kernels") if k in kinds)
+        kind = frozenset().union(*(kinds_of(*seeds[s]) for s in vals))  # what differs, over the seeds
+        bf16 = PRECISION in kind
         by_seeds = _seed_null(group, seeds, seed_null)
         accepted = any(_in(group, s, code_accepted) for s in seeds)
         c = Comparison(
@@ -215,7 +216,7 @@ def cell_comparisons(
             n=len(diffs),
             p=None,
             floor=floor_of(group.task, group.metric, level, floor, first),
-            precision_changed=kind == "precision",
+            precision_changed=bf16,
             sign=sign,
             null="seeds" if by_seeds else "arithmetic",
             diffs=diffs,
@@ -235,8 +236,8 @@ def cell_comparisons(
                 res = resolution(first, group.split, group.metric, level)
                 c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
                 c.model_df = max(int(entry.df), 1)
-                c.bias = entry.mean if kind != "kernels" else 0.0
-                c.worse_share = entry.shrunk_worse if kind != "kernels" else 0.5
+                c.bias = entry.mean if bf16 else 0.0
+                c.worse_share = entry.shrunk_worse if bf16 else 0.5
                 # against the shift the model expects (bf16 against fp32 moves numbers one way): p tests the change
                 # beyond it, and the interval of the change excludes it exactly where p < 0.05
                 est = t_estimate(c.change - c.bias, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)

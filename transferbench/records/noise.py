@@ -32,7 +32,13 @@ from ..errors import UserError
 from ..hashing import digest
 
 MODEL_FILE = "noise_model.json"
-KERNELS, PRECISION = "kernels", "precision"
+# kinds of difference between two records' arithmetic, each measured by its own variant (benchmarks/noise_model.py)
+CPU = "cpu"  # another processor (vendor, model, ISA flags, BLAS kernels): the committed anchor's CPU against this one
+KERNELS = "kernels"  # ATen's CPU capability alone (ATEN_CPU_CAPABILITY on one processor): scalar kernels
+THREADS = "threads"  # the torch threads per cell
+ONEDNN = "onednn"  # oneDNN on or off
+PRECISION = "precision"  # a step in bf16 on one side and fp32 on the other
+KINDS = (CPU, KERNELS, THREADS, ONEDNN, PRECISION)
 MEASURE = "python -m benchmarks.noise_model --work W"  # the command that (re-)measures it
 PERCENT = ("accuracy", "error", "top5")  # points of one example each: 100 / examples
 RECALL = ("recall@5", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5")  # LiT's retrieval: one query each
@@ -65,11 +71,17 @@ class Model:
     about: dict = field(default_factory=dict)  # made_by, date, commit, suite, variants, machine
     path: str = ""
 
-    def entry(self, task: str, split: str, metric: str, kind: str) -> Noise | None:
+    def entry(self, task: str, split: str, metric: str, kind) -> Noise | None:
+        """The noise of one kind of difference, or of several (a set: the largest of theirs). UNKNOWN (what differs
+        is unrecorded, or no kind names it) or nothing (the machines agree) takes the largest kind the model holds
+        for the metric: the conservative null. None where a named kind was never measured for it (untested)."""
         kinds = self.tasks.get(task, {}).get(split, {}).get(metric, {})
-        if kind == UNKNOWN:  # the larger of what the model has: the conservative null
-            return max(kinds.values(), key=lambda e: e.ms, default=None)
-        return kinds.get(kind)
+        wanted = {kind} if isinstance(kind, str) else set(kind)
+        if not wanted or UNKNOWN in wanted:
+            wanted = set(kinds)
+        elif not wanted <= set(kinds):
+            return None
+        return max((kinds[k] for k in wanted), key=lambda e: e.ms, default=None)
 
     def check(self, baseline: list[dict], tasks: set) -> None:
         """Refuse the model, in one line naming the command that re-measures it, where the baseline's records of a
@@ -158,21 +170,55 @@ def judged(task: str, dataset: str, metric: str) -> bool:
     return True
 
 
-UNKNOWN = "unknown"  # a side recorded no precision (records of older code): the model's larger kind is taken
+UNKNOWN = "unknown"  # what differs is unrecorded or was never measured: the model's largest kind is taken
 
 
 def kind_of(rb: dict, rc: dict) -> str:
+    """bf16 against fp32 (`precision`), the same precision (`same`), or UNKNOWN where a side recorded none."""
     from .match import precision
 
     a, b = precision(rb), precision(rc)
     if a is None or b is None:
         return UNKNOWN
-    return PRECISION if a != b else KERNELS
+    return PRECISION if a != b else "same"
 
 
-def changes(baseline: list[dict], current: list[dict]) -> dict:
+def kinds_of(rb: dict, rc: dict) -> frozenset:
+    """The kinds of difference between two records' arithmetic (KINDS), from what their machines and cells record:
+    another processor (`cpu`: its vendor, model, ISA flags or BLAS kernels; a changed ATen capability goes with it),
+    ATen's capability alone on one processor (`kernels`), threads (`threads`), oneDNN (`onednn`), a step's precision
+    (`precision`). UNKNOWN where anything else differs (a library, the GPU, a field no kind names) or nothing is
+    recorded; an empty set where the machines agree (the cell's own arithmetic, a cache's state)."""
+    from ..arithmetic import machine_differences
+
+    kind = kind_of(rb, rc)
+    if kind == UNKNOWN:
+        return frozenset({UNKNOWN})
+    out = {PRECISION} if kind == PRECISION else set()
+    apart = machine_differences(rb.get("arithmetic"), rc.get("arithmetic"))
+    fields = {d.split(" ")[0] for d in apart}
+    if fields == {"no"}:  # 'no arithmetic recorded'
+        return frozenset({UNKNOWN})
+    cpu = {f for f in fields if f.startswith(("cpu.", "pools")) or f in ("cpu", "torch_config")}
+    if cpu:
+        out.add(CPU)
+        fields -= cpu | {"cpu_capability"}
+    for f in list(fields):
+        if f == "cpu_capability" or f == "variables.ATEN_CPU_CAPABILITY":
+            out.add(KERNELS)
+        elif f.startswith("threads") or f.endswith("_NUM_THREADS"):
+            out.add(THREADS)
+        elif f == "flags.mkldnn":
+            out.add(ONEDNN)
+        else:
+            out.add(UNKNOWN)
+    return frozenset(out)
+
+
+def changes(baseline: list[dict], current: list[dict], kind: str = CPU) -> dict:
     """{(task, split, metric, kind): [each (cell, seed)'s signed change, > 0 better]} between two sides that ran
-    the same code on the same weights and data in other arithmetic (every matched cell, none judged exactly)."""
+    the same code on the same weights and data in other arithmetic (every matched cell, none judged exactly): `kind`
+    where both ran a step in one precision (the variant's kind of difference), `precision` where not."""
     from .match import Exact, axes, direction, index, match
     from .record import value
 
@@ -188,9 +234,10 @@ def changes(baseline: list[dict], current: list[dict]) -> dict:
             vb, vc = value(rb, group.split, group.metric), value(rc, group.split, group.metric)
             if vb is None or vc is None or not (math.isfinite(vb) and math.isfinite(vc)):
                 continue
-            kind = kind_of(rb, rc)
-            if kind != UNKNOWN:
-                out[(group.task, group.split, group.metric, kind)].append(direction(rb, group.metric) * (vc - vb))
+            how = kind_of(rb, rc)
+            if how != UNKNOWN:
+                key = (group.task, group.split, group.metric, PRECISION if how == PRECISION else kind)
+                out[key].append(direction(rb, group.metric) * (vc - vb))
     return dict(out)
 
 
@@ -207,15 +254,14 @@ def summary(d: list[float]) -> dict:
 
 
 def measure(clean: list[dict], sides: list, *, suite: str, commit: str) -> dict:
-    """The model from `sides`: (name, what, records paired with `clean`, or a (baseline, current) pair of its own).
-    Per (task, split, metric, kind), the variant with the largest mean square wins; every variant's figures are kept
-    under `by_variant`."""
+    """The model from `sides`: (name, what, kind of difference, records paired with `clean` or a (baseline,
+    current) pair of their own). Per (task, split, metric, kind), the variant with the largest mean square wins."""
     tasks: dict = {}
     variants = []
-    for name, what, records in sides:
+    for name, what, kind, records in sides:
         base, cur = records if isinstance(records, tuple) else (clean, records)
-        found = changes(base, cur)
-        variants.append({"name": name, "what": what, "changes": sum(len(v) for v in found.values())})
+        found = changes(base, cur, kind)
+        variants.append({"name": name, "what": what, "kind": kind, "changes": sum(len(v) for v in found.values())})
         for (task, split, metric, kind), d in found.items():
             s = {**summary(d), "variant": name}
             slot = tasks.setdefault(task, {}).setdefault(split, {}).setdefault(metric, {})

@@ -311,13 +311,17 @@ def test_an_untested_comparison_fails_unless_allowed_and_the_verdict_line_counts
     from transferbench.reporting.regress import report
 
     base = side({(d, 1, s): 50.0 for d in ("d1", "d2") for s in (0, 1, 2)})
-    cur = side({("d1", 1, s): 50.0 for s in (0, 1, 2)}, precision="bf16")  # the model has no precision kind
-    cur += side({("d2", 1, s): 50.0 for s in (0, 1, 2)})
+    base += side({("d1", 1, s): 90.0 for s in (0, 1, 2)}, metric="top5")  # a metric the model holds nothing for
+    cur = [dict(r) for r in base]
     v = D(base, cur, noise=model_of(0.01))
     assert v.code == 1 and "1 untested (allow with --allow-untested)" in v.reasons
     text = report(v.gate, reasons=v.reasons)
-    assert "1 untested" in text.splitlines()[2] and "## Untested" in text and "(bf16 against fp32)" in text
+    assert "1 untested" in text.splitlines()[2] and "## Untested" in text and "test top5" in text
     assert D(base, cur, noise=model_of(0.01), allow_untested=True).code == 0
+    # a kind of difference the model never measured for a metric takes the widest it holds: tested, not untested
+    bf16 = side({(d, 1, s): 50.0 for d in ("d1", "d2") for s in (0, 1, 2)}, precision="bf16")
+    (c, *_) = G(base[:6], bf16, noise=model_of(0.01)).of("cell")
+    assert c.p is not None and c.variance == pytest.approx(4 * max(0.01, 0.1**2))
 
 
 def test_lits_retrieval_numbers_are_compared_once():

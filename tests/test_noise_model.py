@@ -128,10 +128,12 @@ def test_the_packaged_model_covers_the_nightly_and_names_its_code_variants_and_d
         for metric in values
         if noise.judged(r["task"], r["dataset"], metric)
     }
-    missing = [j for j in judged if m.entry(*j, "kernels") is None]
-    assert not missing
-    # every task that autocasts has its bf16-against-fp32 kind
-    assert all(m.entry(t, "test", "accuracy", "precision") for t in ("fewshot", "lit", "imagenet_c"))
+    missing = [j for j in judged if "kernels" not in m.tasks.get(j[0], {}).get(j[1], {}).get(j[2], {})]
+    assert not missing  # scalar kernels measured every judged metric
+    # every task that autocasts has its bf16-against-fp32 kind; every task its other processor
+    assert all("precision" in m.tasks[t]["test"]["accuracy"] for t in ("fewshot", "lit", "imagenet_c"))
+    assert all("cpu" in m.tasks[t]["test"]["accuracy"] for t in ("vtab", "hires", "pretrain"))
+    assert {v["kind"] for v in m.about["variants"]} == {"cpu", "kernels", "threads", "onednn", "precision"}
 
 
 def test_resolution_is_one_example_one_severity_example_or_one_float32_ulp():

@@ -192,6 +192,7 @@ def machine() -> dict:
         "flags": {
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "mkldnn": torch.backends.mkldnn.enabled,  # oneDNN's kernels (convolutions, bf16 matmuls) on or off
         },
         "cuda": _cuda(),
     }
@@ -235,8 +236,8 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
 
 
 # a part of the machine that only one side records (a field that later code added) says nothing about the machine:
-# it is skipped, at the top level and among the libraries
-_OPTIONAL = ("libraries",)
+# it is skipped, at the top level, among the libraries and among the flags
+_OPTIONAL = ("libraries", "flags")
 
 
 def machine_differences(a: dict | None, b: dict | None) -> list[str]:

@@ -4,6 +4,7 @@
     python -m benchmarks.noise_model --work W --reuse         # measure from the runs already in W and write it
     python -m benchmarks.noise_model --list                   # the variants
     python -m benchmarks.noise_model --table                  # the package's model as a table
+    python -m benchmarks.noise_model --work W --judge         # each variant's night against the clean run
     python -m benchmarks.noise_model --work W --reuse --measured results/nightly:ROLLING/anchors/<commit>-<digest>
 
 The statistical tier (docs/regression.md) tests each comparison against this model, never against the night it
@@ -91,8 +92,9 @@ VARIANTS = [
         args=("--set", "bf16=on"),
         # the tasks whose nightly cells ran in fp32 on every CPU measured (the committed anchor's included; the
         # pretraining probe's shipped profile pins fp32): their bf16 would be emulated on a CPU without bf16 units, at
-        # several times the cost; a bf16-against-fp32 comparison of theirs takes the widest kind the model holds
-        skip=("pretrain", "vtab", "hires", "ade20k"),
+        # several times the cost; a bf16-against-fp32 comparison of theirs takes the widest kind the model holds.
+        # LiT's is measured by the committed anchor (bf16) against the clean run here (fp32), on all its seeds
+        skip=("pretrain", "vtab", "hires", "ade20k", "lit"),
         relabel={"bf16": "auto"},
         kind="precision",
     ),
@@ -199,6 +201,31 @@ def table(model: dict) -> str:
     return tabulate(rows, head, tablefmt="github", disable_numparse=True)
 
 
+def judge(work: Path, anchor: Path, model: dict) -> str:
+    """Each variant's records, and the committed anchor's, judged against the clean run by the statistical tier
+    alone: with the model as measured, and with the model measured without that variant (a runner whose arithmetic
+    was never measured). A markdown table."""
+    from transferbench.records.gate import decide
+    from transferbench.records.noise import Model, measure
+    from transferbench.records.store import load_records
+
+    clean = load(work / "clean" / "runs", VARIANTS[0])
+    committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == SUITE]
+    sides = {v.name: (v.kind, load(work / v.name / "runs", v)) for v in VARIANTS[1:] if (work / v.name).is_dir()}
+    sides["machine"] = ("cpu", committed)
+    rows = []
+    for name, (_, records) in sides.items():
+        base, cur = (committed, clean) if name == "machine" else (clean, records)
+        others = [(n, "", k, r) for n, (k, r) in sides.items() if n != name]
+        held = measure(clean, others, suite=SUITE, commit=model["commit"])
+        for label, m in (("as measured", model), ("without it", held)):
+            v = decide(base, cur, noise=Model.of({"tasks": m["tasks"]}), allow_missing=True, exact=False)
+            fired = sorted({f"{c.task} {c.kind.value}" for c in v.gate.regressed + v.gate.improved})
+            rows.append([name, label, v.code, len(v.gate.of("cell")), ", ".join(fired) or "-", "; ".join(v.reasons)])
+    head = ["night", "model", "exit", "comparisons", "tests that fired", "why it fails"]
+    return tabulate(rows, head, tablefmt="github", disable_numparse=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, help="the worktree, homes and records of every variant (kept for --reuse)")
@@ -223,6 +250,12 @@ def main(argv=None) -> int:
     ap.add_argument("--run-only", action="store_true", help="run the variants, write no model")
     ap.add_argument("--table", action="store_true", help="print the model at --out as a markdown table and exit")
     ap.add_argument(
+        "--judge",
+        action="store_true",
+        help="with --work: judge each variant's run (and the committed anchor) against the clean run, with the model "
+        "at --out and with it measured without that variant, and exit",
+    )
+    ap.add_argument(
         "--measured",
         action="append",
         default=[],
@@ -239,6 +272,10 @@ def main(argv=None) -> int:
         return 0
     if not args.work:
         ap.error("give --work W: the variants' runs are kept there")
+    if args.judge:
+        sys.path.insert(0, str(ROOT))
+        print(judge(args.work, args.anchor, json.loads(args.out.read_text())))
+        return 0
     sys.path.insert(0, str(ROOT))
     chosen = [v for v in VARIANTS if v.name == "clean" or not args.only or v.name in args.only.split(",")]
     commit = args.commit or anchor_commit(args.anchor)

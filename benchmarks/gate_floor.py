@@ -71,8 +71,10 @@ def run_of(r: dict) -> tuple:
 
 
 def add_noise(records: list, rng, scale: float, model=None, kind: str = "cpu") -> list:
-    """Benign noise at `scale` times the model's rms of `kind`, one draw per run, rounded to each metric's
-    resolution."""
+    """Benign noise at `scale` times the model's rms of `kind`, rounded to each metric's resolution: a draw per run
+    (a data set's seed; a seed where one run serves every set) at the model's rms of a run's mean, shared by the run's
+    comparisons, and an independent draw per comparison for the rest of its own rms (where the model has no run
+    figure, the whole rms is shared: the worst case for the run-level tests)."""
     model = model or packaged()
     draws: dict = {}
     for r in records:
@@ -85,7 +87,10 @@ def add_noise(records: list, rng, scale: float, model=None, kind: str = "cpu") -
                 if e is None:
                     continue
                 step = resolution(r, split, metric, v)
-                d = scale * math.sqrt(max(e.ms, step**2)) * z  # the gate's null: at least one example
+                ms = max(e.ms, step**2)  # the gate's null: at least one example
+                run = model.run_entry(r["task"], metric, kind)
+                shared = min(run.ms, ms) if run is not None and split != "val" else ms
+                d = scale * (math.sqrt(shared) * z + math.sqrt(ms - shared) * rng.normal())
                 values[metric] = v + (round(d / step) * step if step > 1e-6 * max(1.0, abs(v)) else d)
     return records
 

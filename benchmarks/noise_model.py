@@ -182,23 +182,21 @@ def load(out: Path, v: Variant) -> list:
 
 
 def table(model: dict) -> str:
-    """The model as a markdown table: per task, split and metric, each kind's rms, changes and variant."""
+    """The model as a markdown table: per task, split and metric, each kind's rms over its changes."""
+    from transferbench.records.noise import KINDS
+
     rows = []
     for task, splits in sorted(model["tasks"].items()):
         for split, metrics in sorted(splits.items()):
             for metric, kinds in sorted(metrics.items()):
                 row = [task, split, metric]
-                for kind in ("kernels", "precision"):
+                for kind in KINDS:
                     e = kinds.get(kind)
-                    row.append(
-                        f"{e['ms'] ** 0.5:.3g} ({e['df']}, {e['variant']}"
-                        + (f", mean {e['mean']:+.3g}, worse {e['worse']:.0%})" if kind == "precision" else ")")
-                        if e
-                        else "-"
-                    )
+                    row.append(f"{e['ms'] ** 0.5:.3g} ({e['df']})" if e else "-")
+                    if kind == "precision" and e:
+                        row[-1] += f", mean {e['mean']:+.2g}"
                 rows.append(row)
-    head = ["task", "split", "metric", "kernels: rms (changes, variant)", "bf16 against fp32: rms (changes, ...)"]
-    return tabulate(rows, head, tablefmt="github", disable_numparse=True)
+    return tabulate(rows, ["task", "split", "metric", *KINDS], tablefmt="github", disable_numparse=True)
 
 
 def judge(work: Path, anchor: Path, model: dict) -> str:

@@ -152,67 +152,72 @@ def moved_comparisons(pairs: dict, paired: dict, floor: float) -> list:
     return out
 
 
-def model_comparisons(cells: list, floor: float, shared) -> list:
-    """Per (task, backbone, metric), over its cells judged against the noise model, on units that are runs (a data
-    set's seed; a seed where one run serves every data set): each run's mean change u over its comparisons (shot
-    counts, splits, swept settings), with the variance V the model allows it. The comparisons of one run share its
-    arithmetic, so V is the square of the mean of their standard deviations, the largest variance their mean can
-    have whatever their correlation. Then
-    - `pooled`: the mean of the runs' changes (the select stage's val split left out), a t on the model's degrees of
-      freedom with variance sum V / R^2: a broad shift that no single cell shows;
-    - `noise`: Q = sum u^2 / V against F(R, the model's degrees of freedom) (`records.stats.noise_test`): runs that
-      moved beyond arithmetic, both ways or with seeds that disagree;
-    - `spread`: the runs' deviations from their data set's mean over seeds, sum (u - mean)^2 / V against F(sum (n -
-      1), the model's degrees of freedom): seeds that disagree, a seed-to-seed spread multiplied or removed. Its
-      size is the root mean square deviation, against the metric's floor.
-    Each test's `low` is its worst run's change (signed, > 0 better): where none got worse by the floor, a move is
-    an improvement."""
-    runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [(change, the model's bias, sd, val split)]
-    info = defaultdict(list)
+def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
+    """Per (task, backbone, metric), over its cells judged against the noise model and their reported splits (the
+    select stage's val split left out), on units that are runs (a data set's seed; a seed where one run serves every
+    data set): each run's mean change u over its comparisons (shot counts, stages, swept settings), beyond the shift
+    the model expects, with the variance V the model allows it. Two bounds of V exist: the model's own variance of a
+    run's mean (`Model.run_entry`, measured on the variants' runs, floored at the run's resolution), and the square
+    of the mean of its comparisons' standard deviations (the largest variance their mean can have, whatever their
+    correlation), each on its own degrees of freedom; the test takes the one whose critical change is smaller, which
+    the model and the night's design decide, never tonight's values. Then
+    - `pooled`: the mean of the runs' changes, a t with variance sum V / R^2: a broad shift no single cell shows;
+    - `noise`: Q = sum u^2 / V against F(R, df) (`records.stats.noise_test`): runs that moved beyond arithmetic, both
+      ways or with seeds that disagree;
+    - `spread`: the runs' deviations from their data set's 1/V-weighted mean over seeds, sum (u - mean)^2 / V against
+      F(sum (n - 1), df): seeds that disagree, a seed-to-seed spread multiplied or removed. Its size is the root mean
+      square deviation, against the metric's floor.
+    Each test's `low` is its worst run's change (signed, > 0 better): where none got worse by the floor, a move is an
+    improvement."""
+    from scipy.special import stdtrit
+
+    runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [cell comparison, seed]
     for x in cells:
-        if x.kind != Kind.CELL or x.null != "arithmetic" or x.variance is None:
+        if x.kind != Kind.CELL or x.null != "arithmetic" or x.variance is None or x.split == "val":
             continue
-        at = (x.task, x.backbone, x.metric)
-        info[at].append(x)
-        for s, d in x.diffs.items():
-            unit = (s,) if shared(x.task) else (x.dataset, s)
-            runs[at][unit].append((d, x.bias, math.sqrt(x.variance), x.split == "val"))
+        for s in x.diffs:
+            runs[(x.task, x.backbone, x.metric)][(s,) if shared(x.task) else (x.dataset, s)].append((x, s))
     out = []
     for at, units in sorted(runs.items()):
         task, backbone, metric = at
-        xs = info[at]
-        df = min(min(x.model_df for x in xs), MAX_DF)
-        shown = [x for x in xs if x.split != "val"] or xs
-        level = float(np.mean([x.baseline for x in shown]))
+        xs = [x for v in units.values() for x, _ in v]
+        level = float(np.mean([x.baseline for x in xs]))
         at_floor = floor_of(task, metric, level, floor)
-        mean_of = lambda v, i: float(np.mean([c[i] for c in v]))  # noqa: E731
-        raw = {k: mean_of(v, 0) for k, v in units.items()}
-        u = {k: mean_of(v, 0) - mean_of(v, 1) for k, v in units.items()}  # beyond the shift the model expects
-        var = {k: mean_of(v, 2) ** 2 for k, v in units.items()}
+        raw = {k: float(np.mean([x.diffs[s] for x, s in v])) for k, v in units.items()}
+        u = {k: raw[k] - float(np.mean([x.bias for x, _ in v])) for k, v in units.items()}
+        bound = {k: float(np.mean([math.sqrt(x.variance) for x, _ in v])) ** 2 for k, v in units.items()}
+        bound_df = min(min(x.model_df for x in xs), MAX_DF)
+        var, df = bound, bound_df
+        kinds = frozenset().union(*(x.kinds for x in xs))
+        entry = model.run_entry(task, metric, kinds) if model is not None else None
+        if entry is not None and entry.df > 1:
+            measured = {
+                k: NOISE_TOLERANCE**2 * max(entry.ms, float(np.mean([x.resolution for x, _ in v])) ** 2 / len(v))
+                for k, v in units.items()
+            }
+            crit = lambda v, d: math.sqrt(float(np.mean(list(v.values())))) * stdtrit(min(d, MAX_DF), 1 - 1e-5)  # noqa: E731
+            if crit(measured, entry.df) < crit(bound, bound_df):
+                var, df = measured, min(entry.df, MAX_DF)
         model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
         signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
-        reported = {k: [c for c in v if not c[3]] for k, v in units.items()}
-        reported = {k: v for k, v in reported.items() if v}
-        if reported:
-            change = float(np.mean([mean_of(v, 0) for v in reported.values()]))
-            bias = float(np.mean([mean_of(v, 1) for v in reported.values()]))
-            se = math.sqrt(sum(mean_of(v, 2) ** 2 for v in reported.values())) / len(reported)
-            est = t_estimate(change - bias, se, df, len(reported))
-            out.append(
-                broad(
-                    Kind.POOLED,
-                    *at,
-                    baseline=level,
-                    current=level + xs[0].sign * change,  # in the metric's own units
-                    change=change,
-                    n=len(reported),
-                    p=est.p,
-                    floor=POOLED_FLOOR * at_floor,
-                    low=est.low + bias,
-                    high=est.high + bias,
-                    null="arithmetic",
-                )
+        change = float(np.mean(list(raw.values())))
+        est = t_estimate(float(np.mean(list(u.values()))), math.sqrt(sum(var.values())) / len(u), df, len(u))
+        shift = change - est.mean
+        out.append(
+            broad(
+                Kind.POOLED,
+                *at,
+                baseline=level,
+                current=level + xs[0].sign * change,  # in the metric's own units
+                change=change,
+                n=len(u),
+                p=est.p,
+                floor=POOLED_FLOOR * at_floor,
+                low=est.low + shift,
+                high=est.high + shift,
+                null="arithmetic",
             )
+        )
         tests = []  # (kind, size, units or degrees of freedom, p)
         if len(u) > 1:
             rms, p = noise_test(list(u.values()), [var[k] for k in u], df)

@@ -108,6 +108,8 @@ class Comparison:
     bias: float = 0.0  # ... the model's mean change for its kind (bf16 against fp32 moves numbers one way)
     worse_share: float = 0.5  # ... the share of the model's moved changes that got worse
     reach: float = 0.0  # the smallest p the test can reach (a discrete test's; 0 for a continuous one)
+    kinds: frozenset = frozenset()  # a cell: the kinds of difference between its two sides' arithmetic
+    resolution: float = 0.0  # a cell: the smallest step its metric takes
     accepted: bool = False  # its cells' code changed as the ledger or --accept-code accepts (a meant change)
 
     @property
@@ -232,8 +234,9 @@ def cell_comparisons(
             c.low, c.high = d.low, d.high
         else:
             entry = model.entry(group.task, group.split, group.metric, kind) if model is not None else None
+            c.kinds = kind
             if entry is not None:
-                res = resolution(first, group.split, group.metric, level)
+                res = c.resolution = resolution(first, group.split, group.metric, level)
                 c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
                 c.model_df = max(int(entry.df), 1)
                 c.bias = entry.mean if bf16 else 0.0

@@ -152,7 +152,7 @@ def gate(
     seeds_only = {g: v for g, v in paired.items() if g in by_seeds}
     comparisons = list(cells)
     comparisons += shift_comparisons(cells, floor, shared)
-    comparisons += model_comparisons(cells, floor, shared)
+    comparisons += model_comparisons(cells, floor, shared, model)
     comparisons += suite_comparisons(found.pairs, seeds_only, floor, shared)
     comparisons += moved_comparisons(found.pairs, seeds_only, floor)
     meant = {(x.task, x.backbone) for x in cells if x.accepted}

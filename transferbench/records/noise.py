@@ -67,6 +67,7 @@ class Noise:
 @dataclass
 class Model:
     tasks: dict = field(default_factory=dict)  # task -> split -> metric -> kind -> Noise
+    runs: dict = field(default_factory=dict)  # task -> metric -> kind -> Noise of a run's mean change (reported splits)
     code: dict = field(default_factory=dict)  # task -> digest of the modules the model's runs were computed by
     about: dict = field(default_factory=dict)  # made_by, date, commit, suite, variants, machine
     path: str = ""
@@ -76,11 +77,12 @@ class Model:
         is unrecorded, or no kind names it), nothing (the machines agree) or a kind never measured for this metric
         (the committed anchor's CPU ran few-shot in bf16, so its `cpu` kind is unmeasured there) takes the largest
         kind the model holds for the metric: the conservative null. None where it holds none (untested)."""
-        kinds = self.tasks.get(task, {}).get(split, {}).get(metric, {})
-        wanted = {kind} if isinstance(kind, str) else set(kind)
-        if not wanted or UNKNOWN in wanted or not wanted <= set(kinds):
-            wanted = set(kinds)
-        return max((kinds[k] for k in wanted), key=lambda e: e.ms, default=None)
+        return _largest(self.tasks.get(task, {}).get(split, {}).get(metric, {}), kind)
+
+    def run_entry(self, task: str, metric: str, kind) -> Noise | None:
+        """The noise of a run's mean change over its comparisons of the reported splits (a data set's seed; a seed
+        where one run serves every set), as `entry` takes kinds; None where the model holds none."""
+        return _largest(self.runs.get(task, {}).get(metric, {}), kind)
 
     def check(self, baseline: list[dict], tasks: set) -> None:
         """Refuse the model, in one line naming the command that re-measures it, where the baseline's records of a
@@ -97,18 +99,16 @@ class Model:
 
     @classmethod
     def of(cls, doc: dict, path: str = "") -> Model:
+        def kinds(d: dict) -> dict:
+            return {k: e if isinstance(e, Noise) else Noise(**e) for k, e in d.items()}
+
         tasks = {
-            task: {
-                split: {
-                    m: {k: e if isinstance(e, Noise) else Noise(**e) for k, e in kinds.items()}
-                    for m, kinds in metrics.items()
-                }
-                for split, metrics in splits.items()
-            }
+            task: {split: {m: kinds(k) for m, k in metrics.items()} for split, metrics in splits.items()}
             for task, splits in (doc.get("tasks") or {}).items()
         }
+        runs = {task: {m: kinds(k) for m, k in metrics.items()} for task, metrics in (doc.get("runs") or {}).items()}
         about = {k: doc.get(k) for k in ("made_by", "date", "commit", "suite", "variants", "machine")}
-        return cls(tasks, dict(doc.get("code") or {}), about, path)
+        return cls(tasks, runs, dict(doc.get("code") or {}), about, path)
 
 
 def load(path: Path | None = None) -> Model:
@@ -124,6 +124,13 @@ def load(path: Path | None = None) -> Model:
         raise UserError(
             f"the noise model {where or MODEL_FILE} is unreadable ({e}); re-measure it: {MEASURE}"
         ) from None
+
+
+def _largest(kinds: dict, kind) -> Noise | None:
+    wanted = {kind} if isinstance(kind, str) else set(kind)
+    if not wanted or UNKNOWN in wanted or not wanted <= set(kinds):
+        wanted = set(kinds)
+    return max((kinds[k] for k in wanted), key=lambda e: e.ms, default=None)
 
 
 @cache
@@ -214,10 +221,18 @@ def kinds_of(rb: dict, rc: dict) -> frozenset:
     return frozenset(out)
 
 
-def changes(baseline: list[dict], current: list[dict], kind: str = CPU) -> dict:
+def run_of(task: str, backbone: str, dataset: str, seed: int) -> tuple:
+    """A run: a data set's seed of one backbone; a seed where one run serves every data set (LiT, ImageNet-C)."""
+    from ..spec import seeds_shared
+
+    return (backbone, seed) if seeds_shared(task) else (backbone, dataset, seed)
+
+
+def changes(baseline: list[dict], current: list[dict], kind: str = CPU, runs: dict | None = None) -> dict:
     """{(task, split, metric, kind): [each (cell, seed)'s signed change, > 0 better]} between two sides that ran
     the same code on the same weights and data in other arithmetic (every matched cell, none judged exactly): `kind`
-    where both ran a step in one precision (the variant's kind of difference), `precision` where not."""
+    where both ran a step in one precision (the variant's kind of difference), `precision` where not. `runs`, where
+    given, gathers {(task, metric, kind): {run: [changes of its reported splits]}}."""
     from .match import Exact, axes, direction, index, match
     from .record import value
 
@@ -236,7 +251,11 @@ def changes(baseline: list[dict], current: list[dict], kind: str = CPU) -> dict:
             how = kind_of(rb, rc)
             if how != UNKNOWN:
                 key = (group.task, group.split, group.metric, PRECISION if how == PRECISION else kind)
-                out[key].append(direction(rb, group.metric) * (vc - vb))
+                d = direction(rb, group.metric) * (vc - vb)
+                out[key].append(d)
+                if runs is not None and group.split != "val":
+                    run = run_of(group.task, group.backbone, group.dataset, int(rb["seed"]))
+                    runs.setdefault((group.task, group.metric, key[3]), {}).setdefault(run, []).append(d)
     return dict(out)
 
 
@@ -256,10 +275,17 @@ def measure(clean: list[dict], sides: list, *, suite: str, commit: str) -> dict:
     """The model from `sides`: (name, what, kind of difference, records paired with `clean` or a (baseline,
     current) pair of their own). Per (task, split, metric, kind), the variant with the largest mean square wins."""
     tasks: dict = {}
+    run_model: dict = {}
     variants = []
     for name, what, kind, records in sides:
         base, cur = records if isinstance(records, tuple) else (clean, records)
-        found = changes(base, cur, kind)
+        runs: dict = {}
+        found = changes(base, cur, kind, runs)
+        for (task, metric, k), per in runs.items():
+            s = {**summary([float(np.mean(d)) for d in per.values()]), "variant": name}
+            slot = run_model.setdefault(task, {}).setdefault(metric, {})
+            if k not in slot or s["ms"] > slot[k]["ms"]:
+                slot[k] = s
         variants.append({"name": name, "what": what, "kind": kind, "changes": sum(len(v) for v in found.values())})
         for (task, split, metric, kind), d in found.items():
             s = {**summary(d), "variant": name}
@@ -267,4 +293,4 @@ def measure(clean: list[dict], sides: list, *, suite: str, commit: str) -> dict:
             if kind not in slot or s["ms"] > slot[kind]["ms"]:
                 slot[kind] = s
     code = code_digests(clean)
-    return {"suite": suite, "commit": commit, "code": code, "variants": variants, "tasks": tasks}
+    return {"suite": suite, "commit": commit, "code": code, "variants": variants, "tasks": tasks, "runs": run_model}

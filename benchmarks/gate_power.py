@@ -441,7 +441,8 @@ def across(work: Path, anchor: Path, jobs: int, reuse: bool) -> list:
             cmd = [sys.executable, "-m", "transferbench.cli", "run", task, "--suite", "nightly", "--seeds", "0"]
             cmd += ["--out", str(out / "runs"), "--jobs", str(jobs), "--no-progress"]
             env = {**os.environ, "TRANSFERBENCH_HOME": str(home), "PYTHONPATH": str(pkg)}
-            done = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True)
+            # not in the worktree: `python -m` puts the working folder first on the path, ahead of the faulted copy
+            done = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True)
             if done.returncode not in (0, 1):
                 raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
             (out / "done").write_text("ok\n")

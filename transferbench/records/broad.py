@@ -169,8 +169,6 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
       square deviation, against the metric's floor.
     Each test's `low` is its worst run's change (signed, > 0 better): where none got worse by the floor, a move is an
     improvement."""
-    from scipy.special import stdtrit
-
     runs = defaultdict(lambda: defaultdict(list))  # at -> unit -> [cell comparison, seed]
     for x in cells:
         if x.kind != Kind.CELL or x.null != "arithmetic" or x.variance is None or x.split == "val":
@@ -185,19 +183,11 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
         at_floor = floor_of(task, metric, level, floor)
         raw = {k: float(np.mean([x.diffs[s] for x, s in v])) for k, v in units.items()}
         u = {k: raw[k] - float(np.mean([x.bias for x, _ in v])) for k, v in units.items()}
-        bound = {k: float(np.mean([math.sqrt(x.variance) for x, _ in v])) ** 2 for k, v in units.items()}
-        bound_df = min(min(x.model_df for x in xs), MAX_DF)
-        var, df = bound, bound_df
-        kinds = frozenset().union(*(x.kinds for x in xs))
-        entry = model.run_entry(task, metric, kinds) if model is not None else None
-        if entry is not None and entry.df > 1:
-            measured = {
-                k: NOISE_TOLERANCE**2 * max(entry.ms, float(np.mean([x.resolution for x, _ in v])) ** 2 / len(v))
-                for k, v in units.items()
-            }
-            crit = lambda v, d: math.sqrt(float(np.mean(list(v.values())))) * stdtrit(min(d, MAX_DF), 1 - 1e-5)  # noqa: E731
-            if crit(measured, entry.df) < crit(bound, bound_df):
-                var, df = measured, min(entry.df, MAX_DF)
+        var, df = _run_variances(
+            units,
+            xs,
+            model.run_entry(task, metric, frozenset().union(*(x.kinds for x in xs))) if model is not None else None,
+        )
         model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
         signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
         change = float(np.mean(list(raw.values())))
@@ -218,22 +208,7 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
                 null="arithmetic",
             )
         )
-        tests = []  # (kind, size, units or degrees of freedom, p)
-        if len(u) > 1:
-            rms, p = noise_test(list(u.values()), [var[k] for k in u], df)
-            tests.append((Kind.NOISE, rms, len(u), p))
-        by_set = defaultdict(list)  # a data set's runs (its seeds); one group where one run serves every set
-        for k in u:
-            by_set[k[:-1]].append(k)
-        q = ss = dof = 0.0
-        for keys in by_set.values():  # deviations from the set's 1/V-weighted mean: chi-square on n - 1
-            w = np.array([1 / var[k] for k in keys])
-            m = float(np.dot(w, [u[k] for k in keys]) / w.sum())
-            q += sum((u[k] - m) ** 2 / var[k] for k in keys)
-            ss += sum((u[k] - m) ** 2 for k in keys)
-            dof += len(keys) - 1
-        if dof:
-            tests.append((Kind.SPREAD, math.sqrt(ss / dof), int(dof), float(_f_sf(q / dof, dof, df))))
+        tests = _scatter_tests(u, var, df)
         for kind, size, n, p in tests:
             out.append(
                 broad(
@@ -250,6 +225,52 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
                 )
             )
     return out
+
+
+def _scatter_tests(u: dict, var: dict, df: float) -> list:
+    """(kind, size, units or degrees of freedom, p) of the noise test (Q = sum u^2 / V over the runs) and the spread
+    test (each data set's runs around their 1/V-weighted mean over seeds, chi-square on n - 1 each)."""
+    tests = []
+    if len(u) > 1:
+        rms, p = noise_test(list(u.values()), [var[k] for k in u], df)
+        tests.append((Kind.NOISE, rms, len(u), p))
+    by_set = defaultdict(list)  # a data set's runs (its seeds); one group where one run serves every set
+    for k in u:
+        by_set[k[:-1]].append(k)
+    q = ss = dof = 0.0
+    for keys in by_set.values():
+        w = np.array([1 / var[k] for k in keys])
+        m = float(np.dot(w, [u[k] for k in keys]) / w.sum())
+        q += sum((u[k] - m) ** 2 / var[k] for k in keys)
+        ss += sum((u[k] - m) ** 2 for k in keys)
+        dof += len(keys) - 1
+    if dof:
+        tests.append((Kind.SPREAD, math.sqrt(ss / dof), int(dof), float(_f_sf(q / dof, dof, df))))
+    return tests
+
+
+def _run_variances(units: dict, xs: list, entry) -> tuple[dict, float]:
+    """({run: the variance its mean change is allowed}, degrees of freedom): the model's variance of a run's mean
+    (`entry`, floored at the run's resolution) or the correlation-free bound (the square of the mean of its
+    comparisons' standard deviations), whichever has the smaller critical change at p = 1e-5: a choice that the
+    model and the night's design make, never tonight's values."""
+    from scipy.special import stdtrit
+
+    bound = {k: float(np.mean([math.sqrt(x.variance) for x, _ in v])) ** 2 for k, v in units.items()}
+    bound_df = min(min(x.model_df for x in xs), MAX_DF)
+    if entry is None or entry.df <= 1:
+        return bound, bound_df
+    measured = {
+        k: NOISE_TOLERANCE**2 * max(entry.ms, float(np.mean([x.resolution for x, _ in v])) ** 2 / len(v))
+        for k, v in units.items()
+    }
+
+    def critical(v: dict, df: float) -> float:
+        return math.sqrt(float(np.mean(list(v.values())))) * float(stdtrit(min(df, MAX_DF), 1 - 1e-5))
+
+    if critical(measured, entry.df) < critical(bound, bound_df):
+        return measured, min(entry.df, MAX_DF)
+    return bound, bound_df
 
 
 def _f_sf(x: float, d1: float, d2: float) -> float:

@@ -181,7 +181,7 @@ def cell_comparisons(
     where both sides logged them. A group the model does not cover is untested (p None), and fails the night unless
     allowed. Returns the comparisons and, per group, seed -> (baseline value, current value) where both sides have
     a finite one; a value that is not finite (or `null`) is appended to `nonfinite` and fails the night."""
-    from .noise import PRECISION, judged, kinds_of, resolution
+    from .noise import PRECISION, judged, kinds_of
 
     paired, comparisons = {}, []
     for group, seeds in sorted(pairs.items()):
@@ -223,30 +223,44 @@ def cell_comparisons(
             null="seeds" if by_seeds else "arithmetic",
             diffs=diffs,
             accepted=accepted,
+            kinds=kind,
         )
         if by_seeds:
-            d = paired_difference(
-                {s: sign * v[1] for s, v in vals.items()},
-                {s: sign * v[0] for s, v in vals.items()},
-                min_sd=quantum(first, group.split, group.metric),
-            )
-            c.p = d.p if d.p is not None else _examples_p(*seeds[next(iter(vals))], group.split)
-            c.low, c.high = d.low, d.high
-        else:
-            entry = model.entry(group.task, group.split, group.metric, kind) if model is not None else None
-            c.kinds = kind
-            if entry is not None:
-                res = c.resolution = resolution(first, group.split, group.metric, level)
-                c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
-                c.model_df = max(int(entry.df), 1)
-                c.bias = entry.mean if bf16 else 0.0
-                c.worse_share = entry.shrunk_worse if bf16 else 0.5
-                # against the shift the model expects (bf16 against fp32 moves numbers one way): p tests the change
-                # beyond it, and the interval of the change excludes it exactly where p < 0.05
-                est = t_estimate(c.change - c.bias, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)
-                c.p, c.low, c.high = est.p, est.low + c.bias, est.high + c.bias
+            _against_seeds(c, vals, seeds, first, group)
+        elif model is not None:
+            _against_model(c, model.entry(group.task, group.split, group.metric, kind), first, group, level)
         comparisons.append(c)
     return comparisons, paired
+
+
+def _against_seeds(c: Comparison, vals: dict, seeds: dict, first: dict, group) -> None:
+    """A cell's test where the change is the question: the paired t over its seeds (the spread floored at one
+    example); one seed, McNemar's test on the logged examples."""
+    d = paired_difference(
+        {s: c.sign * v[1] for s, v in vals.items()},
+        {s: c.sign * v[0] for s, v in vals.items()},
+        min_sd=quantum(first, group.split, group.metric),
+    )
+    c.p = d.p if d.p is not None else _examples_p(*seeds[next(iter(vals))], group.split)
+    c.low, c.high = d.low, d.high
+
+
+def _against_model(c: Comparison, entry, first: dict, group, level: float) -> None:
+    """A cell's test across arithmetic: its mean change beyond the shift the model expects (bf16 against fp32 moves
+    numbers one way), against NOISE_TOLERANCE^2 times the model's variance floored at the metric's resolution, a t
+    on the model's degrees of freedom; the interval of the change excludes the expected shift exactly where p <
+    0.05. No entry: untested (p None)."""
+    if entry is None:
+        return
+    from .noise import resolution
+
+    res = c.resolution = resolution(first, group.split, group.metric, level)
+    c.variance = NOISE_TOLERANCE**2 * max(entry.ms, res**2)
+    c.model_df = max(int(entry.df), 1)
+    c.bias = entry.mean if c.precision_changed else 0.0
+    c.worse_share = entry.shrunk_worse if c.precision_changed else 0.5
+    est = t_estimate(c.change - c.bias, math.sqrt(c.variance / c.n), min(c.model_df, MAX_DF), c.n)
+    c.p, c.low, c.high = est.p, est.low + c.bias, est.high + c.bias
 
 
 def _in(group, seed: int, keys) -> bool:

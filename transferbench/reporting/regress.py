@@ -400,19 +400,9 @@ def _failed_section(failed) -> list[str]:
     return lines
 
 
-def _missing_sections(g: Gate) -> list[str]:
-    """Cells only one side holds (the first 50 of each), tasks and backbones absent, metrics vanished, and records
-    kept from other code."""
+def _dropped_sections(g: Gate) -> list[str]:
+    """The baseline's failed cells and the comparisons no test could judge: each fails the night, listed."""
     lines: list[str] = []
-    if g.absent:
-        lines += [
-            "## Absent from current",
-            "",
-            "Every cell of these tasks and backbones of the baseline is missing "
-            "(name one with `--allow-missing TASK[:BACKBONE]` to pass without it):",
-            "",
-        ]
-        lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
     if g.baseline_failed:
         lines += [
             "## Failed in the baseline",
@@ -439,6 +429,23 @@ def _missing_sections(g: Gate) -> list[str]:
                 for x in untested
             ]
         )
+    return lines
+
+
+def _missing_sections(g: Gate) -> list[str]:
+    """Cells only one side holds (the first 50 of each), tasks and backbones absent, metrics vanished, and records
+    kept from other code."""
+    lines: list[str] = []
+    if g.absent:
+        lines += [
+            "## Absent from current",
+            "",
+            "Every cell of these tasks and backbones of the baseline is missing "
+            "(name one with `--allow-missing TASK[:BACKBONE]` to pass without it):",
+            "",
+        ]
+        lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
+    lines += _dropped_sections(g)
     if g.nonfinite:
         lines += [
             "## Non-finite values",

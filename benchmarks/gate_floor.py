@@ -39,9 +39,8 @@ import numpy as np
 from transferbench.records import comparisons
 from transferbench.records.gate import decide
 from transferbench.records.metrics import EITHER, LOWER, declared
-from transferbench.records.noise import judged, packaged, resolution
+from transferbench.records.noise import judged, packaged, resolution, run_of
 from transferbench.records.store import load_records
-from transferbench.spec import seeds_shared
 
 NIGHTLY = Path(__file__).parent.parent / "results" / "nightly"
 SIZES = (0.5, 1.0, 2.0, 4.0)
@@ -66,10 +65,6 @@ def other_machine(records: list, kind: str = "cpu") -> list:
     return out
 
 
-def run_of(r: dict) -> tuple:
-    return (r["task"], r["backbone"], r["seed"]) + (() if seeds_shared(r["task"]) else (r["dataset"],))
-
-
 def add_noise(records: list, rng, scale: float, model=None, kind: str = "cpu") -> list:
     """Benign noise at `scale` times the model's rms of `kind`, rounded to each metric's resolution: a draw per run
     (a data set's seed; a seed where one run serves every set) at the model's rms of a run's mean, shared by the run's
@@ -78,7 +73,7 @@ def add_noise(records: list, rng, scale: float, model=None, kind: str = "cpu") -
     model = model or packaged()
     draws: dict = {}
     for r in records:
-        z = draws.setdefault(run_of(r), rng.normal())
+        z = draws.setdefault((r["task"], *run_of(r["task"], r["backbone"], r["dataset"], r["seed"])), rng.normal())
         for split, values in r["metrics"].items():
             for metric, v in values.items():
                 if v is None or not judged(r["task"], r["dataset"], metric):

@@ -540,14 +540,11 @@ def _model():
     return dataclasses.replace(packaged(), code={})
 
 
-def judge(
-    v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=(), noise=None, note=""
-) -> list:
-    """One row of the table: the gate's verdict on a variant's records against the clean run's (`noise`: another
-    noise model than the package's)."""
+def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=()) -> list:
+    """One row of the table: the gate's verdict on a variant's records against the clean run's."""
     from transferbench.records.gate import gate
 
-    g = gate(baseline, current, accept_code=accept_code, noise=noise or _model())
+    g = gate(baseline, current, accept_code=accept_code, noise=_model())
     failed = [r for r in current if r["status"] == "failed"]
     t = g.exact
     fails = bool(g.regressed or g.unaccepted or g.missing or g.diverged or failed or errored or g.vanished)
@@ -561,7 +558,6 @@ def judge(
     exact += f", {len(t.irreproducible)} irreproducible" if t.irreproducible else ""
     exact += " (accepted)" if t.changed and not t.failing else ""
     kind = v.kind if not accept_code else f"{v.kind}, --accept-code {','.join(accept_code)}"
-    kind += note
     verdict = ("caught" if caught else "missed") if v.kind == "fault" else ("flagged" if fails else "quiet")
     return [
         v.name,

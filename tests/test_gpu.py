@@ -51,8 +51,9 @@ def test_bf16_auto_on_cuda_follows_the_device_and_runs_no_probe():
         raise AssertionError("CUDA needs no timing probe")
 
     choice = precision._resolve("auto", "cuda", {"mode": "train"}, no_probe, None)
-    assert choice.bf16 is torch.cuda.is_bf16_supported()
-    assert choice.info["decided_by"] == "cuda bf16 support"
+    major, minor = torch.cuda.get_device_capability()
+    assert choice.bf16 is ((major, minor) >= (8, 0))
+    assert choice.info["decided_by"].endswith(f"cuda bf16 units (compute capability {major}.{minor})")
 
 
 def _slot(fraction: float, results) -> None:
@@ -105,25 +106,50 @@ def _run(m, x, g):
     return [out.detach().double().cpu(), x.grad.double().cpu()] + [p.grad.double().cpu() for p in m.parameters()]
 
 
+def _errors(m, x, g, path, kernels):
+    """Relative errors of the CUDA layer (KERNELS = `kernels`) against the CPU's layer in float64, by output name."""
+    from transferbench.backbones import dtn
+
+    ref = _run(copy.deepcopy(m).double(), x.double(), g.double())
+    gpu = copy.deepcopy(m).cuda()
+    if path == "float64":
+        gpu = gpu.double()
+        x, g = x.double(), g.double()
+    if path == "compiled":
+        gpu = torch.compile(gpu, fullgraph=True)
+    old, dtn.KERNELS = dtn.KERNELS, kernels
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=path == "eager bf16 autocast"):
+            ours = _run(gpu, x.cuda(), g.cuda())
+    finally:
+        dtn.KERNELS = old
+    names = ["output", "x"] + [n for n, _ in m.named_parameters()]
+    return {n: float((a - b).norm() / b.norm().clamp_min(1e-12)) for n, a, b in zip(names, ours, ref)}
+
+
 @cuda
-@pytest.mark.parametrize("path", ["eager fp32", "eager bf16 autocast", "compiled"])
+@pytest.mark.parametrize("path", ["eager fp32", "eager bf16 autocast", "compiled", "float64"])
 def test_dtn_on_cuda_matches_the_cpu_in_float64(path):
-    # the GPU's kernels' gradients (Gram product: TF32 under autocast) and the compiled layer (inductor's fused
-    # kernels around dtn_kron) against the CPU's hand-written layer in float64: fp32 to 1e-4 relative; under
-    # autocast the statistics stay fp32 and only the kernels' gradient runs in TF32 (1e-2)
+    # the default path on CUDA (the fused Triton kernels, eager and compiled) and the torch formulation (KERNELS "off":
+    # Gram product, TF32 under autocast; compiled, inductor's kernels around dtn_kron) against the CPU's hand-written
+    # layer in float64. The fused kernels in fp32: the output and dense gradients to 1e-6 relative, the mixing and
+    # position logits' gradients (sums whose terms cancel) no worse than 4x the torch formulation's own error or 1e-6;
+    # in float64 to 1e-8. Under autocast the statistics stay fp32-accurate (three-pass TF32) and dL/dP runs in TF32.
     m = _dtn()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 35, 96, generator=gen) * 2 + 0.5
     g = torch.randn(4, 35, 96, generator=gen)
-    bf16 = path == "eager bf16 autocast"
-    ref = _run(copy.deepcopy(m).double(), x.double(), g.double())
-    gpu = copy.deepcopy(m).cuda()
-    if path == "compiled":
-        gpu = torch.compile(gpu, fullgraph=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-        ours = _run(gpu, x.cuda(), g.cuda())
-    names = ["output", "x"] + [n for n, _ in m.named_parameters()]
-    for name, a, b in zip(names, ours, ref):
-        tol = 1e-2 if bf16 and name == "pos_weight" else 1e-4
-        err = (a - b).norm() / b.norm().clamp_min(1e-12)
-        assert err < tol, (path, name, float(err))
+    fused, plain = _errors(m, x, g, path, "auto"), _errors(m, x, g, path, "off")
+    for name, err in fused.items():
+        if path == "float64":
+            tol = 1e-8
+        elif path == "eager bf16 autocast":
+            tol = 1e-2 if name == "pos_weight" else 1e-4
+        elif name in ("mix_mean", "mix_var", "pos_weight"):
+            tol = max(1e-6, 4 * plain[name])
+        else:
+            tol = 1e-6
+        assert err < tol, (path, name, err)
+    for name, err in plain.items():  # the torch formulation keeps its own promise too
+        tol = 1e-2 if path == "eager bf16 autocast" and name == "pos_weight" else 1e-4
+        assert err < tol, (path, "torch formulation", name, err)

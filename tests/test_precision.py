@@ -148,3 +148,26 @@ def test_fit_resolves_auto_on_the_first_batch_and_trains_the_same(bf16_cpu, monk
     assert "bf16_choice" not in plain_out
     for (k, a), b in zip(auto_model.state_dict().items(), plain_model.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize(
+    "card, capability, native",
+    [("Tesla V100", (7, 0), False), ("Tesla T4", (7, 5), False), ("A100", (8, 0), True), ("H200", (9, 0), True)],
+)
+def test_bf16_auto_on_cuda_takes_bf16_only_on_cards_that_compute_it(monkeypatch, card, capability, native):
+    # torch 2.x's is_bf16_supported() says yes on a V100 or T4 too (emulated bf16, slower than fp32 there): auto goes by
+    # the compute capability, bf16 from 8.0 (Ampere) on, and names the card's capability; no timing probe on CUDA
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    def no_probe():
+        raise AssertionError(f"{card}: CUDA needs no timing probe")
+
+    choice = precision._resolve("auto", "cuda", {"mode": "train"}, no_probe, None)
+    assert choice.bf16 is native
+    cc = f"compute capability {capability[0]}.{capability[1]}"
+    assert choice.info["decided_by"] == (
+        f"cuda bf16 units ({cc})" if native else f"no cuda bf16 units ({cc}: emulated bf16 is slower)"
+    )
+    assert precision._resolve("on", "cuda", {"mode": "train"}, no_probe, None).bf16  # asked for, it is given

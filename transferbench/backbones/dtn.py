@@ -37,6 +37,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from . import dtn_kernels
+
 
 def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
     """R (T, T, 3) with R[t, s] = [dx^2 + dy^2, dx, dy], tokens in row-major (h w) order."""
@@ -142,6 +144,8 @@ class DynamicTokenNorm(nn.Module):
                 self.eps,
                 tf32,
             )
+            if fused_on(x):
+                return dtn_fused_layer(*args)
             if torch.compiler.is_compiling():
                 return dtn_plain(*args)
             return _DTN.apply(*args)
@@ -373,6 +377,105 @@ def dtn_plain(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False)
     var = lam_sig.view(heads) * sig_ln + (1 - lam_sig.view(heads)) * (m2 - m1 * m1).clamp_min(0)
     y = (xh - mu) * torch.rsqrt(var + eps)
     return _token_major(y) * weight + bias
+
+
+# The GPU's path: Triton kernels (`dtn_kernels`) that keep a head's tile of tokens on chip, one custom operator
+# forward and one backward, which torch.compile keeps whole. "auto": on CUDA tensors where Triton imports; "off": the
+# torch formulation everywhere (benchmarks/dtn_layer.py times both). The CPU never takes it: its records stay those of
+# `_DTN` and `dtn_plain`.
+KERNELS = "auto"
+
+
+def fused_on(x: torch.Tensor) -> bool:
+    """Whether the layer runs the fused kernels for x: CUDA tensors with Triton importable, unless KERNELS is "off".
+    A CUDA machine without Triton is refused in one line, never silently slower."""
+    if KERNELS == "off" or x.device.type != "cuda":
+        return False
+    if not dtn_kernels.available():
+        raise RuntimeError(
+            "DTN on CUDA needs Triton (it ships with torch's CUDA wheels): pip install triton, or set "
+            "transferbench.backbones.dtn.KERNELS = 'off' for the slower torch formulation"
+        )
+    return True
+
+
+def _full_kernel(p_rows: torch.Tensor, p_cols: torch.Tensor) -> torch.Tensor:
+    """P^h = kron(P_rows^h, P_cols^h) as dense (H, T, T): the kernels' operand; autograd takes dL/dP to the factors."""
+    H, gh, gw = p_rows.shape[0], p_rows.shape[1], p_cols.shape[1]
+    return (p_rows[:, :, None, :, None] * p_cols[:, None, :, None, :]).reshape(H, gh * gw, gh * gw)
+
+
+def dtn_fused_layer(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False):
+    """Eq. 4-7 through the fused kernels (`dtn_fused`): the same function as `_DTN` up to floating-point rounding
+    (tested under Triton's interpreter against the float64 equations). Outside autocast (`tf32` False) every product
+    is IEEE fp32; under it the statistics take three-pass TF32 and dL/dP one-pass TF32."""
+    P = _full_kernel(p_rows, p_cols)
+    lam = torch.stack([lam_mu, lam_sig], dim=-1)
+    y, _ = dtn_fused(x, P, lam, weight, bias, float(eps), not tf32)
+    return y
+
+
+@torch.library.custom_op("transferbench::dtn_fused", mutates_args=())
+def dtn_fused(
+    x: torch.Tensor,
+    P: torch.Tensor,
+    lam: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    precise: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, LayerNorm statistics (B, T, 2)) of eq. 4-7 from the fused forward kernel."""
+    args = (t.contiguous() for t in (x, P, lam, weight, bias))
+    return dtn_kernels.forward(*args, eps, precise)
+
+
+@dtn_fused.register_fake
+def _(x, P, lam, weight, bias, eps, precise):
+    return x.new_empty(x.shape), x.new_empty(*x.shape[:2], 2)
+
+
+@torch.library.custom_op("transferbench::dtn_fused_backward", mutates_args=())
+def dtn_fused_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    P: torch.Tensor,
+    lam: torch.Tensor,
+    weight: torch.Tensor,
+    stats: torch.Tensor,
+    eps: float,
+    precise: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dx, dL/dP, dL/dlam, dL/dweight, dL/dbias) from the three fused backward kernels."""
+    args = (t.contiguous() for t in (grad, x, P, lam, weight, stats))
+    return dtn_kernels.backward(*args, eps, precise)
+
+
+@dtn_fused_backward.register_fake
+def _(grad, x, P, lam, weight, stats, eps, precise):
+    return (
+        x.new_empty(x.shape),
+        P.new_empty(P.shape),
+        lam.new_empty(lam.shape),
+        weight.new_empty(weight.shape),
+        (weight.new_empty(weight.shape)),
+    )
+
+
+def _fused_setup(ctx, inputs, output):
+    x, P, lam, weight, bias, eps, precise = inputs
+    ctx.save_for_backward(x, P, lam, weight, output[1])
+    ctx.eps, ctx.precise = eps, precise
+
+
+def _fused_grad(ctx, grad, grad_stats):
+    x, P, lam, weight, stats = ctx.saved_tensors
+    with torch.autocast(device_type=grad.device.type, enabled=False):
+        dx, dP, dlam, dw, db = dtn_fused_backward(grad, x, P, lam, weight, stats, ctx.eps, ctx.precise)
+    return dx, dP, dlam, dw, db, None, None
+
+
+dtn_fused.register_autograd(_fused_grad, setup_context=_fused_setup)
 
 
 _SLICE_BYTES = 1 << 20

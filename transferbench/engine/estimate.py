@@ -108,7 +108,7 @@ def probe(device: str, name: str, resolution: int, *, batch: int | None = None, 
     import torch
 
     from ..backbones import create_backbone
-    from .precision import device_kind
+    from .precision import cuda_bf16_units, device_kind
     from .train import optimizer_options
 
     batch = batch or (32 if device.startswith("cuda") else 4)
@@ -116,7 +116,7 @@ def probe(device: str, name: str, resolution: int, *, batch: int | None = None, 
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, **optimizer_options(device))
     x = torch.randn(batch, 3, resolution, resolution, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
-    bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+    bf16 = device.startswith("cuda") and cuda_bf16_units(device)[0]
     times = []
     for i in range(steps + 1):
         started = time.perf_counter()

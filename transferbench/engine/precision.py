@@ -103,6 +103,22 @@ def device_kind(device: str) -> str:
     return f"{name} | machine {machine_digest()}"
 
 
+# NVIDIA cards compute bf16 natively from Ampere on (compute capability 8.0: A100, A10, RTX 30xx; H100, H200 are 9.0).
+# Older cards (V100 7.0, T4 7.5) emulate it, and torch 2.x's is_bf16_supported() still says yes for them (its
+# `including_emulation` defaults to True), so `auto` asks for the capability itself.
+BF16_NATIVE_CC = (8, 0)
+
+
+def cuda_bf16_units(device: str = "cuda") -> tuple[bool, str]:
+    """(whether the card computes bf16 natively, 'compute capability M.N') for a CUDA device; ROCm: torch's own
+    native check."""
+    major, minor = torch.cuda.get_device_capability(device)
+    card = f"compute capability {major}.{minor}"
+    if getattr(torch.version, "hip", None):
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False)), card
+    return (major, minor) >= BF16_NATIVE_CC, card
+
+
 def resolve(setting, device: str, signature: dict, make_step: Callable[[], Callable[[bool], None]]) -> Precision:
     """The precision for a cell. `signature` names the step's shape (model, batch, input size, forward or
     training); `make_step()` is called only when a probe must run and returns `step(bf16)`, which runs one
@@ -120,8 +136,9 @@ def _resolve(setting, device: str, signature: dict, make_step, pin: bool | None)
     if setting != "auto":
         return Precision(setting == "on", {"setting": setting})
     if device.startswith("cuda"):
-        ok = torch.cuda.is_bf16_supported()
-        return Precision(ok, {"setting": "auto", "decided_by": "cuda bf16 support" if ok else "no cuda bf16 support"})
+        ok, card = cuda_bf16_units(device)
+        why = f"cuda bf16 units ({card})" if ok else f"no cuda bf16 units ({card}: emulated bf16 is slower)"
+        return Precision(ok, {"setting": "auto", "decided_by": why})
     if device == "cpu" and not cpu_bf16_units():
         return Precision(False, {"setting": "auto", "decided_by": "no cpu bf16 units (emulated bf16 is slower)"})
     kind = device_kind(device)

@@ -27,6 +27,8 @@ alone at the paper's shape; the MFU, data share, cell and DTN rows print "no GPU
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import itertools
 import time
 import types
@@ -81,7 +83,14 @@ def _models(size: str, classes: int, res: int):
 
 
 def step_vs_timm(
-    size: str, batch: int, device: str, seconds: float, res: int = 224, steps: int = 5, variants: bool = True
+    size: str,
+    batch: int,
+    device: str,
+    seconds: float,
+    res: int = 224,
+    steps: int = 5,
+    variants: bool = True,
+    compiled_only: bool = False,
 ) -> dict:
     """Seconds per optimizer step of our fit() (eager; compiled, the default path on CUDA; eager with SDPA's cuDNN
     backend) and of a plain timm + torch SGD loop, bf16 on CUDA. Each variant's first call compiles (outside the
@@ -116,8 +125,8 @@ def step_vs_timm(
             opt_ref.step()
         _sync(device)
 
-    fns = {"ours": run_ours(), "timm": run_ref}
-    if variants and bf16:
+    fns = {"compiled": run_ours(compile=True)} if compiled_only else {"ours": run_ours(), "timm": run_ref}
+    if variants and bf16 and not compiled_only:
         fns.update(compiled=run_ours(compile=True), cudnn=run_ours(sdpa="cudnn"))
     t = interleaved_medians(fns, seconds, block=1.0)
     flops = _step_flops(ours, res, device, bf16) * batch
@@ -126,8 +135,6 @@ def step_vs_timm(
 
 def _sdpa(backend):
     """A context with SDPA restricted to one backend (cudnn), or none."""
-    import contextlib
-
     if backend is None:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -168,7 +175,16 @@ class _Synthetic(torch.utils.data.Dataset):
 
 
 def data_share(
-    device: str, seconds: float, *, size="b32", batch=512, n=1000, res=224, workers=0, fed_steps: bool = True
+    device: str,
+    seconds: float,
+    *,
+    size="b32",
+    batch=512,
+    n=1000,
+    res=224,
+    workers=0,
+    fed_steps: bool = True,
+    paths=("resident", "workers"),
 ) -> dict:
     """The data path as a cell trains: `fit` (the default path: compiled on CUDA) for `steps` steps fed by the
     resident path with the cell's DataLoader workers (`workers`: a VTAB cell's default, 0), against the same loop
@@ -212,7 +228,7 @@ def data_share(
         return float(np.median(times))
 
     out = {"size": size, "batch": batch, "workers": workers, "n": n, "res": res, "steps": steps}
-    for path, w in (("resident", workers), ("workers", 8)):
+    for path, w in (p for p in (("resident", workers), ("workers", 8)) if p[0] in paths):
         batches = stream(path, w)
         assert batches.info()["data_path"] == path
         run = 1 if path == "resident" else 8 * w + 1  # longer than the pipeline's prefetch buffer (4 a worker)
@@ -270,7 +286,9 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
 
 def dtn_overhead(size: str, batch: int, device: str, seconds: float, res: int = 224) -> dict:
     """Forward and backward of `size` and `size`_dtn, eager and compiled (the default path on CUDA: the same
-    torch.compile call as engine.train.fit's)."""
+    torch.compile call as engine.train.fit's). On CUDA, DTN twice: the fused Triton kernels (the default,
+    `dtn.KERNELS = "auto"`) and the torch formulation (`"off"`)."""
+    from transferbench.backbones import dtn
     from transferbench.engine import train
 
     bf16 = device.startswith("cuda")
@@ -278,43 +296,92 @@ def dtn_overhead(size: str, batch: int, device: str, seconds: float, res: int = 
     x = torch.randn(batch, 3, res, res, device=device)
     models = {k: create_backbone(k, img_size=res).to(device).train() for k in (size, f"{size}_dtn")}
 
-    def step(model):
+    def step(model, kernels="auto"):
         def go():
-            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
-                out = model(x)
-            out.float().square().mean().backward()
-            _sync(device)
+            dtn.KERNELS = kernels
+            try:
+                with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+                    out = model(x)
+                out.float().square().mean().backward()
+                _sync(device)
+            finally:
+                dtn.KERNELS = "auto"
 
         return go
 
     fns = {k: step(m) for k, m in models.items()}
     if bf16:
         fns.update({f"{k} compiled": step(train._Compiled(m)) for k, m in models.items()})
+        torch_dtn = create_backbone(f"{size}_dtn", img_size=res).to(device).train()
+        fns.update({"torch": step(torch_dtn, "off"), "torch compiled": step(train._Compiled(torch_dtn), "off")})
     t = interleaved_medians(fns, seconds, block=1.0)
     for m in models.values():
         m.zero_grad(set_to_none=True)
     out = {"size": size, "batch": batch, "plain": t[size], "dtn": t[f"{size}_dtn"]}
     if bf16:
         out.update(plain_compiled=t[f"{size} compiled"], dtn_compiled=t[f"{size}_dtn compiled"])
+        out.update(torch_eager=t["torch"], torch_compiled=t["torch compiled"])
     return out
+
+
+@contextlib.contextmanager
+def compile_mode(mode: str | None):
+    """torch.compile called with `mode` inside (fit's own call passes none): "max-autotune-no-cudagraphs" (GEMM
+    and kernel autotuning), "reduce-overhead" (CUDA graphs), "max-autotune" (both). None: the default."""
+    if mode is None:
+        yield
+        return
+    original = torch.compile
+    torch.compile = functools.partial(original, mode=mode)
+    try:
+        yield
+    finally:
+        torch.compile = original
+
+
+# the MFU levers (issue: batch size, max-autotune, CUDA graphs), each a compiled fit() step of bf16 at 224 px
+LEVERS = (
+    ("b16", 128, None),
+    ("b16", 256, None),
+    ("b16", 128, "reduce-overhead"),
+    ("b16", 128, "max-autotune-no-cudagraphs"),
+    ("b16", 128, "max-autotune"),
+    ("b32", 512, "reduce-overhead"),
+    ("b32", 512, "max-autotune-no-cudagraphs"),
+)
+
+
+def lever(size: str, batch: int, mode: str | None, device: str, seconds: float, res: int = 224) -> dict:
+    """One compiled fit() step under a compile mode, with its FLOPs (for MFU) and its compilation's seconds."""
+    import torch._dynamo
+
+    torch._dynamo.reset()  # each mode compiles afresh
+    started = time.time()
+    with compile_mode(mode):
+        r = step_vs_timm(size, batch, device, seconds, res=res, variants=False, compiled_only=True)
+    return {**r, "mode": mode or "default", "row_s": round(time.time() - started, 1)}
 
 
 def embedded(out_dir: str, timeout: float = 240.0) -> dict:
     """The README's main command on this machine as a user types it (its default --jobs: several cells on a GPU),
     timed, then `regress` of its records against the committed CPU records of the same command (results/runs/vtab:
-    other arithmetic, so judged statistically)."""
+    other arithmetic, so judged statistically). Where the time goes: `breakdown`."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "TRANSFERBENCH_HOME": os.path.join(out_dir, "home")}
     records = os.path.join(out_dir, "vtab")
-    argv = [sys.executable, "-m", "transferbench.cli", "run", "vtab", "--suite", "embedded", "--out", records]
+    cli = [sys.executable, "-m", "transferbench.cli"]
     started = time.time()
-    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    subprocess.run([*cli, "--help"], env=env, capture_output=True, timeout=120)
+    import_s = time.time() - started
+    started = time.time()
+    run = subprocess.run([*cli, "run", "vtab", "--suite", "embedded", "--out", records], env=env, capture_output=True,
+                         text=True, timeout=timeout)  # fmt: skip
     wall = time.time() - started
     gate = subprocess.run(
-        [sys.executable, "-m", "transferbench.cli", "regress", "--baseline", "results/runs/vtab", "--current", records],
+        [*cli, "regress", "--baseline", "results/runs/vtab", "--current", records],
         env=env,
         capture_output=True,
         text=True,
@@ -326,44 +393,144 @@ def embedded(out_dir: str, timeout: float = 240.0) -> dict:
         "tail": run.stderr[-600:],
         "regress_exit": gate.returncode,
         "regress_head": gate.stdout[:1500],
+        "breakdown": breakdown(records, started, wall, import_s),
     }
 
 
-def run(device: str | None = None, seconds: float = 2.0, small: bool = False, embedded_dir: str | None = None) -> dict:
+def breakdown(records: str, started: float, wall: float, import_s: float) -> dict:
+    """Where a run's wall time went, from its records: the process's start-up (Python and the imports, timed on
+    `--help`), the time before the first cell began (start-up, data, workers), each cell's set-up (its seconds less
+    its training) and its training steps (`info.train_seconds`), summed over cells and divided by the cells run at
+    once (the records' own overlap: the cell-seconds per second of the span from first start to last finish)."""
+    import json
+    from pathlib import Path
+
+    cells = []
+    for f in Path(records).rglob("*.json"):
+        r = json.loads(f.read_text())
+        if "seconds" in r:
+            cells.append((f.stat().st_mtime, float(r["seconds"]), float((r.get("info") or {}).get("train_seconds", 0))))
+    if not cells:
+        return {"cells": 0}
+    first_start = min(end - sec for end, sec, _ in cells)
+    last_end = max(end for end, _, _ in cells)
+    cell_s = sum(sec for _, sec, _ in cells)
+    train_s = sum(t for _, _, t in cells)
+    overlap = cell_s / max(last_end - first_start, 1e-9)
+    return {
+        "cells": len(cells),
+        "import_s": import_s,
+        "before_first_cell_s": first_start - started,
+        "cells_span_s": last_end - first_start,
+        "after_last_cell_s": started + wall - last_end,
+        "cells_at_once": overlap,
+        "setup_s": (cell_s - train_s) / overlap,
+        "train_s": train_s / overlap,
+        "setup_per_cell_s": (cell_s - train_s) / len(cells),
+        "train_per_cell_s": train_s / len(cells),
+    }
+
+
+class Budget:
+    """The script's time limit: a row is run only while `seconds` are left since the start (rows are ordered by
+    what the issue asks first); a row not run says so, with the time it would have needed."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.time() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+
+def run(
+    device: str | None = None,
+    seconds: float = 2.0,
+    small: bool = False,
+    embedded_dir: str | None = None,
+    budget: float = 450.0,
+    levers: bool = True,
+) -> dict:
     """Every row; {"device": ..., "gpu": False} alone where there is no GPU and `small` is not asked.
-    `embedded_dir`: also the README's main command (the offline suite) timed there."""
+    `embedded_dir`: also the README's main command (the offline suite) timed there. `budget`: seconds for all rows
+    (rows past it are listed as skipped); `levers`: the MFU and data-path levers, last."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.startswith("cuda")
     out = {"device": torch.cuda.get_device_name(device) if gpu else "cpu", "gpu": gpu, "small": small}
+    out["versions"] = versions(device)
     if not gpu and not small:  # the rows a CPU can measure in minutes: the step at a small batch, the data alone
         out["step"] = [step_vs_timm("b32", 8, device, seconds, steps=1)]
         out["data"] = data_share(device, seconds, workers=2, fed_steps=False)
         return out
+    clock = Budget(budget)
     if small:  # toy shapes: the code runs, the figures mean nothing
-        out["step"] = [step_vs_timm("mu4", 8, device, seconds, res=32, steps=2)]
-        out["data"] = data_share(device, seconds, size="mu4", batch=16, n=40, res=32, workers=0)
-        out["cell"] = paper_cell(device, size="mu4", steps=4, batch=8, n=40, workers=0, res=32)
-        out["dtn"] = [dtn_overhead("mu4", 8, device, seconds, res=32)]
-    else:  # each row printed as it finishes; a row that fails is named and the others still run
-        out["step"] = [_row("step", step_vs_timm, size, batch, device, seconds) for size, batch in STEP_ROWS]
-        out["dtn"] = [_row("dtn", dtn_overhead, size, 128, device, seconds) for size in ("s16", "b16")]
-        out["data"] = _row("data", data_share, device, seconds)
-        out["cell"] = _row("cell", paper_cell, device, steps=1000)
+        row = functools.partial(_row, clock=clock)
+        out["dtn"] = [row("dtn", dtn_overhead, "mu4", 8, device, seconds, res=32, need=5)]
+        out["step"] = [row("step", step_vs_timm, "mu4", 8, device, seconds, res=32, steps=2, need=5)]
+        out["data"] = row("data", data_share, device, seconds, size="mu4", batch=16, n=40, res=32, workers=0, need=5)
+        out["cell"] = row("cell", paper_cell, device, size="mu4", steps=4, batch=8, n=40, workers=0, res=32, need=5)
+        small_levers = (("mu4", 8, None),)
+        if levers:
+            out["levers"] = [row("lever", lever, *v, device, seconds, res=32, need=5) for v in small_levers]
+            out["data_levers"] = [
+                row("data lever", data_share, device, seconds, size="mu4", batch=16, n=40, res=32, workers=w,
+                    paths=("resident",), need=5)
+                for w in (0, 1)
+            ]  # fmt: skip
+    else:  # each row printed as it finishes; a row that fails or is past the budget is named, the others still run
+        row = functools.partial(_row, clock=clock)
+        out["dtn"] = [row("dtn", dtn_overhead, size, 128, device, seconds, need=40) for size in ("s16", "b16")]
+        out["step"] = [row("step", step_vs_timm, size, batch, device, seconds, need=60) for size, batch in STEP_ROWS]
+        out["data"] = row("data", data_share, device, seconds, need=40)
+        out["cell"] = row("cell", paper_cell, device, steps=1000, need=90)
     if embedded_dir:
-        out["embedded"] = _row("embedded", embedded, embedded_dir)
+        out["embedded"] = row("embedded", embedded, embedded_dir, timeout=min(240.0, max(clock.left(), 1)), need=45)
+    if levers and not small:
+        out["levers"] = [row("lever", lever, *v, device, seconds, need=30) for v in LEVERS]
+        out["data_levers"] = [
+            row("data lever", data_share, device, seconds, workers=w, paths=("resident",), need=20) for w in (1, 2)
+        ]
     out["peak"] = peak(device)
+    out["budget_s"], out["used_s"] = budget, round(budget - clock.left(), 1)
     return out
+
+
+def versions(device: str) -> dict:
+    """The device, driver and libraries the figures were measured with."""
+    import platform
+    import subprocess
+
+    v = {"torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        v["triton"] = None
+    if device.startswith("cuda"):
+        v["cuda"] = torch.version.cuda
+        v["cudnn"] = torch.backends.cudnn.version()
+        v["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        v["memory_mib"] = torch.cuda.get_device_properties(device).total_memory // 2**20
+        try:
+            q = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            v["driver"] = subprocess.run(q, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            v["driver"] = None
+    return v
 
 
 # the step rows on a GPU: VTAB's b32 cell batch, and b16 at the DTN rows' batch (one compilation serves both)
 STEP_ROWS = (("b32", 512), ("b16", 128))
 
 
-def _row(name: str, fn, *args, **kw) -> dict:
+def _row(name: str, fn, *args, clock: Budget | None = None, need: float = 0.0, **kw) -> dict:
     """fn's figures, printed on stderr as they come (a run cut short keeps the rows it measured); a failure is
-    the row's {"error": ...}, and the run goes on."""
+    the row's {"error": ...}, and the run goes on; a row that needs `need` seconds more than `clock` has left is
+    {"skipped": ...}."""
     import traceback
 
+    if clock is not None and clock.left() < need:
+        return _shown(name, {"skipped": f"over the time budget ({clock.left():.0f} s left, needs about {need:.0f} s)"})
     started = time.time()
     try:
         value = fn(*args, **kw)
@@ -387,19 +554,55 @@ def _ms(v) -> str:
     return "-" if v is None else f"{1e3 * v:.1f}"
 
 
-def markdown(r: dict) -> str:
-    lines = [f"Device: {r['device']}" + (" (--small: toy shapes, the figures mean nothing)" if r["small"] else "")]
+def _failed(row: str, value: dict) -> str | None:
+    """A row's one line where it failed or was skipped, else None."""
+    if "error" in value:
+        return f"{row} failed: {value['error']}"
+    if "skipped" in value:
+        return f"{row} skipped: {value['skipped']}"
+    return None
+
+
+def _mfu(r: dict):
     pk = r.get("peak")
-    mfu = lambda s, k: f"{100 * s['flops'] / s[k] / pk[0]:.0f}%" if pk and s.get(k) else "-"  # noqa: E731
-    lines += [
+    return lambda s, k: f"{100 * s['flops'] / s[k] / pk[0]:.0f}%" if pk and s.get(k) else "-"
+
+
+def markdown(r: dict) -> str:
+    v = r.get("versions", {})
+    lines = [
+        f"Device: {r['device']}" + (" (--small: toy shapes, the figures mean nothing)" if r["small"] else ""),
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+    ]
+    if "used_s" in r:
+        lines.append(f"All rows: {r['used_s']:.0f} s of a {r['budget_s']:.0f} s budget.")
+    lines += _dtn_lines(r.get("dtn", []))
+    lines += _step_lines(r)
+    lines += _data_lines(r["data"])
+    if "cell" not in r:
+        lines += [
+            "",
+            f"Paper-scale VTAB-1k cell and DTN block overhead in bf16: {NO_GPU} (on a machine with one: "
+            "`python -m benchmarks.paper_step`, under 8 minutes on one H200).",
+        ]
+        return "\n".join(lines)
+    lines += _cell_lines(r["cell"])
+    lines += _embedded_lines(r.get("embedded"))
+    lines += _lever_lines(r)
+    return "\n".join(lines)
+
+
+def _step_lines(r: dict) -> list[str]:
+    mfu, pk = _mfu(r), r.get("peak")
+    lines = [
         "",
         "| model | batch | ours eager ms | ours compiled ms (default) | eager, cuDNN SDPA ms | timm eager ms | "
-        "compiled vs timm | MFU eager / compiled (b16 >= 40%, b32 >= 30%) |",
+        "compiled vs timm | MFU eager / compiled (b16 >= 40%, b32 >= 35%) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in r["step"]:
-        if "error" in s:
-            lines.append(f"| step row failed: {s['error']} |")
+        if _failed("step row", s):
+            lines.append(f"| {_failed('step row', s)} |")
             continue
         best = s.get("compiled") or s["ours"]
         lines.append(
@@ -408,60 +611,97 @@ def markdown(r: dict) -> str:
         )
     if pk:
         lines.append(f"\nMFU: the step's FLOPs per second over {pk[0] / 1e12:.1f} TFLOP/s ({pk[1]}).")
-    lines += _data_lines(r["data"])
-    if "cell" not in r:
-        lines += [
-            "",
-            f"Paper-scale VTAB-1k cell and DTN block overhead in bf16: {NO_GPU} (on a machine with one: "
-            "`python -m benchmarks.paper_step`, about 8 minutes on one H100).",
-        ]
-        return "\n".join(lines)
-    c = r["cell"]
-    if "error" in c:
-        lines += ["", f"Paper-scale cell failed: {c['error']}"]
-    else:
-        lines += [
-            "",
-            f"Paper-scale VTAB-1k cell ({c['size']}, {c['steps']} steps of {c['batch']}, synthetic images, data path "
-            f"{c['info'].get('data_path')}, bf16 {c['info'].get('bf16')}, compiled "
-            f"{c['info'].get('compiled', False)}): compilation {c['compile_s']:.0f} s (once per run), then "
-            f"{1e3 * c['step_s']:.1f} ms a step ({c['images_per_s']:.0f} training images/s); a 2,500-step cell "
-            f"{c['cell_s'] / 60:.1f} min; the full study ({STUDY_CELLS} cells) projects to "
-            f"**{c['study_hours']:.1f} GPU-hours** (target <= 4.5).",
-        ]
-    lines += [
+    return lines
+
+
+def _dtn_lines(rows: list) -> list[str]:
+    lines = [
         "",
-        "| DTN block, fwd+bwd | batch | plain ms | DTN ms | eager overhead | plain compiled ms | DTN compiled ms | "
-        "default-path overhead (<= 1.35x) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| DTN block, fwd+bwd, bf16 | batch | plain compiled ms | DTN compiled ms, fused kernels (default) | "
+        "default-path overhead (<= 1.35x) | DTN compiled ms, torch formulation | its overhead | plain eager ms | "
+        "DTN eager ms (fused) | DTN eager ms (torch) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for t in r["dtn"]:
-        if "error" in t:
-            lines.append(f"| DTN row failed: {t['error']} |")
+    for t in rows:
+        if _failed("DTN row", t):
+            lines.append(f"| {_failed('DTN row', t)} |")
             continue
-        comp = f"{t['dtn_compiled'] / t['plain_compiled']:.2f}x" if t.get("dtn_compiled") else "-"
+        over = lambda k: f"{t[k] / t['plain_compiled']:.2f}x" if t.get(k) else "-"  # noqa: E731
         lines.append(
-            f"| {t['size']} | {t['batch']} | {_ms(t['plain'])} | {_ms(t['dtn'])} | {t['dtn'] / t['plain']:.2f}x | "
-            f"{_ms(t.get('plain_compiled'))} | {_ms(t.get('dtn_compiled'))} | {comp} |"
+            f"| {t['size']} | {t['batch']} | {_ms(t.get('plain_compiled'))} | {_ms(t.get('dtn_compiled'))} | "
+            f"**{over('dtn_compiled')}** | {_ms(t.get('torch_compiled'))} | {over('torch_compiled')} | "
+            f"{_ms(t['plain'])} | {_ms(t['dtn'])} | {_ms(t.get('torch_eager'))} |"
         )
-    e = r.get("embedded")
-    if e:
+    return lines
+
+
+def _cell_lines(c: dict) -> list[str]:
+    if _failed("Paper-scale cell", c):
+        return ["", _failed("Paper-scale cell", c)]
+    return [
+        "",
+        f"Paper-scale VTAB-1k cell ({c['size']}, {c['steps']} steps of {c['batch']}, synthetic images, data path "
+        f"{c['info'].get('data_path')}, bf16 {c['info'].get('bf16')}, compiled "
+        f"{c['info'].get('compiled', False)}): compilation {c['compile_s']:.0f} s (once per run), then "
+        f"{1e3 * c['step_s']:.1f} ms a step ({c['images_per_s']:.0f} training images/s); a 2,500-step cell "
+        f"{c['cell_s'] / 60:.1f} min; the full study ({STUDY_CELLS} cells) projects to "
+        f"**{c['study_hours']:.1f} GPU-hours** (target <= 4.5).",
+    ]
+
+
+def _embedded_lines(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    head = "The README's main command (`transferbench run vtab --suite embedded`, default --jobs): "
+    if _failed("", e):
+        return ["", head + _failed("it", e)]
+    lines = [
+        "",
+        head + f"**{e['wall_s']:.0f} s**, exit {e['exit']} (target <= 60 s); `regress` against the committed CPU "
+        f"records: exit {e['regress_exit']}.",
+    ]
+    b = e.get("breakdown") or {}
+    if b.get("cells"):
         lines += [
             "",
-            "The README's main command (`transferbench run vtab --suite embedded`, default --jobs): "
-            + (
-                f"failed: {e['error']}"
-                if "error" in e
-                else f"{e['wall_s']:.0f} s, exit {e['exit']} (target <= 60 s); `regress` against the committed CPU "
-                f"records: exit {e['regress_exit']}"
-            ),
+            "| where the time went | s |",
+            "|---|---|",
+            f"| Python and imports (`--help`) | {b['import_s']:.1f} |",
+            f"| before the first cell began | {b['before_first_cell_s']:.1f} |",
+            f"| cells' set-up ({b['cells']} cells, {b['setup_per_cell_s']:.2f} s each, {b['cells_at_once']:.1f} at "
+            f"once) | {b['setup_s']:.1f} |",
+            f"| cells' training steps ({b['train_per_cell_s']:.2f} s a cell) | {b['train_s']:.1f} |",
+            f"| after the last cell (tables, summary) | {b['after_last_cell_s']:.1f} |",
         ]
-    return "\n".join(lines)
+    return lines
+
+
+def _lever_lines(r: dict) -> list[str]:
+    rows, mfu = r.get("levers") or [], _mfu(r)
+    lines = [] if not rows else ["", "| MFU lever: compiled step | batch | mode | ms | MFU | compile + timing s |"]
+    lines += ["|---|---|---|---|---|---|"] if rows else []
+    for t in rows:
+        if _failed("lever", t):
+            lines.append(f"| {_failed('lever', t)} |")
+            continue
+        lines.append(
+            f"| {t['size']} | {t['batch']} | {t['mode']} | {_ms(t['compiled'])} | {mfu(t, 'compiled')} | {t['row_s']} |"
+        )
+    for d in r.get("data_levers") or []:
+        if _failed("data lever", d):
+            lines.append(f"\n{_failed('data lever', d)}")
+        elif "step_ready" in d:
+            share = (d["step_resident"] - d["step_ready"]) / d["step_resident"]
+            lines.append(
+                f"\nData lever, {d['workers']} DataLoader workers for the resident path's draws: the step "
+                f"{_ms(d['step_ready'])} ms ready, {_ms(d['step_resident'])} ms fed, share {100 * share:.1f}% (<= 3%)"
+            )
+    return lines
 
 
 def _data_lines(d: dict) -> list[str]:
-    if "error" in d:
-        return ["", f"Data row failed: {d['error']}"]
+    if _failed("Data row", d):
+        return ["", _failed("Data row", d)]
     lines = [
         "",
         f"Data path, batches of {d['batch']} at {d['res']} px from {d['n']:,} images of {d['res'] * 8 // 7} px "
@@ -475,23 +715,35 @@ def _data_lines(d: dict) -> list[str]:
         ]
     else:
         lines.append(f"- the share of a step: {NO_GPU}")
-    lines.append(
-        f"- batches alone: resident {1e3 * d['data_resident']:.1f} ms, the per-example worker pipeline (8 workers) "
-        f"{1e3 * d['data_workers']:.1f} ms ({d['data_workers'] / d['data_resident']:.1f}x)"
-    )
+    if "data_workers" in d:
+        lines.append(
+            f"- batches alone: resident {1e3 * d['data_resident']:.1f} ms, the per-example worker pipeline "
+            f"(8 workers) {1e3 * d['data_workers']:.1f} ms ({d['data_workers'] / d['data_resident']:.1f}x)"
+        )
     return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cuda (the default where there is one) or cpu (with --small)")
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--small", action="store_true", help="toy shapes: check the code on any device")
+    ap.add_argument("--seconds", type=float, default=2.0, help="timing per variant (default 2)")
+    ap.add_argument("--small", action="store_true", help="toy shapes: check the code on any device (a dry run)")
     ap.add_argument(
         "--embedded", metavar="DIR", help="also time the README's main command (the offline suite) with records in DIR"
     )
+    ap.add_argument("--budget", type=float, default=450.0, help="seconds for all rows; later rows are skipped past it")
+    ap.add_argument("--no-levers", dest="levers", action="store_false", help="skip the MFU and data-path levers")
+    ap.add_argument("--json", metavar="FILE", help="also write every raw figure to FILE")
     args = ap.parse_args()
-    print(markdown(run(args.device, args.seconds, args.small, args.embedded)))
+    if args.budget <= 0 or args.seconds <= 0:
+        ap.error("--budget and --seconds must be positive")
+    result = run(args.device, args.seconds, args.small, args.embedded, args.budget, args.levers)
+    if args.json:
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def test_dtn_on_cuda_matches_the_cpu_in_float64(path):
     # Gram product, TF32 under autocast; compiled, inductor's kernels around dtn_kron) against the CPU's hand-written
     # layer in float64. The fused kernels in fp32: the output and dense gradients to 1e-6 relative, the mixing and
     # position logits' gradients (sums whose terms cancel) no worse than 4x the torch formulation's own error or 1e-6;
-    # in float64 to 1e-8. Under autocast the statistics stay fp32-accurate (three-pass TF32) and dL/dP runs in TF32.
+    # in float64 to 1e-10. Under autocast the statistics stay fp32-accurate (three-pass TF32) and dL/dP runs in TF32.
     m = _dtn()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 35, 96, generator=gen) * 2 + 0.5
@@ -142,7 +142,7 @@ def test_dtn_on_cuda_matches_the_cpu_in_float64(path):
     fused, plain = _errors(m, x, g, path, "auto"), _errors(m, x, g, path, "off")
     for name, err in fused.items():
         if path == "float64":
-            tol = 1e-8
+            tol = 1e-10
         elif path == "eager bf16 autocast":
             tol = 1e-2 if name == "pos_weight" else 1e-4
         elif name in ("mix_mean", "mix_var", "pos_weight"):

@@ -1,7 +1,8 @@
 """Which arithmetic a cell runs in: `bf16: on | off | auto`.
 
-`auto` uses bf16 autocast only where it measures faster. On CUDA with bf16 support it is bf16 without
-probing (the tensor cores' format). On a CPU without bf16 units (no `avx512_bf16` / `amx_bf16` in
+`auto` uses bf16 autocast only where it measures faster. On a CUDA card that computes bf16 natively (compute
+capability 8.0 or newer) it is bf16 without probing (the tensor cores' format); an older card (V100, T4) emulates
+it, so it is fp32 there. On a CPU without bf16 units (no `avx512_bf16` / `amx_bf16` in
 /proc/cpuinfo) bf16 is emulated, so it is fp32 without probing. Elsewhere a short probe times the cell's own
 step (forward + backward for training, forward for feature extraction and evaluation) at the cell's own
 model and batch shape in fp32 and in bf16, alternating, and takes bf16 only where it is at least PROBE_MARGIN

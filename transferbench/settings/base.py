@@ -35,7 +35,10 @@ PIXELS_HELP = (
     "pixel normalisation: auto (the weights' own; [-1, 1] where they state none) | inception | imagenet | "
     "mean=R,G,B/std=R,G,B"
 )
-BF16_HELP = "bf16 autocast: auto (where a probe of this step measures it faster; always on CUDA with bf16) | on | off"
+BF16_HELP = (
+    "bf16 autocast: auto (where a probe of this step measures it faster; on CUDA where the card computes bf16, compute "
+    "capability 8.0 or newer) | on | off"
+)
 # the sources of settings that are no paper's fact
 BF16_SOURCE = "no paper fixes it: bf16 autocast where it measures faster on the device (engine.precision)"
 EXECUTION = "an execution setting outside the protocol: the numbers do not depend on it"

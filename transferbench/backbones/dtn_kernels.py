@@ -25,8 +25,6 @@ them against the float64 equations on every machine; the CPU's training path nev
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 try:  # Triton ships with torch's CUDA wheels; the CPU path never needs it
@@ -41,18 +39,19 @@ def available() -> bool:
     return triton is not None
 
 
-def _fwd(
-    X, P, LN, LAM, W, BIAS, Y,
-    T, C, D, eps,
-    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+# kernels and their helpers are jit-compiled at import: Triton binds its own library functions to the interpreter or
+# the compiler at that moment (TRITON_INTERPRET), so the choice is the process's
+_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+@_jit
+def _moments(
+    X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C,
+    BLOCK_S: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    pid_t, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_t, mask_d = offs_t < T, offs_d < D
-    base = b * T * C + h * D
-    m1 = tl.zeros((BLOCK_T, BLOCK_D), dtype=ACC)
-    m2 = tl.zeros((BLOCK_T, BLOCK_D), dtype=ACC)
+    """[P x, P x^2] of one block of target tokens of one head and example: two products over source blocks."""
+    m1 = tl.zeros((offs_t.shape[0], offs_d.shape[0]), dtype=ACC)
+    m2 = tl.zeros((offs_t.shape[0], offs_d.shape[0]), dtype=ACC)
     for s0 in range(0, T, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         mask_s = offs_s < T
@@ -65,21 +64,44 @@ def _fwd(
         xs = xs.to(ACC)
         m1 += tl.dot(p, xs, input_precision=PREC)
         m2 += tl.dot(p, xs * xs, input_precision=PREC)
-    mask = mask_t[:, None] & mask_d[None, :]
-    xt = tl.load(X + base + offs_t[:, None] * C + offs_d[None, :], mask=mask, other=0.0).to(ACC)
+    return m1, m2
+
+
+@_jit
+def _normalised(X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC: tl.constexpr):
+    """Eq. 4-6 for a block: (x_hat, 1/sigma, the inter-token variance, mu_LN, sigma^2_LN, l_mu, l_sig)."""
+    xt = tl.load(X + at, mask=mask, other=0.0).to(ACC)
     mean_ln = tl.load(LN + (b * T + offs_t) * 2, mask=mask_t, other=0.0)
     var_ln = tl.load(LN + (b * T + offs_t) * 2 + 1, mask=mask_t, other=0.0)
     lam_mu = tl.load(LAM + h * 2)
     lam_sig = tl.load(LAM + h * 2 + 1)
+    var_in = tl.maximum(m2 - m1 * m1, 0.0)
+    rstd = 1.0 / tl.sqrt(lam_sig * var_ln[:, None] + (1.0 - lam_sig) * var_in + eps)
+    x_hat = (xt - lam_mu * mean_ln[:, None] - (1.0 - lam_mu) * m1) * rstd
+    return x_hat, rstd, var_in, mean_ln, var_ln, lam_mu, lam_sig
+
+
+@_jit
+def _fwd(
+    X, P, LN, LAM, W, BIAS, Y,
+    T, C, D, eps,
+    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    pid_t, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_t, mask_d = offs_t < T, offs_d < D
+    base = b * T * C + h * D
+    m1, m2 = _moments(X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C, BLOCK_S, PREC, ACC)
+    mask = mask_t[:, None] & mask_d[None, :]
+    at = base + offs_t[:, None] * C + offs_d[None, :]
+    x_hat = _normalised(X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC)[0]
     w = tl.load(W + h * D + offs_d, mask=mask_d, other=0.0)
     bias = tl.load(BIAS + h * D + offs_d, mask=mask_d, other=0.0)
-    mu = lam_mu * mean_ln[:, None] + (1.0 - lam_mu) * m1
-    var_in = tl.maximum(m2 - m1 * m1, 0.0)
-    var = lam_sig * var_ln[:, None] + (1.0 - lam_sig) * var_in
-    y = (xt - mu) / tl.sqrt(var + eps) * w[None, :] + bias[None, :]
-    tl.store(Y + base + offs_t[:, None] * C + offs_d[None, :], y, mask=mask)
+    tl.store(Y + at, x_hat * w[None, :] + bias[None, :], mask=mask)
 
 
+@_jit
 def _bwd_stats(
     X, P, LN, LAM, W, G, DM1, DM2, DC, TOK, PART, GW,
     T, C, D, H, eps,
@@ -91,32 +113,14 @@ def _bwd_stats(
     offs_d = tl.arange(0, BLOCK_D)
     mask_t, mask_d = offs_t < T, offs_d < D
     base = b * T * C + h * D
-    m1 = tl.zeros((BLOCK_T, BLOCK_D), dtype=ACC)
-    m2 = tl.zeros((BLOCK_T, BLOCK_D), dtype=ACC)
-    for s0 in range(0, T, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        mask_s = offs_s < T
-        p = tl.load(
-            P + h * T * T + offs_t[:, None] * T + offs_s[None, :], mask=mask_t[:, None] & mask_s[None, :], other=0.0
-        )
-        xs = tl.load(
-            X + base + offs_s[:, None] * C + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0
-        )
-        xs = xs.to(ACC)
-        m1 += tl.dot(p, xs, input_precision=PREC)
-        m2 += tl.dot(p, xs * xs, input_precision=PREC)
+    m1, m2 = _moments(X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C, BLOCK_S, PREC, ACC)
     mask = mask_t[:, None] & mask_d[None, :]
     at = base + offs_t[:, None] * C + offs_d[None, :]
-    xt = tl.load(X + at, mask=mask, other=0.0).to(ACC)
+    x_hat, rstd, var_in, mean_ln, var_ln, lam_mu, lam_sig = _normalised(
+        X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC
+    )
     g = tl.load(G + at, mask=mask, other=0.0).to(ACC)
-    mean_ln = tl.load(LN + (b * T + offs_t) * 2, mask=mask_t, other=0.0)
-    var_ln = tl.load(LN + (b * T + offs_t) * 2 + 1, mask=mask_t, other=0.0)
-    lam_mu = tl.load(LAM + h * 2)
-    lam_sig = tl.load(LAM + h * 2 + 1)
     w = tl.load(W + h * D + offs_d, mask=mask_d, other=0.0)
-    var_in = tl.maximum(m2 - m1 * m1, 0.0)
-    rstd = 1.0 / tl.sqrt(lam_sig * var_ln[:, None] + (1.0 - lam_sig) * var_in + eps)
-    x_hat = (xt - lam_mu * mean_ln[:, None] - (1.0 - lam_mu) * m1) * rstd
     d_c = g * w[None, :] * rstd  # dL/d(x - mu)
     d_v = -0.5 * d_c * x_hat * rstd  # dL/d(sigma^2)
     d_m2 = (1.0 - lam_sig) * d_v
@@ -134,6 +138,7 @@ def _bwd_stats(
     tl.store(GW + (b * n_t + pid_t) * C + h * D + offs_d, tl.sum(g * x_hat, axis=0), mask=mask_d)
 
 
+@_jit
 def _bwd_dx(
     X, P, LN, TOKSUM, DM1, DM2, DC, DX,
     T, C, D,
@@ -169,6 +174,7 @@ def _bwd_dx(
     tl.store(DX + at, dx, mask=mask)
 
 
+@_jit
 def _bwd_dp(
     X, DM1, DM2, DP,
     T, C, D, B,
@@ -192,12 +198,7 @@ def _bwd_dp(
     tl.store(DP + h * T * T + offs_t[:, None] * T + offs_s[None, :], acc, mask=mask_t[:, None] & mask_s[None, :])
 
 
-_SOURCES = {f.__name__: f for f in (_fwd, _bwd_stats, _bwd_dx, _bwd_dp)}
-
-
-@functools.cache
-def _jit(name: str):
-    return triton.jit(_SOURCES[name])
+_KERNELS = {"_fwd": _fwd, "_bwd_stats": _bwd_stats, "_bwd_dx": _bwd_dx, "_bwd_dp": _bwd_dp}
 
 
 def _kernel(name: str, x: torch.Tensor):
@@ -209,7 +210,7 @@ def _kernel(name: str, x: torch.Tensor):
             "the fused DTN kernels run on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 before "
             "Python starts (the CPU's training path uses transferbench.backbones.dtn's torch formulation instead)"
         )
-    return _jit(name)
+    return _KERNELS[name]
 
 
 def _blocks(x: torch.Tensor, d: int) -> dict:

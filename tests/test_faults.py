@@ -553,3 +553,78 @@ def test_a_cell_process_that_used_the_generator_pool_exits():
     if hung:
         p.kill()
     assert not hung and p.exitcode == 0
+
+
+def _fill(folder: Path) -> None:
+    """Fill a tmpfs to its last page: one file written as far as it goes (unbuffered, so nothing fails on close)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def _as_nobody(fn):
+    """fn() in a child process of uid/gid 65534 (root writes through permissions); its exception's errno, or 0."""
+    import multiprocessing
+
+    def child(queue):
+        os.setgid(65534)
+        os.setuid(65534)
+        try:
+            fn()
+            queue.put(0)
+        except OSError as e:
+            queue.put(e.errno)
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=child, args=(queue,))
+    p.start()
+    p.join(60)
+    return queue.get(timeout=5)
+
+
+def test_the_write_probe_leaves_nothing_on_any_failure(tmpfs, tmp_path):
+    # ENOSPC makes the probe's file and refuses its byte; EROFS and EACCES refuse the file: each raises the error
+    # and leaves the folder as it was, the folders the probe made included (a full --out used to keep an empty
+    # .write-test file)
+    from transferbench.paths.writes import probe
+
+    _fill(tmpfs)
+    before = sorted(p.name for p in tmpfs.iterdir())
+    for target in (tmpfs, tmpfs / "runs" / "vtab"):
+        with pytest.raises(OSError) as e:
+            probe(target)
+        assert e.value.errno == errno.ENOSPC
+        assert sorted(p.name for p in tmpfs.iterdir()) == before
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)]).returncode == 0
+    try:
+        with pytest.raises(OSError) as e:
+            probe(ro)
+        assert e.value.errno == errno.EROFS and list(ro.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    assert _as_nobody(lambda: probe(locked)) == errno.EACCES
+    assert _as_nobody(lambda: probe(locked / "a" / "b")) == errno.EACCES
+    assert list(locked.iterdir()) == []
+
+
+def test_a_full_out_and_a_full_output_file_are_one_line_and_leave_nothing(tmpfs, capsys):
+    # the command line's probes: run's --out and report's -o, each on the full tmpfs: one line, exit 2, no file
+    _fill(tmpfs)
+    before = sorted(p.name for p in tmpfs.iterdir())
+    assert main([*FEWSHOT, "--out", str(tmpfs / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no space left on device" in err.lower(), err
+    assert main(["report", "results/runs/vtab", "-o", str(tmpfs / "tables" / "vtab.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "-o" in err, err
+    assert sorted(p.name for p in tmpfs.iterdir()) == before

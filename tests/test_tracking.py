@@ -408,6 +408,11 @@ def test_tracker_calls_leave_the_random_generators_as_they_were(monkeypatch):
             "--log-to tensorboard --log-dir /proc/tb",
             "--log-dir /proc/tb: cannot write there (no such file or directory); give a writable folder",
         ),
+        # outside the documented values: one line, never argparse's usage block, never silently nothing
+        ("--wandb-mode dryrun", "--wandb-mode 'dryrun' is not a W&B mode; choose from offline, online, disabled"),
+        ("--log-to ''", "--log-to names no tracker; give one or more of tensorboard, wandb, comma-separated"),
+        ("--log-to ' , '", "--log-to names no tracker; give one or more of tensorboard, wandb, comma-separated"),
+        ("--log-to tensorboard --wandb-project ''", "--wandb-project is empty; give a name, or leave the option out"),
     ],
 )
 def test_a_tracker_that_cannot_work_is_one_line_and_exit_2_before_any_cell(

@@ -163,7 +163,7 @@ def tracking_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--log-to",
         type=csv_list,
-        default=[],
+        default=None,
         metavar="{tensorboard,wandb}",
         help="trackers, comma-separated: tensorboard (event files: tensorboard --logdir LOG_DIR) and/or wandb "
         "(offline runs unless --wandb-mode or WANDB_MODE says otherwise; wandb sync uploads them later)",
@@ -180,16 +180,30 @@ def tracking_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wandb-group", help="W&B group of every cell (default: TASK/SUITE, one group per task and suite)")
     g.add_argument(
         "--wandb-mode",
-        choices=WANDB_MODES,
+        metavar="{" + ",".join(WANDB_MODES) + "}",
         help="W&B mode (default: $WANDB_MODE, else offline: nothing reaches a network)",
     )
 
 
 def tracking_of(args):
-    """The tracker options as a tracking.Tracking, or None where none is asked for."""
-    from ..tracking import Tracking
+    """The tracker options as a tracking.Tracking, or None where none is asked for; a value outside the documented
+    ones is one UserError (exit 2) naming the option, what it got and what it takes."""
+    from ..tracking import KINDS, WANDB_MODES, Tracking
 
-    kinds = tuple(dict.fromkeys(getattr(args, "log_to", None) or ()))
+    mode = getattr(args, "wandb_mode", None)
+    if mode is not None and mode not in WANDB_MODES:
+        raise UserError(
+            f"--wandb-mode {mode!r} is not a W&B mode; choose from {', '.join(WANDB_MODES)}"
+            f"{close_matches(mode, WANDB_MODES)}"
+        )
+    for option in ("wandb_project", "wandb_entity", "wandb_group"):
+        value = getattr(args, option, None)
+        if value is not None and not value.strip():
+            raise UserError(f"--{option.replace('_', '-')} is empty; give a name, or leave the option out")
+    log_to = getattr(args, "log_to", None)
+    if log_to is not None and not log_to:
+        raise UserError(f"--log-to names no tracker; give one or more of {', '.join(KINDS)}, comma-separated")
+    kinds = tuple(dict.fromkeys(log_to or ()))
     if not kinds:
         return None
     return Tracking(

@@ -124,11 +124,13 @@ def probe(folder: Path) -> list[Path]:
     Returns the folders it made, outermost first, so that a caller stopped later can remove them again; where nothing
     can be written, it removes the empty ones it made and raises the OSError that says why."""
     made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+    test = temp_path(folder / "write-test")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        test = temp_path(folder / "write-test")
-        test.write_bytes(b"x")
-        test.unlink()
+        try:
+            test.write_bytes(b"x")  # on a full disk the file is made and its byte refused: it goes again below
+        finally:
+            test.unlink(missing_ok=True)
     except OSError:
         remove_empty(made)
         raise

@@ -50,22 +50,6 @@ def check(tracking: Tracking | None, out: Path | None = None) -> None:
                 f"--log-to {kind!r} is not a tracker; choose from {', '.join(KINDS)} (comma-separated)"
                 f"{close_matches(kind, KINDS)}"
             )
-        try:
-            module = _import(kind)
-        except Exception as e:  # noqa: BLE001 - a missing or broken install says the same: install the extra
-            raise UserError(
-                f"--log-to {kind} needs the {kind} package, which does not import here ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}): {INSTALL}"
-            ) from None
-        if kind == "wandb":
-            from .wandb import MINIMUM
-
-            have = tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:3])
-            if have < MINIMUM:
-                raise UserError(
-                    f"--log-to wandb needs wandb {'.'.join(map(str, MINIMUM))} or newer (one run per cell), and "
-                    f"{module.__version__} is installed: {INSTALL} --upgrade"
-                )
     if "wandb" in tracking.kinds and tracking.wandb_mode() not in WANDB_MODES:
         raise UserError(
             f"W&B mode {tracking.wandb_mode()!r} (--wandb-mode or WANDB_MODE) is not one of {', '.join(WANDB_MODES)}"
@@ -84,16 +68,37 @@ def check(tracking: Tracking | None, out: Path | None = None) -> None:
         raise UserError(
             f"--log-dir {tracking.dir}: cannot write there ({(e.strerror or str(e)).lower()}); give a writable folder"
         ) from None
+    for kind in tracking.kinds:
+        _check_install(kind, where)
 
 
-def _import(kind: str):
+def _check_install(kind: str, where: Path) -> None:
+    try:
+        module = _import(kind, where)
+    except Exception as e:  # noqa: BLE001 - a missing or broken install says the same: install the extra
+        raise UserError(
+            f"--log-to {kind} needs the {kind} package, which does not import here ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}): {INSTALL}"
+        ) from None
+    if kind == "wandb":
+        from .wandb import MINIMUM
+
+        have = tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:3])
+        if have < MINIMUM:
+            raise UserError(
+                f"--log-to wandb needs wandb {'.'.join(map(str, MINIMUM))} or newer (one run per cell), and "
+                f"{module.__version__} is installed: {INSTALL} --upgrade"
+            )
+
+
+def _import(kind: str, folder: Path):
     if kind == "tensorboard":
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter
-    import wandb
+    from .wandb import import_wandb
 
-    return wandb
+    return import_wandb(folder)
 
 
 # --- guarded calls ----------------------------------------------------------------------------------------------
@@ -103,38 +108,92 @@ _OFF: set = set()  # trackers that failed in this process: off for its remaining
 
 def guarded(kind: str, what: str, call: Callable, *args, **kwargs):
     """`call(*args, **kwargs)` for tracker `kind`, with the random generators' states (Python's, numpy's, torch's
-    CPU one) as they were before it; a failure is one warning and turns the tracker off in this process. Returns
-    the call's result, or None where it failed or the tracker is off."""
+    CPU one) as they were before it; a failure (the call's, or W&B's own log that it could not write) turns the
+    tracker off in this process and costs one warning (`_fail`). Returns the call's result, or None where it failed
+    or the tracker is off."""
+    result, error, what = _attempt(kind, what, call, *args, **kwargs)
+    if error is None:
+        return result
+    _fail(kind, what, error)
+    return None
+
+
+def _attempt(kind: str, what: str, call: Callable, *args, **kwargs):
+    """(result, error or None, what failed) of `call` for tracker `kind`, the random generators' states kept; a call
+    that returned although W&B's own log could not be written returns its result and that error."""
     if kind in _OFF:
-        return None
+        return None, None, what
     import numpy as np
     import torch
 
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    logged = _own_log_failures(kind)
     try:
-        return call(*args, **kwargs)
+        result = call(*args, **kwargs)
+        failures = _own_log_failures(kind)[len(logged) :]
+        if not failures:
+            return result, None, what
+        error = failures[-1][1] or OSError(f"cannot write {failures[-1][0]}")
+        return result, error, f"{what}, writing its own log"
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a tracker never costs a cell (an interrupt goes through)
-        _OFF.add(kind)
-        log.warning(
-            "transferbench: warning: --log-to %s failed while %s (%s: %s); it is off in this process for the rest "
-            "of the run, and the cells go on",
-            kind,
-            what,
-            type(e).__name__,
-            str(e).splitlines()[0] if str(e) else "",
-        )
-        return None
+        return None, e, what
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
 
 
-def _quietly(call: Callable) -> None:
+def _own_log_failures(kind: str) -> list:
+    if kind != "wandb":
+        return []
+    from .wandb import log_failures
+
+    return list(log_failures)
+
+
+def _fail(kind: str, what: str, error: BaseException) -> None:
+    """The tracker off in this process, and its one warning: now, or, where a cell's entry in it is open, once the
+    entry has been finished, so that the warning can name a run that could not be finished."""
+    _OFF.add(kind)
+    text = (
+        f"--log-to {kind} failed while {what} ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''})"
+    )
+    if _CURRENT is not None and not _CURRENT.closed:
+        _CURRENT.failures.setdefault(kind, text)
+    else:
+        _warn(kind, text, getattr(error, "unfinished", ()))  # a report's run that could not be finished
+
+
+def _warn(kind: str, text: str, unfinished: list | tuple = ()) -> None:
+    """The tracker's one warning line: what failed, and each entry left unfinished (the one that could not be finished,
+    and for W&B the runs its inspector does not read as ended)."""
+    if kind == "wandb":
+        from .wandb import unfinished as lost
+
+        unfinished = list(dict.fromkeys([*unfinished, *lost()]))
+    left = (
+        f"; not finished (they read as still running): {', '.join(unfinished)}"
+        if len(unfinished) > 1
+        else f"; entry {unfinished[0]} could not be finished (it reads as still running)"
+        if unfinished
+        else ""
+    )
+    log.warning(
+        "transferbench: warning: %s; it is off in this process for the rest of the run, and the cells go on%s",
+        text,
+        left,
+    )
+
+
+def _ended(sink) -> str | None:
+    """`sink` finished, as failed where it was not yet (a finished one is left as it is); its name where even that
+    fails."""
     try:
-        call()
-    except (Exception, SystemExit):  # noqa: BLE001, S110 - the tracker has had its warning already
-        pass
+        sink.abandon()
+        return None
+    except (Exception, SystemExit):  # noqa: BLE001 - named in the tracker's one warning
+        return getattr(sink, "name", None) or "?"
 
 
 # --- a cell's entry ---------------------------------------------------------------------------------------------
@@ -149,6 +208,7 @@ class CellLog:
     cell: object
     sinks: dict = field(default_factory=dict)  # kind -> its sink (tracking.tensorboard / tracking.wandb)
     loops: dict = field(default_factory=dict)  # a training loop's desc -> its tag
+    failures: dict = field(default_factory=dict)  # kind -> its warning, given once the entry has been finished
     closed: bool = False
 
     def curve(self, desc: str):
@@ -158,19 +218,34 @@ class CellLog:
         return Curve(self, self.loops[desc])
 
     def close(self, outcome: dict) -> None:
-        """The outcome into each entry, which is then finished; a tracker that failed earlier lets its go."""
-        self.closed = True
+        """The outcome into each entry, which is then finished; a tracker that failed lets its entry go, finished as
+        failed."""
         for kind, sink in self.sinks.items():
-            if kind in _OFF:
-                _quietly(sink.abandon)
-            else:
+            if kind not in _OFF:
                 guarded(kind, "closing a cell's entry", sink.close, outcome, dict(self.loops))
+        self.closed = True
+        for kind in {**self.sinks, **self.failures}:
+            self._end(kind, self.sinks.get(kind))
 
     def abandon(self) -> None:
         """Each entry finished as it is (the cell ended without an outcome: interrupted, its worker stopping)."""
         self.closed = True
-        for sink in self.sinks.values():
-            _quietly(sink.abandon)
+        for kind in {**self.sinks, **self.failures}:
+            self._end(kind, self.sinks.get(kind), always=True)
+
+    def _end(self, kind: str, sink, always: bool = False) -> None:
+        """Where `kind` failed (now or before), or `always`, its entry finished as failed, and the tracker's one warning
+        given where it failed, naming the entry if even that failed."""
+        if not always and kind not in _OFF and kind not in self.failures:
+            return
+        unfinished = _ended(sink) if sink is not None else None
+        if unfinished and kind not in _OFF:
+            _OFF.add(kind)
+            self.failures.setdefault(kind, f"--log-to {kind} failed while finishing an interrupted cell's entry")
+        if kind in self.failures:
+            _warn(kind, self.failures.pop(kind), [unfinished] if unfinished else [])
+        elif unfinished:  # the tracker's warning went out in an earlier cell: this entry is named on its own
+            log.warning("transferbench: warning: --log-to %s: entry %s could not be finished", kind, unfinished)
 
 
 class Curve:
@@ -213,12 +288,14 @@ def cell_entry(tracking: Tracking | None, cell, settings_model=None):
         return
     entry = CellLog(tracking, cell)
     settings = settings_table(cell, settings_model)
-    for kind in tracking.kinds:
-        sink = guarded(kind, "opening a cell's entry", _open, kind, tracking, cell, settings)
-        if sink is not None:
-            entry.sinks[kind] = sink
-    _CURRENT = entry
+    _CURRENT = entry  # a failure from here on is warned of once the entry is finished (CellLog._end)
     try:
+        for kind in tracking.kinds:
+            sink, error, what = _attempt(kind, "opening a cell's entry", _open, kind, tracking, cell, settings)
+            if sink is not None:  # opened, even where W&B's own log failed: it is finished with the entry
+                entry.sinks[kind] = sink
+            if error is not None:
+                _fail(kind, what, error)
         yield entry
     finally:
         _CURRENT = None

@@ -50,6 +50,7 @@ class CellBoard:
         self.folder = fresh_folder(Path(tracking.dir).joinpath(*entry_parts(cell, tracking.swept)))
         self.writer = _writer(self.folder)
         self.settings = settings
+        self.name = str(self.folder)
         try:
             self.writer.add_text("settings", markdown_table(settings, ("setting", "value", "source")), 0)
             self.writer.flush()

@@ -3,10 +3,19 @@ uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN-KEY in the
 compare in one view), job type the cell's stage. Config: the cell's identity, its settings and their sources.
 History: TAG/loss and TAG/lr against TAG/step (TAG: curve, curve_2, ... one per training loop). Summary: SPLIT/METRIC,
 wall_s, status (a cell that did not finish ok is a failed W&B run). No console capture, no system metrics and, offline,
-no error reports: the run holds what the cell did."""
+no error reports: the run holds what the cell did.
+
+W&B writes under the log folder alone (`confine`): its runs and their debug logs in LOG_DIR/wandb, its service's
+logs, cache, artifact staging and artifacts in LOG_DIR/wandb/state. The report's tables are media files of their run
+(bound before they are logged, so no artifact holds a copy by absolute path): the folder, copied elsewhere, holds
+everything. W&B's own logging writes each run's debug.log; where that fails (a full disk) Python's logging would print
+a traceback per line, so W&B's handlers report to `log_failures` instead, which `tracking.guarded` turns into the
+tracker's one warning."""
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 from .entries import Tracking, entry_parts, final_metrics, plain
@@ -30,19 +39,107 @@ def _finish(run, exit_code: int = 0) -> None:
     import wandb
 
     run.finish(exit_code=exit_code)
+    finished.append((run.name, Path(run.dir).parent))
     if wandb.setup().most_recent_active_run is None:
         wandb.teardown()
 
 
+# (name, folder) of each run this process finished, oldest first
+finished: list = []
+
+
+def unfinished(limit: int = 8) -> list[str]:
+    """The runs this process finished whose files do not read as ended in W&B's own inspector (`wandb leet inspect`),
+    newest first until one does (at most `limit`), as 'NAME (FOLDER)': on a full disk W&B's service can lose a run's
+    records although `finish` returned. Asked only once the tracker has failed (each look takes about a second)."""
+    out = []
+    for name, folder in reversed(finished[-limit:]):
+        if _state(folder) in ("finished", "failed"):
+            break
+        out.append(f"{name} ({folder})")
+    return out[::-1]
+
+
+def _state(folder: Path) -> str:
+    """A run folder's state as W&B's inspector reads it: finished, failed, running, or unknown (no run record)."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "wandb", "leet", "inspect", "--summary", "--json", str(folder)]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
+        return str(json.loads(out).get("state") or "unknown")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return "unknown"
+
+
+# W&B's folders outside its runs (the service's logs, its cache, artifact staging, downloaded artifacts), each taken
+# by its environment variable, under LOG_DIR/wandb/state; W&B's config folder is read only, and stays the user's
+STATE = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
+
+# W&B's own log lines that could not be written (a full disk): (handler's file, error), newest last
+log_failures: list = []
+
+
+def import_wandb(folder: Path):
+    """The wandb package, imported with Python's temporary folder pointed under `folder`/wandb/state/tmp for the
+    import alone: W&B makes folders there as it is imported (for media and artifact files), which a pool worker
+    ending through os._exit would otherwise leave in the system's /tmp. Imported already: as it is."""
+    import sys
+    import tempfile
+
+    if sys.modules.get("wandb") is not None:
+        return sys.modules["wandb"]
+    tmp = Path(folder).absolute() / "wandb" / "state" / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp)
+    try:
+        import wandb
+    finally:
+        tempfile.tempdir = before
+    return wandb
+
+
+def confine(folder: Path) -> None:
+    """W&B's state folders under `folder`/wandb/state (set before W&B's service starts: it reads them then), and its
+    logger's file handlers quiet on failure (`log_failures`)."""
+    for variable, name in STATE.items():
+        os.environ[variable] = str(Path(folder).absolute() / "wandb" / "state" / name)
+    logger = logging.getLogger("wandb")
+    for handler in logger.handlers:
+        _quiet(handler)
+    if not getattr(logger.addHandler, "quiet", False):
+        add = logger.addHandler
+
+        def quiet_add(handler):
+            add(_quiet(handler))
+
+        quiet_add.quiet = True
+        logger.addHandler = quiet_add
+
+
+def _quiet(handler: logging.Handler) -> logging.Handler:
+    """`handler` with its failures recorded in `log_failures` instead of printed (logging.Handler.handleError)."""
+
+    def note(record):
+        import sys
+
+        error = sys.exc_info()[1]
+        log_failures.append((getattr(handler, "baseFilename", "?"), error))
+
+    handler.handleError = note
+    return handler
+
+
 def _init(tracking: Tracking, **kwargs):
-    import os
-
-    import wandb
-
+    wandb = import_wandb(tracking.dir)
     if tracking.wandb_mode() == "offline":  # offline means nothing leaves: W&B's own error reports neither
         os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
     folder = Path(tracking.dir)
     folder.mkdir(parents=True, exist_ok=True)
+    confine(folder)
     return wandb.init(
         project=tracking.project,
         entity=tracking.entity,
@@ -80,6 +177,7 @@ class CellRun:
             },
         )
         self.tags: set = set()
+        self.name = f"{self.run.name} ({Path(self.run.dir).parent})"  # the run's name and folder, for a warning
 
     def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
         if tag not in self.tags:
@@ -113,12 +211,23 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
 
     name, group = f"{task}/{suite or 'all'}/report", tracking.group_of(task, suite)
     run = _init(tracking, name=name, group=group, job_type="report")
+    failed = None
     try:
-        for title, rows in tables:
+        for step, (title, rows) in enumerate(tables):
             columns = list(dict.fromkeys(k for row in rows for k in row))
             data = [[plain(row.get(c)) for c in columns] for row in rows]
-            run.log({f"tables/{title}": wandb.Table(columns=columns, data=data)})
+            table = wandb.Table(columns=columns, data=data)
+            # a media file of the run (relative to it), not an artifact that names a staging copy by absolute path
+            table.bind_to_run(run, f"tables/{title}", step)
+            run.log({f"tables/{title}": table})
         for path in figures:
             run.log({f"figures/{path.stem}": wandb.Image(str(path))})
-    finally:
-        _finish(run)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - raised again below, once the run is finished as failed
+        failed = e
+    try:
+        _finish(run, exit_code=1 if failed else 0)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the tracker's warning names the run left unfinished
+        failed = failed or e
+        failed.unfinished = [f"{run.name} ({Path(run.dir).parent})"]
+    if failed is not None:
+        raise failed

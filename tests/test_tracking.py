@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kit import cli, embedded_home, tiny_args
+from kit import TINY, cli, embedded_home, tiny_args
 
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed")
 wandb = pytest.importorskip("wandb", reason="the tracking extra is not installed")
@@ -22,6 +22,7 @@ from transferbench.adapters import prepare_task  # noqa: E402
 from transferbench.cell import Cell  # noqa: E402
 from transferbench.engine.train import schedule_lr  # noqa: E402
 from transferbench.records.store import load_records  # noqa: E402
+from transferbench.spec import load_task  # noqa: E402
 from transferbench.tracking import Tracking, entry_parts, guarded  # noqa: E402
 
 # --- the readers --------------------------------------------------------------------------------------------------
@@ -119,7 +120,14 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
     loss; the rates the schedule's), its metrics, its wall time and its settings with their sources."""
     parts = entry_parts(cell_of(r), swept)
     steps, lrs = r["hparams"]["steps"], expected_lrs(r)
-    sources = {k: f.json_schema_extra["source"] for k, f in settings_model.model_fields.items()}
+    defaults = {k: f.json_schema_extra["source"] for k, f in settings_model.model_fields.items()}
+    # the source of the value that ran: the suite's, --set's, the weights' (the record's own), else the default's
+    sources = {k: r["sources"].get(k) or defaults.get(k, "") for k in r["hparams"]}
+    suite_set = load_task(r["task"]).suites[r["suite"]].hparams if r["suite"] else {}
+    set_keys = set(TINY)  # the tests' runs --set the tiny profile (kit.tiny_args)
+    for k in suite_set:
+        if k in r["hparams"]:
+            assert sources[k] == ("--set" if k in set_keys else f"suite {r['suite']}"), (k, sources[k])
 
     acc = board(log_dir.joinpath(*parts))
     loss = acc.Scalars("curve/loss")
@@ -473,3 +481,36 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
     (row,) = [h for h in runs["toy/quick/report"]["history"] if "figures/LEADERBOARD_toy/_type" in h]
     assert row["figures/LEADERBOARD_toy/_type"] == "image-file"
     assert (row["figures/LEADERBOARD_toy/width"], row["figures/LEADERBOARD_toy/height"]) == drawn.shape[1::-1]
+
+
+def test_a_settings_source_is_where_the_value_that_ran_came_from(suite_home, tmp_path, monkeypatch, capsys):
+    """The embedded suite's batch 32 was labelled "DPN App. E", which specifies 512: each place that shows a source
+    says where the value that ran came from. By hand: batch (the suite sets 32), steps (--set), momentum (the paper's
+    default, 0.9), pixels (auto, and random init states none)."""
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(embedded_home(suite_home, tmp_path / "home")))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out, logs = tmp_path / "runs", tmp_path / "logs"
+    line = (
+        "run vtab --suite embedded --datasets mini_digits --backbone mu4 --seeds 0 --set steps=3 --set lr=0.01 "
+        f"--no-progress --out {out} --log-to tensorboard,wandb --log-dir {logs}"
+    )
+    assert cli(line) == 0
+    paper = "DPN App. E (its big_vision config)"
+    want = {"batch": "suite embedded", "steps": "--set", "momentum": paper, "pixels": "auto: the weights state none"}
+    records = load_records([out])
+    assert records
+    for r in records:
+        assert {k: r["sources"][k] for k in want} == want  # the record
+        assert r["hparams"]["batch"] == 32 and r["hparams"]["steps"] == 3 and r["hparams"]["momentum"] == 0.9
+        parts = entry_parts(cell_of(r), ("lr",))
+        rows = markdown_rows(board_text(board(logs.joinpath(*parts)), "settings"))  # TensorBoard's settings table
+        assert {("batch", "32", "suite embedded"), ("steps", "3", "--set"), ("momentum", "0.9", paper)} <= set(rows)
+        run = wandb_runs(logs)["/".join(parts)]  # W&B's config
+        assert {k: run["config"]["sources"][k] for k in want} == want
+    capsys.readouterr()
+    assert cli(f"report {out}") == 0  # the report names what did not come from the protocol's defaults
+    report = capsys.readouterr().out
+    assert "Settings not at the protocol's defaults: steps 3 (--set); batch 32, loss softmax, resolution 16, " in report
+    assert "warmup_steps 5 (suite embedded)." in report and "momentum" not in report.split("Settings not")[1][:200]
+    assert cli("list tasks --show vtab") == 0  # the settings table's source column is the default's
+    assert "source of the default" in capsys.readouterr().out

@@ -59,6 +59,8 @@ class Cell:
     execution: dict = field(default_factory=dict, compare=False)
     # the hyper-parameters validated into the adapter's settings model (make_cell): what `run` reads, never re-parsed
     settings: object = field(default=None, compare=False, repr=False)
+    # where each setting's value comes from (spec.Task.sources, the weights for what they state): recorded, not keyed
+    sources: dict = field(default_factory=dict, compare=False)
 
     IDENTITY = (
         "task",
@@ -114,13 +116,18 @@ def make_cell(
     execution settings (settings.EXECUTION) leave the hyper-parameters for the cell's `execution`."""
     spec = task.spec
     hparams = dict(hparams)
+    model = task.adapter.settings if task.adapter is not None else None
+    source_of = model.source_of if model is not None else (lambda name: "")
+    sources = {k: task.sources.get(k) or source_of(k) for k in hparams}
     if hparams.get("pixels") == "auto":  # the weights' own normalisation, resolved into the key
         hparams["pixels"] = backbone.pixels or DEFAULT_PIXELS
+        sources["pixels"] = "auto: the weights' own" if backbone.pixels else "auto: the weights state none"
     if backbone.preprocess:  # only backbones that state it: every other cell's key stays as it was
         hparams["backbone_preprocess"] = dict(backbone.preprocess)
+        sources["backbone_preprocess"] = "the weights"
         if "posemb" in hparams and "posemb" in hparams["backbone_preprocess"]:
             hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
-    model = task.adapter.settings if task.adapter is not None else None
+            sources["posemb"] = "the weights"
     execution = {k: hparams.pop(k) for k in (model.execution_names() if model else ()) if k in hparams}
     return Cell(
         task=spec.task,
@@ -143,4 +150,5 @@ def make_cell(
         checkpoint=backbone.checkpoint,
         execution=execution,
         settings=model.of({**hparams, **execution}, spec.task) if model is not None else None,
+        sources=sources,
     )

@@ -276,6 +276,8 @@ class Task:
     sweep: dict = field(default_factory=dict)
     backbones: tuple[str, ...] | None = None
     adapter: Any = field(default=None, compare=False)  # the spec's adapter object (set by prepare_task)
+    # hyper-parameter -> where its value comes from: 'suite NAME', '--set', 'derived from ...' or the default's source
+    sources: dict = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -370,6 +372,7 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
     hparams = {**spec.hparams, **s.hparams}
     sweep = {**spec.sweep, **s.sweep}
     model = settings_model(spec.adapter)
+    sources = _sources(spec, suite, s, model)
     settable = [row[0] for row in model.rows()] if model is not None and sets else []
     for item in sets:
         key, sep, text = item.partition("=")
@@ -384,6 +387,7 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
             seen.append(model.default_of(key))
         like = next((v for v in seen if v is not None), None)
         nullable = any(v is None for v in seen)
+        sources[key] = SET_SOURCE
         if key in sweep:
             sweep[key] = [parse_override(key, t.strip(), like) for t in text.split(",") if t.strip()]
             if not sweep[key]:
@@ -397,8 +401,25 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
                 f"{close_matches(key, known)}; known: {', '.join(known)}"
             )
     if model is not None:  # a setting that follows a rule (LiT's warm-up follows steps) takes this run's values
+        for name, (reads, _) in model.rules.items():
+            if hparams.get(name) is None:
+                sources[name] = f"derived from {', '.join(reads)}"
         hparams = model.derive(hparams, swept=sweep)
     seeds = seeds if seeds is not None else (s.seeds or spec.seeds)
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds):
         raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} (e.g. --seeds 0,1,2)")
-    return Task(spec, suite, tuple(chosen), tuple(seeds), hparams, sweep, tuple(s.backbones) if s.backbones else None)
+    backbones = tuple(s.backbones) if s.backbones else None
+    return Task(spec, suite, tuple(chosen), tuple(seeds), hparams, sweep, backbones, sources=sources)
+
+
+SET_SOURCE = "--set"
+
+
+def _sources(spec: TaskSpec, suite: str, s, model) -> dict:
+    """Where each hyper-parameter's value comes from before --set: the suite that sets it ('suite NAME'), else the
+    protocol's default, whose source the settings model names (a paper's config, the reference code), else the task's
+    spec file. What a tracker, a record and `report` show beside each value that ran."""
+    source_of = model.source_of if model is not None else (lambda name: "")
+    out = {k: source_of(k) or f"tasks/{spec.task}.yaml" for k in {**spec.hparams, **spec.sweep}}
+    out.update({k: f"suite {suite}" for k in {**s.hparams, **s.sweep}})
+    return out

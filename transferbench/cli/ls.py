@@ -20,8 +20,8 @@ def add_parser(sub, fmt) -> argparse.ArgumentParser:
     ls.add_argument(
         "--show",
         metavar="TASK",
-        help="with `tasks`: TASK's settings, each with its paper default, each suite's value and its source (all: "
-        "every built-in task's, with --format markdown: docs/settings.md)",
+        help="with `tasks`: TASK's settings, each with its paper default, each suite's value and the source of its "
+        "default (all: every built-in task's, with --format markdown: docs/settings.md)",
     )
     ls.add_argument("--suite", "-s", help="with --show: only this suite's column")
     ls.add_argument("--format", "-f", default="text", choices=["text", "markdown"], help="with --show (default text)")

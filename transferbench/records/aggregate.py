@@ -54,6 +54,9 @@ class Entry:
     note: str = ""
     pixels: str = ""  # the input normalisation its cells used (hyper-parameter `pixels`; '' in older records)
     samples: dict = field(default_factory=dict)  # seed -> per-example test correctness, where records logged it
+    # (setting, value, source) of each setting its cells took from outside the protocol's defaults: a suite, --set
+    # or a rule (the records' `sources`; none in older records)
+    changed: tuple = ()
 
 
 def value_order(value) -> tuple:
@@ -153,6 +156,25 @@ def aggregate(records: list[dict]) -> list[Entry]:
                     note=note,
                     pixels=str(first["hparams"].get("pixels", "")),
                     samples=samples,
+                    changed=changed_settings(first),
                 )
             )
     return entries
+
+
+def changed_settings(record: dict) -> tuple:
+    """(setting, value, source) of each hyper-parameter the record took from a suite, --set or a rule, sorted; a
+    swept setting (a column or the selection's) is left to the table."""
+    sources = record.get("sources") or {}
+    swept = set(record.get("select") or ())
+    return tuple(
+        sorted(
+            (k, v if isinstance(v, (int, float, str)) else json.dumps(v, sort_keys=True), sources[k])
+            for k, v in (record.get("hparams") or {}).items()
+            if k in sources and k not in swept and sources[k].startswith(CHANGED_PREFIXES)
+        )
+    )
+
+
+# the sources that mean "not the protocol's default": a suite's value, a --set, a rule from other settings
+CHANGED_PREFIXES = ("suite ", "--set", "derived from ")

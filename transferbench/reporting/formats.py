@@ -81,6 +81,8 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
         out += [code_line(t.code), ""]
     if t.pixels:
         out += [pixels_line(t.pixels, list(t.rows)), ""]
+    if t.changed:
+        out += [changed_line(t.changed), ""]
     out += [tabulate(body, head, tablefmt="github", disable_numparse=True), ""]
     if t.refs:
         out += delta_markdown(t)
@@ -121,6 +123,16 @@ def delta_markdown(t: TaskTable) -> list[str]:
         ),
         "",
     ]
+
+
+def changed_line(changed: set) -> str:
+    """The header line naming each setting that did not come from the protocol's defaults, grouped by where it came
+    from: 'Settings not at the protocol's defaults: batch 32, steps 50 (suite embedded); lr 0.01 (--set).'"""
+    by_source: dict = {}
+    for name, value, source in sorted(changed, key=lambda c: (c[2], c[0], str(c[1]))):
+        by_source.setdefault(source, []).append(f"{name} {value}")
+    groups = [f"{', '.join(dict.fromkeys(items))} ({source})" for source, items in by_source.items()]
+    return "Settings not at the protocol's defaults: " + "; ".join(groups) + "."
 
 
 def pixels_line(pixels: dict, order: list) -> str:

@@ -54,6 +54,7 @@ class TaskTable:
     footnote: str | None = None  # what the cells are, when not the default (means over seeds)
     row_label: str = "backbone"  # what a row is (the DTN diagnostics table: a norm of one backbone)
     pixels: dict = field(default_factory=dict)  # backbone -> the input normalisation of its cells
+    changed: set = field(default_factory=set)  # (setting, value, source) its cells took from outside the defaults
     members: dict = field(default_factory=dict)  # group column -> the dataset columns it averages
     tally: list | None = None  # the columns a wins / ties / losses count reads (None: every non-group column)
     question: str = "stem"  # stem: vs the plain backbone; sanity: vs random init of the same architecture
@@ -264,6 +265,7 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
     for e in ents:
         if e.pixels:
             t.pixels.setdefault(e.backbone, set()).add(e.pixels)
+        t.changed.update(e.changed)
     for b in backbones:
         row = {}
         ns = set()

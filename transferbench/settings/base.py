@@ -191,7 +191,8 @@ def _message(cls, err: ValidationError, hparams: dict, task: str) -> str:
 def settings_table(task: str, suites: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of an installed task's settings: each setting with its paper default, its value in each of
     `suites` (default: all the task's suites; empty where the suite keeps the default; a swept setting shows its
-    values), the values it takes and its source (`transferbench list tasks --show TASK`, docs/settings.md)."""
+    values), the values it takes and the source of its default: a suite's value comes from the suite, as its column
+    says (`transferbench list tasks --show TASK`, docs/settings.md)."""
     from ..spec import load_task, settings_model
 
     spec = load_task(task)
@@ -211,7 +212,8 @@ def settings_table(task: str, suites: list[str] | None = None) -> tuple[list[str
             value = s.sweep.get(name, s.hparams.get(name, spec.sweep.get(name, spec.hparams.get(name, default))))
             cells.append("" if _value(value) == shown else _value(value))
         rows.append([name, shown, *cells, allowed, source, help_])
-    return ["setting", "default", *(f"suite {s}" for s in suites), "allowed", "source", "description"], rows
+    headers = ["setting", "default", *(f"suite {s}" for s in suites), "allowed", "source of the default"]
+    return [*headers, "description"], rows
 
 
 def _value(value) -> str:

@@ -90,7 +90,10 @@ def final_metrics(outcome: dict) -> dict:
 
 
 def settings_table(cell, settings_model) -> list[tuple[str, object, str]]:
-    """(name, value, source) of each setting the cell ran: its hyper-parameters, then its execution settings."""
-    source = getattr(settings_model, "source_of", lambda name: "")  # a settings.Settings model, or None
+    """(name, value, source) of each setting the cell ran: its hyper-parameters, then its execution settings. The
+    source is where the value that ran came from (the cell's `sources`: a suite, --set, a rule, the weights), and the
+    protocol default's own source (a paper's config) only where the value is that default."""
+    default = getattr(settings_model, "source_of", lambda name: "")  # a settings.Settings model, or None
     values = {**cell.hparams, **(cell.execution or {})}
-    return [(k, v, source(k)) for k, v in values.items()]
+    sources = getattr(cell, "sources", None) or {}
+    return [(k, v, sources.get(k) or default(k)) for k, v in values.items()]

@@ -269,7 +269,7 @@ def test_ray_workers_log_each_cell_to_its_own_tracker_entries(ray_cluster, tmp_p
     from test_tracking import board, cell_of, wandb_runs
 
     from transferbench.engine.executors import RayExecutor
-    from transferbench.tracking import Tracking, entry_parts
+    from transferbench.tracking import Tracking, entry_parts, wandb_name
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     fresh(ray_cluster[0])
@@ -282,11 +282,11 @@ def test_ray_workers_log_each_cell_to_its_own_tracker_entries(ray_cluster, tmp_p
     assert s.ok == len(records) == 2 * 4  # two backbones: two seeds at the one lr, then their final cells
     runs = wandb_runs(logs)
     swept = tuple(sorted(task.sweep))
-    assert set(runs) == {"/".join(entry_parts(cell_of(r), swept)) for r in records}
+    assert set(runs) == {wandb_name(cell_of(r), swept) for r in records}
     for r in records:
         parts = entry_parts(cell_of(r), swept)
         ((split, values),) = r["metrics"].items()
-        assert runs["/".join(parts)]["summary"][f"{split}/accuracy"] == values["accuracy"]
+        assert runs[wandb_name(cell_of(r), swept)]["summary"][f"{split}/accuracy"] == values["accuracy"]
         assert len(list(logs.joinpath(*parts).glob("events.*"))) == 1  # no second writer, no rerun folder
         assert board(logs.joinpath(*parts)).Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
 

@@ -23,7 +23,7 @@ from transferbench.cell import Cell  # noqa: E402
 from transferbench.engine.train import schedule_lr  # noqa: E402
 from transferbench.records.store import load_records  # noqa: E402
 from transferbench.spec import load_task  # noqa: E402
-from transferbench.tracking import Tracking, entry_parts, guarded  # noqa: E402
+from transferbench.tracking import Tracking, entry_parts, guarded, wandb_name  # noqa: E402
 
 # --- the readers --------------------------------------------------------------------------------------------------
 
@@ -141,12 +141,24 @@ def check_cell_entries(r: dict, log_dir: Path, runs: dict, settings_model, swept
     assert acc.Scalars("wall_s")[0].value == np.float32(r["seconds"])
     hparams = acc.PluginTagToContent("hparams")  # the HParams dashboard: this cell's session, no experiment of its own
     assert set(hparams) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    start = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"]).session_start_info
+    columns = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+    # what tells cells apart is a column each: backbone, data set, stage, seed, and each swept setting
+    assert {k: columns[k] for k in ("backbone", "dataset", "stage", "seed")} == {
+        "backbone": r["backbone"],
+        "dataset": r["dataset"],
+        "stage": r["stage"],
+        "seed": float(r["seed"]),
+    }
+    assert all(k in columns for k in swept if k in r["hparams"])
     rows = markdown_rows(board_text(acc, "settings"))
     assert rows[0] == ("setting", "value", "source")
     for k, v in r["hparams"].items():
         assert (k, str(v), sources.get(k, "")) in rows
 
-    run = runs["/".join(parts)]
+    run = runs[wandb_name(cell_of(r), swept)]
     assert run["group"] == f"{r['task']}/{r['suite']}" and run["job_type"] == r["stage"]
     assert run["config"]["settings"] == r["hparams"]
     assert run["config"]["sources"] == {k: sources.get(k, "") for k in r["hparams"]}
@@ -197,7 +209,7 @@ def test_every_cell_logs_its_curve_metrics_and_settings_and_no_record_moves(suit
     for r in records:
         check_cell_entries(r, logs, runs, VtabSettings, ("lr",))
     r0 = next(r for r in records if r["hparams"]["lr"] == 0.01 and r["seed"] == 0)
-    assert f"vtab/embedded/mini_dsprites_loc/mu4/select/lr=0.01/seed0-{r0['key'][:8]}" in runs
+    assert f"vtab/embedded/mu4/mini_dsprites_loc select lr=0.01 seed0 {r0['key'][:8]}" in runs
     assert exact_line(tmp_path / "plain", tmp_path / "logged", capsys).startswith(
         "**OK**: all 4 cells judged exactly (4 bit-identical"
     )
@@ -231,7 +243,7 @@ def test_the_paper_protocols_path_logs_the_same(tmp_path, monkeypatch):
     assert r["suite"] == "default" and r["status"] == "ok"  # the paper's protocol
     runs = wandb_runs(logs)
     check_cell_entries(r, logs, runs, VtabSettings, ())  # one lr: nothing swept
-    assert set(runs) == {"/".join(entry_parts(cell_of(r))), "vtab/default/report"}
+    assert set(runs) == {wandb_name(cell_of(r)), "vtab/default/report"}
 
 
 def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
@@ -244,14 +256,17 @@ def test_entries_name_what_the_task_sweeps_and_never_two_cells_alike(tmp_path):
         return Cell("fewshot", "digits", backbone, "random-init", {"shots": 5, "l2": 1.0, **hp}, 0, "1", stage="final")
 
     swept = ("shots",)
-    assert "/".join(entry_parts(cell(), swept)) == f"fewshot/all/digits/mu4/final/shots=5/seed0-{cell().key[:8]}"
-    names = {
-        "/".join(entry_parts(c, swept))
-        for c in (cell(), cell(shots=10), cell(l2=2.0), cell(backbone="a/b"), cell(backbone="a b"))
-    }
-    assert len(names) == 5
+    # the backbone, then one part of words: TensorBoard's run list shows a name's start and its end (shots, seed)
+    assert entry_parts(cell(), swept) == ["fewshot", "all", "mu4", "digits final shots=5 seed0"]
+    others = (cell(shots=10), cell(l2=2.0), cell(backbone="a/b"), cell(backbone="a b"))
+    # l2 is not swept, and a/b and "a b" are one folder name: three names for five cells
+    assert len({"/".join(entry_parts(c, swept)) for c in (cell(), *others)}) == 3
+    assert len({wandb_name(c, swept) for c in (cell(), *others)}) == 5  # W&B's names carry the key
+    folders = [fresh_folder(tmp_path.joinpath(*entry_parts(c, swept)), c.key) for c in (cell(), *others)]
+    assert len(set(folders)) == 5  # TensorBoard's: the second cell of a name takes its key beside the first
+    assert folders[2].name == f"digits final shots=5 seed0 {cell(l2=2.0).key[:8]}"
     folder = tmp_path.joinpath(*entry_parts(cell(), swept))
-    assert fresh_folder(folder) == folder and fresh_folder(folder) == folder / "rerun-2"
+    assert fresh_folder(folder, cell().key) == folder / "rerun-2"  # the same cell again: a rerun beside it
 
 
 def test_a_cells_wandb_entry_is_whole_on_disk_the_moment_its_cell_ends(tmp_path, monkeypatch):
@@ -455,12 +470,10 @@ def test_the_nightly_logs_each_cell_and_each_tasks_report(tmp_path, monkeypatch)
     logs = logs / "d1"  # each night in a folder of its own
     runs = wandb_runs(logs)
     swept = tuple(sorted(prepare_task("toy", suite="quick").sweep))
-    assert len(records) == 8 and set(runs) == {"/".join(entry_parts(cell_of(r), swept)) for r in records} | {
-        "toy/quick/report"
-    }
+    assert len(records) == 8 and set(runs) == {wandb_name(cell_of(r), swept) for r in records} | {"toy/quick/report"}
     for r in records:
         parts = entry_parts(cell_of(r), swept)
-        acc, run = board(logs.joinpath(*parts)), runs["/".join(parts)]
+        acc, run = board(logs.joinpath(*parts)), runs[wandb_name(cell_of(r), swept)]
         assert run["group"] == "toy/quick" and "curve/loss" not in acc.Tags()["scalars"]  # the toy trains nothing
         for split, values in r["metrics"].items():
             assert acc.Scalars(f"{split}/accuracy")[0].value == np.float32(values["accuracy"])
@@ -505,7 +518,7 @@ def test_a_settings_source_is_where_the_value_that_ran_came_from(suite_home, tmp
         parts = entry_parts(cell_of(r), ("lr",))
         rows = markdown_rows(board_text(board(logs.joinpath(*parts)), "settings"))  # TensorBoard's settings table
         assert {("batch", "32", "suite embedded"), ("steps", "3", "--set"), ("momentum", "0.9", paper)} <= set(rows)
-        run = wandb_runs(logs)["/".join(parts)]  # W&B's config
+        run = wandb_runs(logs)[wandb_name(cell_of(r), ("lr",))]  # W&B's config
         assert {k: run["config"]["sources"][k] for k in want} == want
     capsys.readouterr()
     assert cli(f"report {out}") == 0  # the report names what did not come from the protocol's defaults

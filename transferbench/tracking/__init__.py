@@ -34,6 +34,7 @@ from .entries import (
     Tracking,
     entry_parts,
     settings_table,
+    wandb_name,
 )
 
 log = logging.getLogger("transferbench")
@@ -325,5 +326,6 @@ __all__ = [
     "check",
     "current",
     "entry_parts",
+    "wandb_name",
     "guarded",
 ]

@@ -52,24 +52,39 @@ def _part(text) -> str:
 
 
 def entry_parts(cell, swept=()) -> list[str]:
-    """A cell's entry name, part by part: task, suite, dataset, backbone, stage, the hyper-parameters the task
-    sweeps (`swept`: the learning rates a stage selects from, few-shot's shots, ADE20K's fraction; as NAME=VALUE)
-    and the seed with the first 8 characters of the cell's key, which tells apart two cells that differ in
-    anything else (a --set of another run into the same folder, backbone names that differ in a separator)."""
+    """A cell's entry, part by part: task, suite, backbone, then one part that reads as words: the dataset, the stage,
+    the hyper-parameters the task sweeps (`swept`: the learning rates a stage selects from, few-shot's shots,
+    ADE20K's fraction; as NAME=VALUE) and the seed. TensorBoard's run list shows a long name's start and end: the
+    backbone and the swept settings with the seed stay readable there (the HParams dashboard has every part as a
+    column). Two cells that differ in anything else (a --set of another run into the same folder) are told apart by
+    their keys (`fresh_folder`, `wandb_name`)."""
     keys = [k for k in (*swept, *cell.select) if k in cell.hparams]
-    named = ",".join(f"{k}={cell.hparams[k]}" for k in dict.fromkeys(keys))
-    parts = [cell.task, cell.suite or "all", cell.dataset, cell.backbone, cell.stage or "cell"]
-    return [_part(p) for p in parts] + ([_part(named)] if named else []) + [f"seed{cell.seed}-{cell.key[:8]}"]
+    named = [f"{k}={cell.hparams[k]}" for k in dict.fromkeys(keys)]
+    leaf = " ".join([_part(cell.dataset), _part(cell.stage or "cell"), *map(_part, named), f"seed{cell.seed}"])
+    return [_part(p) for p in (cell.task, cell.suite or "all", cell.backbone)] + [leaf]
 
 
-def fresh_folder(folder: Path) -> Path:
-    """`folder`, made and taken; or, where an earlier attempt took it, the first free `rerun-N` below it. Taking is
-    atomic (making `.taken`), so no two writers share a folder."""
+def wandb_name(cell, swept=()) -> str:
+    """A cell's W&B run name: its entry's parts and the first 8 characters of its key (W&B keeps no folders to tell
+    two cells of one name apart)."""
+    return "/".join(entry_parts(cell, swept)) + f" {cell.key[:8]}"
+
+
+def fresh_folder(folder: Path, key: str = "") -> Path:
+    """`folder`, made and taken for the cell of `key`; where an earlier attempt of the same cell took it, the first
+    free `rerun-N` below it; where another cell took it (the same name, another key), `folder KEY8` beside it. Taking
+    is atomic (making `.taken`, which keeps the key), so no two writers share a folder."""
+    if key:
+        taken = folder / ".taken" / "key"
+        if taken.is_file() and taken.read_text() != key:
+            folder = folder.with_name(f"{folder.name} {key[:8]}")
     n, chosen = 1, folder
     while True:
         chosen.mkdir(parents=True, exist_ok=True)
         try:
             (chosen / ".taken").mkdir()
+            if key:
+                (chosen / ".taken" / "key").write_text(key)
             return chosen
         except FileExistsError:
             n += 1

@@ -1,9 +1,10 @@
-"""TensorBoard: each cell a run folder of event files under the log dir (LOG_DIR/TASK/SUITE/DATASET/BACKBONE/STAGE/
-[SWEPT]/seedN-KEY), written through torch's SummaryWriter. Scalars: TAG/loss and TAG/lr per step (TAG: curve, curve_2,
-... one per training loop), SPLIT/METRIC and wall_s; text: the settings with their sources and what each loop was;
-the HParams dashboard: the cell's hyper-parameters against its final metrics. A rerun of a cell (another attempt,
---force) writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run; so does a
-second run's report."""
+"""TensorBoard: each cell a run folder of event files under the log dir (LOG_DIR/TASK/SUITE/BACKBONE/DATASET STAGE
+[SWEPT] seedN, with its key appended where another cell took the name), written through torch's SummaryWriter.
+Scalars: TAG/loss and TAG/lr per step (TAG: curve, curve_2, ... one per training loop), SPLIT/METRIC and wall_s; text:
+the settings with their sources and what each loop was; the HParams dashboard: the cell's backbone, dataset, stage,
+seed, task and suite and its hyper-parameters against its final metrics. A rerun of a cell (another attempt, --force)
+writes beside the earlier one, in rerun-N, so that no two attempts mix their steps in one run; so does a second run's
+report."""
 
 from __future__ import annotations
 
@@ -47,10 +48,19 @@ class CellBoard:
     """One cell's TensorBoard run."""
 
     def __init__(self, tracking: Tracking, cell, settings: list[tuple]):
-        self.folder = fresh_folder(Path(tracking.dir).joinpath(*entry_parts(cell, tracking.swept)))
+        self.folder = fresh_folder(Path(tracking.dir).joinpath(*entry_parts(cell, tracking.swept)), cell.key)
         self.writer = _writer(self.folder)
         self.settings = settings
         self.name = str(self.folder)
+        # the HParams dashboard's first columns: what tells cells apart (the swept settings are among the settings)
+        self.identity = {
+            "backbone": cell.backbone,
+            "dataset": cell.dataset,
+            "stage": cell.stage or "cell",
+            "seed": int(cell.seed),
+            "task": cell.task,
+            "suite": cell.suite or "all",
+        }
         try:
             self.writer.add_text("settings", markdown_table(settings, ("setting", "value", "source")), 0)
             self.writer.flush()
@@ -82,7 +92,8 @@ class CellBoard:
             w.add_text("loops", markdown_table([(t, d) for d, t in loops.items()], ("tag", "training loop")), 0)
         if metrics:  # the HParams dashboard: this cell's session (its settings, then its end); no experiment
             # summary, so that TensorBoard builds the experiment from every cell's session and not one cell's columns
-            _, start, end = hparams({k: str(v) if v is None else plain(v) for k, v, _ in self.settings}, metrics)
+            values = {k: str(v) if v is None else plain(v) for k, v, _ in self.settings}
+            _, start, end = hparams({**values, **self.identity}, metrics)
             w.file_writer.add_summary(start)
             w.file_writer.add_summary(end)
         w.close()

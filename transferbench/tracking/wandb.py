@@ -1,5 +1,5 @@
 """Weights & Biases: each cell a run, offline unless asked otherwise (`wandb sync LOG_DIR/wandb/offline-run-*`
-uploads later), named TASK/SUITE/DATASET/BACKBONE/STAGE[/SWEPT]/seedN-KEY in the group TASK/SUITE (so a sweep's cells
+uploads later), named TASK/SUITE/BACKBONE/DATASET STAGE [SWEPT] seedN KEY in the group TASK/SUITE (so a sweep's cells
 compare in one view), job type the cell's stage. Config: the cell's identity, its settings and their sources.
 History: TAG/loss and TAG/lr against TAG/step (TAG: curve, curve_2, ... one per training loop). Summary: SPLIT/METRIC,
 wall_s, status (a cell that did not finish ok is a failed W&B run). No console capture, no system metrics and, offline,
@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from .entries import Tracking, entry_parts, final_metrics, plain
+from .entries import Tracking, final_metrics, plain, wandb_name
 
 
 def _settings(wandb):
@@ -167,7 +167,7 @@ class CellRun:
         }
         self.run = _init(
             tracking,
-            name="/".join(entry_parts(cell, tracking.swept)),
+            name=wandb_name(cell, tracking.swept),
             group=tracking.group_of(cell.task, cell.suite),
             job_type=cell.stage or "cell",
             config={

@@ -92,3 +92,22 @@ def record(
         "environment": dict(environment or ENV),
     }
     return {**record_of(cell, outcome, run_id="test"), **fields}
+
+
+def mounted_tmpfs(folder, options: str):
+    """A generator for a pytest fixture: a tmpfs mounted on `folder` (made) with mount `options` ('size=64k', 'ro'),
+    unmounted after; the test is skipped where this is not root or mounting fails."""
+    import os
+    import subprocess
+
+    import pytest
+
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0):
+        pytest.skip("mounting a tmpfs needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("mount -t tmpfs failed here")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)

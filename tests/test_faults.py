@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from kit import cli
+from kit import cli, mounted_tmpfs
 
 from transferbench.cli import main
 from transferbench.errors import UserError
@@ -361,15 +361,9 @@ def test_full_out_disk_patched_writes(tmp_path, monkeypatch, capsys, reference):
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """A 64 kB tmpfs (root only): each record takes a 4 kB page."""
-    if not IS_ROOT:
-        pytest.skip("mounting a tmpfs needs root (the patched-writes test covers a full disk without it)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mount -t tmpfs failed here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    """A 64 kB tmpfs (root only; the patched-writes test covers a full disk without it): each record takes a 4 kB
+    page."""
+    yield from mounted_tmpfs(tmp_path / "mnt", "size=64k")
 
 
 def test_full_out_disk_on_a_small_tmpfs(tmpfs, capsys, reference):
@@ -601,15 +595,10 @@ def test_the_write_probe_leaves_nothing_on_any_failure(tmpfs, tmp_path):
             probe(target)
         assert e.value.errno == errno.ENOSPC
         assert sorted(p.name for p in tmpfs.iterdir()) == before
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)]).returncode == 0
-    try:
+    for ro in mounted_tmpfs(tmp_path / "ro", "size=64k,ro"):
         with pytest.raises(OSError) as e:
             probe(ro)
         assert e.value.errno == errno.EROFS and list(ro.iterdir()) == []
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], capture_output=True)
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     assert _as_nobody(lambda: probe(locked)) == errno.EACCES

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from kit import cli_argv, embedded_home
+from kit import cli_argv, embedded_home, mounted_tmpfs
 
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed")
 pytest.importorskip("wandb", reason="the tracking extra is not installed")
 
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 RUN = "run vtab --suite embedded --datasets mini_digits --backbone mu4@embedded --seeds 0,1,2 --no-progress"
 
 
@@ -34,15 +33,8 @@ def _state(folder: Path) -> dict:
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    if not IS_ROOT:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "logs"
-    mnt.mkdir()
     # 120 kB: W&B's first runs fit, a later cell's run and the report do not
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mount -t tmpfs failed here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path / "logs", "size=120k")
 
 
 @pytest.mark.slow

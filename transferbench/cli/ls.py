@@ -14,9 +14,10 @@ def add_parser(sub, fmt) -> argparse.ArgumentParser:
         formatter_class=fmt,
         epilog="examples:\n  transferbench list backbones\n  transferbench list suites\n"
         "  transferbench list tasks --show vtab              # every setting: default, each suite's, source\n"
-        "  transferbench list tasks --show fewshot --suite embedded --format markdown",
+        "  transferbench list tasks --show fewshot --suite embedded --format markdown\n"
+        "  transferbench list references --task vtab         # published numbers, each with its source",
     )
-    ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters"])
+    ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters", "references"])
     ls.add_argument(
         "--show",
         metavar="TASK",
@@ -24,6 +25,7 @@ def add_parser(sub, fmt) -> argparse.ArgumentParser:
         "default (all: every built-in task's, with --format markdown: docs/settings.md)",
     )
     ls.add_argument("--suite", "-s", help="with --show: only this suite's column")
+    ls.add_argument("--task", help="with `references`: only this task's published numbers")
     ls.add_argument("--format", "-f", default="text", choices=["text", "markdown"], help="with --show (default text)")
     return ls
 
@@ -33,6 +35,8 @@ def command(args) -> int:
 
     if args.show and args.what != "tasks":
         raise UserError(f"--show names a task's settings: `transferbench list tasks --show {args.show}`")
+    if args.task and args.what != "references":
+        raise UserError(f"--task picks a task's published numbers: `transferbench list references --task {args.task}`")
     if args.what == "backbones":
         from ..backbones.registry import BACKBONE_COLUMNS, backbone_rows
 
@@ -41,6 +45,8 @@ def command(args) -> int:
             "\nAlso any timm ViT as timm:MODEL[.TAG][@FILE] (timm.list_models('*vit*')) and your own module as "
             "py:MODULE:FACTORY[@FILE]: docs/backbones.md#bring-your-own-vit"
         )
+    elif args.what == "references":
+        _references(args.task, tabulate)
     elif args.what == "adapters":
         from ..adapters import list_adapters
 
@@ -79,3 +85,17 @@ def _specs_table(what: str, tabulate) -> str:
         for name, suite in s.suites.items()
     ]
     return tabulate(rows, ["task", "suite", "datasets", "description"], tablefmt="github")
+
+
+def _references(task, tabulate) -> None:
+    """The published numbers (reporting.published), each with its conditions and source."""
+    from ..reporting.published import reference_rows
+    from ..spec import BUILTIN_TASKS
+
+    if task is not None and task not in BUILTIN_TASKS:
+        raise UserError(f"--task {task!r} is not a task; tasks: {', '.join(BUILTIN_TASKS)}")
+    headers, rows = reference_rows(task)
+    if not rows:
+        print(f"no published numbers carried over for {task} yet (docs: transferbench/reporting/published.py)")
+        return
+    print(tabulate(rows, headers, tablefmt="github", disable_numparse=True))

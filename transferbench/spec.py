@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import UserError, close_matches
 from .plugins import load_group, load_one
+from .settings.base import SET_SOURCE, derived_source, suite_source
 
 BUILTIN_TASKS = ("ade20k", "diagnose", "fewshot", "hires", "imagenet_c", "lit", "pretrain", "vtab")  # tasks/*.yaml
 
@@ -403,7 +404,7 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
     if model is not None:  # a setting that follows a rule (LiT's warm-up follows steps) takes this run's values
         for name, (reads, _) in model.rules.items():
             if hparams.get(name) is None:
-                sources[name] = f"derived from {', '.join(reads)}"
+                sources[name] = derived_source(reads)
         hparams = model.derive(hparams, swept=sweep)
     seeds = seeds if seeds is not None else (s.seeds or spec.seeds)
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds):
@@ -412,14 +413,11 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
     return Task(spec, suite, tuple(chosen), tuple(seeds), hparams, sweep, backbones, sources=sources)
 
 
-SET_SOURCE = "--set"
-
-
 def _sources(spec: TaskSpec, suite: str, s, model) -> dict:
     """Where each hyper-parameter's value comes from before --set: the suite that sets it ('suite NAME'), else the
     protocol's default, whose source the settings model names (a paper's config, the reference code), else the task's
     spec file. What a tracker, a record and `report` show beside each value that ran."""
     source_of = model.source_of if model is not None else (lambda name: "")
     out = {k: source_of(k) or f"tasks/{spec.task}.yaml" for k in {**spec.hparams, **spec.sweep}}
-    out.update({k: f"suite {suite}" for k in {**s.hparams, **s.sweep}})
+    out.update({k: suite_source(suite) for k in {**s.hparams, **s.sweep}})
     return out

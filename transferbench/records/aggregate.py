@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hashing import canon
+from ..settings.base import OVERRIDE_SOURCES
 from .record import latest, value
 from .stats import Estimate, mean_ci
 from .store import read_samples
@@ -171,10 +172,6 @@ def changed_settings(record: dict) -> tuple:
         sorted(
             (k, v if isinstance(v, (int, float, str)) else json.dumps(v, sort_keys=True), sources[k])
             for k, v in (record.get("hparams") or {}).items()
-            if k in sources and k not in swept and sources[k].startswith(CHANGED_PREFIXES)
+            if k in sources and k not in swept and sources[k].startswith(OVERRIDE_SOURCES)
         )
     )
-
-
-# the sources that mean "not the protocol's default": a suite's value, a --set, a rule from other settings
-CHANGED_PREFIXES = ("suite ", "--set", "derived from ")

@@ -240,13 +240,11 @@ class CellLog:
         if not always and kind not in _OFF and kind not in self.failures:
             return
         unfinished = _ended(sink) if sink is not None else None
-        if unfinished and kind not in _OFF:
+        if unfinished:  # a tracker that fails only here (an interrupted cell's entry) has failed all the same
             _OFF.add(kind)
             self.failures.setdefault(kind, f"--log-to {kind} failed while finishing an interrupted cell's entry")
         if kind in self.failures:
             _warn(kind, self.failures.pop(kind), [unfinished] if unfinished else [])
-        elif unfinished:  # the tracker's warning went out in an earlier cell: this entry is named on its own
-            log.warning("transferbench: warning: --log-to %s: entry %s could not be finished", kind, unfinished)
 
 
 class Curve:

@@ -39,7 +39,7 @@ def _finish(run, exit_code: int = 0) -> None:
     import wandb
 
     run.finish(exit_code=exit_code)
-    finished.append((run.name, Path(run.dir).parent))
+    finished.append((run.name, _folder(run)))
     if wandb.setup().most_recent_active_run is None:
         wandb.teardown()
 
@@ -48,19 +48,29 @@ def _finish(run, exit_code: int = 0) -> None:
 finished: list = []
 
 
+def _folder(run) -> Path:
+    """A run's folder (LOG_DIR/wandb/offline-run-...): its files folder's parent."""
+    return Path(run.dir).parent
+
+
+def _label(run) -> str:
+    """A run as a warning names it: its name and its folder."""
+    return f"{run.name} ({_folder(run)})"
+
+
 def unfinished(limit: int = 8) -> list[str]:
     """The runs this process finished whose files do not read as ended in W&B's own inspector (`wandb leet inspect`),
     newest first until one does (at most `limit`), as 'NAME (FOLDER)': on a full disk W&B's service can lose a run's
     records although `finish` returned. Asked only once the tracker has failed (each look takes about a second)."""
     out = []
     for name, folder in reversed(finished[-limit:]):
-        if _state(folder) in ("finished", "failed"):
+        if _run_state(folder) in ("finished", "failed"):
             break
         out.append(f"{name} ({folder})")
     return out[::-1]
 
 
-def _state(folder: Path) -> str:
+def _run_state(folder: Path) -> str:
     """A run folder's state as W&B's inspector reads it: finished, failed, running, or unknown (no run record)."""
     import json
     import subprocess
@@ -78,6 +88,11 @@ def _state(folder: Path) -> str:
 # by its environment variable, under LOG_DIR/wandb/state; W&B's config folder is read only, and stays the user's
 STATE = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_ARTIFACT_DIR": "artifacts"}
 
+
+def _state_dir(folder: Path) -> Path:
+    return Path(folder).absolute() / "wandb" / "state"
+
+
 # W&B's own log lines that could not be written (a full disk): (handler's file, error), newest last
 log_failures: list = []
 
@@ -91,7 +106,7 @@ def import_wandb(folder: Path):
 
     if sys.modules.get("wandb") is not None:
         return sys.modules["wandb"]
-    tmp = Path(folder).absolute() / "wandb" / "state" / "tmp"
+    tmp = _state_dir(folder) / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     before = tempfile.tempdir
     tempfile.tempdir = str(tmp)
@@ -106,7 +121,7 @@ def confine(folder: Path) -> None:
     """W&B's state folders under `folder`/wandb/state (set before W&B's service starts: it reads them then), and its
     logger's file handlers quiet on failure (`log_failures`)."""
     for variable, name in STATE.items():
-        os.environ[variable] = str(Path(folder).absolute() / "wandb" / "state" / name)
+        os.environ[variable] = str(_state_dir(folder) / name)
     logger = logging.getLogger("wandb")
     for handler in logger.handlers:
         _quiet(handler)
@@ -177,7 +192,7 @@ class CellRun:
             },
         )
         self.tags: set = set()
-        self.name = f"{self.run.name} ({Path(self.run.dir).parent})"  # the run's name and folder, for a warning
+        self.name = _label(self.run)  # for a warning
 
     def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
         if tag not in self.tags:
@@ -228,6 +243,6 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
         _finish(run, exit_code=1 if failed else 0)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the tracker's warning names the run left unfinished
         failed = failed or e
-        failed.unfinished = [f"{run.name} ({Path(run.dir).parent})"]
+        failed.unfinished = [_label(run)]
     if failed is not None:
         raise failed

@@ -311,8 +311,9 @@ def backward(g, x, P, lam, weight, stats, eps: float, precise: bool):
 
 
 def _total(t: torch.Tensor, dims) -> torch.Tensor:
-    """A sum of per-block partial sums, accumulated in float64 (they are few and small), in the statistics' dtype."""
-    return t.double().sum(dims).to(_acc(t))
+    """A sum over `dims` accumulated in float64 (the reduction casts as it reads: no float64 copy of `t`, which for the
+    bias gradient is a whole activation), returned in the statistics' dtype."""
+    return t.sum(dims, dtype=torch.float64).to(_acc(t))
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:

@@ -462,22 +462,20 @@ def run(
         out["data"] = data_share(device, seconds, workers=2, fed_steps=False)
         return out
     clock = Budget(budget)
+    row = functools.partial(_row, clock=clock)  # each printed as it finishes; a failure or a row past the budget named
     if small:  # toy shapes: the code runs, the figures mean nothing
-        row = functools.partial(_row, clock=clock)
         out["dtn"] = [row("dtn", dtn_overhead, "mu4", 8, device, seconds, res=32, need=5)]
         out["step"] = [row("step", step_vs_timm, "mu4", 8, device, seconds, res=32, steps=2, need=5)]
         out["data"] = row("data", data_share, device, seconds, size="mu4", batch=16, n=40, res=32, workers=0, need=5)
         out["cell"] = row("cell", paper_cell, device, size="mu4", steps=4, batch=8, n=40, workers=0, res=32, need=5)
-        small_levers = (("mu4", 8, None),)
         if levers:
-            out["levers"] = [row("lever", lever, *v, device, seconds, res=32, need=5) for v in small_levers]
+            out["levers"] = [row("lever", lever, "mu4", 8, None, device, seconds, res=32, need=5)]
             out["data_levers"] = [
                 row("data lever", data_share, device, seconds, size="mu4", batch=16, n=40, res=32, workers=w,
                     paths=("resident",), need=5)
                 for w in (0, 1)
             ]  # fmt: skip
-    else:  # each row printed as it finishes; a row that fails or is past the budget is named, the others still run
-        row = functools.partial(_row, clock=clock)
+    else:
         out["dtn"] = [row("dtn", dtn_overhead, size, 128, device, seconds, need=40) for size in ("s16", "b16")]
         out["step"] = [row("step", step_vs_timm, size, batch, device, seconds, need=60) for size, batch in STEP_ROWS]
         out["data"] = row("data", data_share, device, seconds, need=40)

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import UserError, close_matches
 from .plugins import load_group, load_one
-from .settings.base import SET_SOURCE, derived_source, suite_source
 
 BUILTIN_TASKS = ("ade20k", "diagnose", "fewshot", "hires", "imagenet_c", "lit", "pretrain", "vtab")  # tasks/*.yaml
 
@@ -411,6 +410,22 @@ def resolve(spec: TaskSpec, *, suite: str | None = None, datasets=None, seeds=No
         raise UserError(f"seeds must be non-negative integers, got {', '.join(map(str, seeds))} (e.g. --seeds 0,1,2)")
     backbones = tuple(s.backbones) if s.backbones else None
     return Task(spec, suite, tuple(chosen), tuple(seeds), hparams, sweep, backbones, sources=sources)
+
+
+# where a value that ran came from, where it is not the protocol's default (whose source is the settings model's
+# `source_of`): written here into the resolved task's `sources`, which cells record and `report` reads back
+SET_SOURCE = "--set"
+
+
+def suite_source(suite: str) -> str:
+    return f"suite {suite}"
+
+
+def derived_source(reads) -> str:
+    return f"derived from {', '.join(reads)}"
+
+
+OVERRIDE_SOURCES = (suite_source(""), SET_SOURCE, derived_source(()))  # the prefixes of the three above
 
 
 def _sources(spec: TaskSpec, suite: str, s, model) -> dict:

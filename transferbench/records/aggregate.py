@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hashing import canon
-from ..settings.base import OVERRIDE_SOURCES
+from ..spec import OVERRIDE_SOURCES
 from .record import latest, value
 from .stats import Estimate, mean_ci
 from .store import read_samples

@@ -42,20 +42,6 @@ BF16_HELP = (
 # the sources of settings that are no paper's fact
 BF16_SOURCE = "no paper fixes it: bf16 autocast where it measures faster on the device (engine.precision)"
 EXECUTION = "an execution setting outside the protocol: the numbers do not depend on it"
-# where a value that ran came from, where it is not the protocol's default (whose source is `Settings.source_of`):
-# written by the task's resolution (spec.resolve) into each cell's `sources`, read back by `report`
-SET_SOURCE = "--set"
-
-
-def suite_source(suite: str) -> str:
-    return f"suite {suite}"
-
-
-def derived_source(reads) -> str:
-    return f"derived from {', '.join(reads)}"
-
-
-OVERRIDE_SOURCES = (suite_source(""), SET_SOURCE, derived_source(()))  # the prefixes of the three above
 EVAL_BATCH = 256  # images per evaluation batch, the engine's default and the protocols' (an EXECUTION setting)
 
 

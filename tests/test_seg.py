@@ -480,3 +480,27 @@ def test_separable_window_logits_equal_stitching_then_resizing(image_hw, out_hw)
     # the 1-d maps are torch's bilinear weights: rows sum to 1, and 2 -> 4 gives 0.75 / 0.25 mixes
     m = interp_matrix(2, 4)
     assert torch.allclose(m, torch.tensor([[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]))
+
+
+def test_dry_run_counts_app_g_training_images_for_ade20k():
+    """App. G: 128 epochs of 20210 // 16 = 1263 steps of 16 whatever the fraction (`epoch: pool`): 2,586,624 images
+    a cell, known before the data is read; a set of unknown size without `steps` has no estimate (0)."""
+    from transferbench.adapters import prepare_task
+    from transferbench.backbones.weights import resolve_backbone
+    from transferbench.cell import make_cell
+
+    task = prepare_task("ade20k")
+    ds = next(d for d in task.datasets if d.name == "ade20k")
+    counts = {
+        hp["fraction"]: task.adapter.training_images(make_cell(task, ds, resolve_backbone("b16"), hp, 0))
+        for hp in task.grid()
+    }
+    assert counts == {f: 128 * 1263 * 16 for f in (0.0625, 0.125, 0.25, 0.5, 1.0)}
+    fractions = prepare_task("ade20k", sets=["epoch=fraction"])
+    quarter = next(hp for hp in fractions.grid() if hp["fraction"] == 0.25)
+    cell = make_cell(fractions, ds, resolve_backbone("b16"), quarter, 0)
+    # 0.25 x 20210 = 5052.5, which `subset` rounds half up: 5053 images, ceil(128 x 5053 / 16) = 40424 steps
+    assert fractions.adapter.training_images(cell) == 40424 * 16
+    scenes = prepare_task("ade20k", suite="embedded")
+    cell = make_cell(scenes, scenes.datasets[0], resolve_backbone("mu4"), scenes.grid()[0], 0)
+    assert scenes.adapter.training_images(cell) == 0  # 8 epochs of a set whose size the dry run does not read

@@ -139,6 +139,11 @@ def open_split(ds: dict, split: str, data_dir=None):
     )
 
 
+# the training images of a data set whose size `run --dry-run` knows before reading it: ADE20K's 20,210 (App. G's
+# `steps_per_epoch = 20210 // batch_size`)
+TRAINING_IMAGES = {"ade20k": 20210}
+
+
 class SegAdapter(Adapter):
     name = "seg"
     dataset_schema = SegDatasetEntry
@@ -146,6 +151,16 @@ class SegAdapter(Adapter):
 
     def input_size(self, cell) -> int:
         return self.settings_of(cell).crop
+
+    def training_images(self, cell) -> int:
+        """`train_steps` x batch: known before the data is read where `steps` is set or the set's size is
+        (TRAINING_IMAGES); 0 (no estimate) otherwise."""
+        hp = self.settings_of(cell)
+        pool = TRAINING_IMAGES.get(cell.dataset, 0)
+        if not hp.steps and not pool:
+            return 0
+        n = len(subset(pool, hp.fraction, cell.seed)) if pool else 0
+        return train_steps(hp, n, pool) * hp.batch
 
     def validate(self, spec, source="<spec>"):
         super().validate(spec, source)

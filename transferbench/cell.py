@@ -8,7 +8,11 @@ from dataclasses import asdict, dataclass, field
 
 from .hashing import digest
 
-RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights
+RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights, and its pretraining
+# the pretraining a checkpoint of the `pretrain` task states by its (data set, steps): the default protocol, DPN §5's
+# AugReg on ImageNet-1k for 93,000 steps, under the name the published numbers use (reporting.published); any other
+# is named `pretrain:DATASET:STEPS`
+OWN_PRETRAINING = {("imagenet2012", 93000): "imagenet1k_augreg_93k"}
 DEFAULT_PIXELS = "inception"  # pixels in [-1, 1] (big_vision): for weights that state no normalisation (data.pixels)
 
 
@@ -31,6 +35,9 @@ class BackboneRef:
     # what else the weights state of their input ((key, value) pairs: input_size, crop_pct, interpolation, pixels;
     # timm tags' pretrained_cfg), recorded in each cell's hyper-parameters as `backbone_preprocess`
     preprocess: tuple = ()
+    # what the weights were pretrained on, where they state it (a checkpoint of the `pretrain` task: OWN_PRETRAINING);
+    # '' where they do not; RANDOM_INIT for none
+    pretraining: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class Cell:
     settings: object = field(default=None, compare=False, repr=False)
     # where each setting's value comes from (spec.Task.sources, the weights for what they state): recorded, not keyed
     sources: dict = field(default_factory=dict, compare=False)
+    # what the weights were pretrained on: declared (`--set pretraining=NAME`, then also a keyed hyper-parameter) or
+    # stated by the weights (BackboneRef.pretraining); RANDOM_INIT without weights; '' unknown. Recorded, not keyed
+    pretraining: str = field(default="", compare=False)
 
     IDENTITY = (
         "task",
@@ -129,6 +139,7 @@ def make_cell(
             hparams["posemb"] = hparams["backbone_preprocess"]["posemb"]  # a model that resamples them itself
             sources["posemb"] = "the weights"
     execution = {k: hparams.pop(k) for k in (model.execution_names() if model else ()) if k in hparams}
+    pretraining = _pretraining(backbone, hparams, sources)
     return Cell(
         task=spec.task,
         dataset=dataset.name,
@@ -151,4 +162,24 @@ def make_cell(
         execution=execution,
         settings=model.of({**hparams, **execution}, spec.task) if model is not None else None,
         sources=sources,
+        pretraining=pretraining,
     )
+
+
+def _pretraining(backbone: BackboneRef, hparams: dict, sources: dict) -> str:
+    """What `backbone`'s weights were pretrained on: RANDOM_INIT without weights (a declaration leaves the
+    hyper-parameters: it is about weights), else the declared `pretraining` (kept in the hyper-parameters, so
+    in the key), which may not contradict what the weights state, else their statement ('' where none)."""
+    declared = hparams.get("pretraining")
+    if backbone.sha256 == RANDOM_INIT:
+        hparams.pop("pretraining", None)
+        sources.pop("pretraining", None)
+        return RANDOM_INIT
+    if declared and backbone.pretraining and declared != backbone.pretraining:
+        from .errors import UserError
+
+        raise UserError(
+            f"backbone {backbone.spec!r}: the checkpoint states its pretraining, {backbone.pretraining!r}, and "
+            f"--set pretraining={declared} contradicts it; drop the --set (the checkpoint's own statement is recorded)"
+        )
+    return declared or backbone.pretraining

@@ -51,18 +51,20 @@ def resolve_backbone(spec: str) -> BackboneRef:
     if hasattr(family, "resolve"):  # a family that knows its own weights (timm: its tags' Hugging Face cache)
         return family.resolve(spec, name, checkpoint)
     if not checkpoint:
-        return BackboneRef(spec, name, None, RANDOM_INIT)
+        return BackboneRef(spec, name, None, RANDOM_INIT, pretraining=RANDOM_INIT)
     words = providers()
     if checkpoint in words:
         path = Path(words[checkpoint](name))
-        return BackboneRef(spec, name, str(path), file_sha256(path), _pixels(path))
+        return BackboneRef(spec, name, str(path), file_sha256(path), _pixels(path), pretraining=_pretraining(path))
     if not Path(checkpoint).is_file():
         raise UserError(
             f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
             ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
             f"{', '.join(sorted(words)) or 'none installed'})"
         )
-    return BackboneRef(spec, name, checkpoint, file_sha256(checkpoint), _pixels(checkpoint))
+    return BackboneRef(
+        spec, name, checkpoint, file_sha256(checkpoint), _pixels(checkpoint), pretraining=_pretraining(checkpoint)
+    )
 
 
 def _pixels(path) -> str:
@@ -71,5 +73,15 @@ def _pixels(path) -> str:
 
     try:
         return checkpoint_pixels(path) or ""
+    except CheckpointError:
+        return ""
+
+
+def _pretraining(path) -> str:
+    """What a checkpoint file states it was pretrained on ('' where it states nothing this package reads)."""
+    from .checkpoint import CheckpointError, checkpoint_pretraining
+
+    try:
+        return checkpoint_pretraining(path)
     except CheckpointError:
         return ""

@@ -42,6 +42,7 @@ BF16_HELP = (
 # the sources of settings that are no paper's fact
 BF16_SOURCE = "no paper fixes it: bf16 autocast where it measures faster on the device (engine.precision)"
 EXECUTION = "an execution setting outside the protocol: the numbers do not depend on it"
+DECLARED = "declared: no paper's fact, what the user states of the checkpoint (docs/reproducing.md)"
 EVAL_BATCH = 256  # images per evaluation batch, the engine's default and the protocols' (an EXECUTION setting)
 
 
@@ -59,6 +60,17 @@ class Settings(BaseModel):
 
     # what the backbone's weights state of their input (timm tags); recorded, never set by a spec
     backbone_preprocess: dict | None = Field(None, json_schema_extra={"source": "", "keyed": False, "hidden": True})
+    # what a checkpoint was pretrained on, where the user declares it (cell.make_cell records it as the cell's
+    # `pretraining`): the published numbers beside a run's own need it (reporting.versus)
+    pretraining: str | None = setting(
+        None,
+        DECLARED,
+        "what the checkpoints were pretrained on, for the published numbers beside yours (`transferbench list "
+        "references` names them: imagenet1k_augreg_93k, imagenet21k_augreg_93k, jft4b_220k, ...); random-init "
+        "backbones record random-init",
+        keyed=False,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$",
+    )
 
     @classmethod
     def keyed_defaults(cls) -> dict:

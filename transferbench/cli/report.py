@@ -34,7 +34,8 @@ def add_parsers(sub, fmt) -> None:
         "-f",
         default="md",
         choices=["md", "csv", "json", "long", "latex"],
-        help="md: markdown tables; csv: a row per cell; long: csv with a row per seed and the selected "
+        help="md: markdown tables, then each task's runs beside the published numbers they match "
+        "(`transferbench list references`); csv: a row per cell; long: csv with a row per seed and the selected "
         "learning rate (or other `select` value); json: a header (tasks, protocols, references, "
         "date, git sha, versions) and the rows; latex: booktabs tables",
     )
@@ -110,6 +111,13 @@ def report(args) -> int:
         # md, latex: one table per report-axis setting (few-shot shots), headline first; the rest: the wide form
         tables = report_tables(records, reference=args.reference, split_axes=args.format in ("md", "latex"))
         text = render(tables, args.format, header=report_header(records, tables))
+        if args.format == "md":  # each task's runs beside the published numbers they match (reporting.versus)
+            from ..reporting.versus import versus_markdown
+
+            for task in dict.fromkeys(r["task"] for r in records):
+                text += "\n\n" + "\n".join(
+                    versus_markdown(task, records, heading=f"### Against the published numbers ({task})")
+                )
     if args.output:
         args.output.write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cell import RANDOM_INIT
 from ..hashing import canon
 from ..spec import OVERRIDE_SOURCES
 from .record import latest, value
@@ -58,6 +59,9 @@ class Entry:
     # (setting, value, source) of each setting its cells took from outside the protocol's defaults: a suite, --set
     # or a rule (the records' `sources`; none in older records)
     changed: tuple = ()
+    suite: str = ""  # the suite its cells ran ('' in older records)
+    pretraining: str = ""  # what its weights were pretrained on (cell.Cell.pretraining; '' unknown or older records)
+    settings: dict = field(default_factory=dict)  # its hyper-parameters other than the selected ones
 
 
 def value_order(value) -> tuple:
@@ -70,7 +74,7 @@ def value_order(value) -> tuple:
 
 # properties of the weights, which differ between backbones: never report columns (nor is a hyper-parameter that
 # a backbone's `backbone_preprocess` states for it: a timm: model's own posemb resampling)
-NOT_AXES = ("pixels", "backbone_preprocess")
+NOT_AXES = ("pixels", "backbone_preprocess", "pretraining")
 
 
 def task_axes(records: list[dict]) -> list[str]:
@@ -158,9 +162,20 @@ def aggregate(records: list[dict]) -> list[Entry]:
                     pixels=str(first["hparams"].get("pixels", "")),
                     samples=samples,
                     changed=changed_settings(first),
+                    suite=first.get("suite") or "",
+                    pretraining=pretraining_of(first),
+                    settings={k: v for k, v in first["hparams"].items() if k not in select},
                 )
             )
     return entries
+
+
+def pretraining_of(record: dict) -> str:
+    """What a record's weights were pretrained on (its cell's `pretraining`); in records older than the field,
+    random init where they name no checkpoint, else '' (unknown)."""
+    if record.get("pretraining"):
+        return record["pretraining"]
+    return RANDOM_INIT if record.get("checkpoint_sha256") == RANDOM_INIT else ""
 
 
 def changed_settings(record: dict) -> tuple:

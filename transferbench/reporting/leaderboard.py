@@ -18,6 +18,7 @@ from .overview import overview_markdown, task_order
 from .provenance import code_line, code_summary
 from .tables import build_tables, sanity_table, stem_references
 from .targets import sanity_targets, targets_markdown
+from .versus import versus_markdown
 
 TITLES = {
     "vtab": "VTAB-1k",
@@ -190,8 +191,9 @@ def task_section(task: str, title: str, recs: list, tables: list, report, ents, 
         "",
     ]
     if report is not None and report.section is not None:
-        return lines + report.section(recs, tables, task, out)
+        return lines + report.section(recs, tables, task, out) + versus_markdown(task, recs)
     lines += [to_markdown(x, title=False) for x in tables]
+    lines += versus_markdown(task, recs, ents if report is None else None)
     if report is None or report.uses_reference:
         sanity = sanity_table(t)
         if sanity is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import UserError, close_matches
+from ..names import model_name
 from ..plugins import load_group
 from .stems import STEMS
 
@@ -125,7 +126,7 @@ def find_family(name: str):
 def backbone_code(spec: str) -> tuple[str, ...]:
     """The modules whose code builds backbone `spec` (`NAME[@WEIGHTS]`), as roots of a fingerprint: its family's
     module (transferbench's ViT, timm:, py:, a plugin's), and what the family adds (a `py:` model's own module)."""
-    name = spec.partition("@")[0]
+    name = model_name(spec)
     family = find_family(name)
     roots = (family.fn.__module__ if isinstance(family, _Single) else type(family).__module__,)
     if hasattr(family, "code_roots"):

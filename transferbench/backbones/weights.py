@@ -10,6 +10,7 @@ from pathlib import Path
 from ..cell import RANDOM_INIT, BackboneRef
 from ..errors import UserError
 from ..hashing import file_sha256
+from ..names import parse
 from ..plugins import load_group
 
 GROUP = "transferbench.weights"
@@ -33,7 +34,7 @@ def split_backbone(spec: str) -> tuple[str, str]:
 def _parts(spec: str) -> tuple[str, str]:
     """`NAME[@CHECKPOINT]` -> (name, checkpoint or ''); `NAME@` (an empty variable in a script) is refused,
     never taken for random init."""
-    name, at, checkpoint = spec.partition("@")
+    name, checkpoint, at = parse(spec)
     if at and not checkpoint:
         raise UserError(
             f"backbone {spec!r}: nothing after '@'; give NAME@PATH or NAME@WORD, or NAME alone for random init"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError, close_matches
 from ..hashing import canon
+from ..names import model_name, parse
 from ..records.aggregate import Entry, value_order
 from ..records.stats import Estimate, paired_bootstrap, paired_difference, paired_suite_difference, suite_mean
 from ..spec import seeds_shared
@@ -85,11 +86,6 @@ def _judge(delta: Estimate | None, mode: str) -> tuple[bool, bool]:
     return better, not better
 
 
-def _split(name: str) -> tuple[str, str]:
-    arch, _, weights = name.partition("@")
-    return arch, weights
-
-
 def plain_of(arch: str) -> str:
     """The architecture without its stem and DTN, following the names' grammar `{size}{patch}[_{stem}][_dtn][_rep]`
     (`b16_dpn_dtn_rep` -> `b16_rep`): what a modification changes. Plugin names lose everything after their
@@ -108,7 +104,7 @@ def stem_references(backbones, reference: str | None = None) -> dict[str, str]:
         return {b: reference for b in sorted(names) if b != reference}
     out = {}
     for b in sorted(names):
-        arch, weights = _split(b)
+        arch, weights, _ = parse(b)
         partner = plain_of(arch) + (f"@{weights}" if weights else "")
         if partner != b and partner in names and weights in ("", "embedded"):
             out[b] = partner
@@ -119,7 +115,7 @@ def sanity_references(backbones) -> dict[str, str]:
     """The sanity question's pairs: each checkpoint -> random init of its own architecture, where the records hold
     one (`mu4_dpn@embedded` -> `mu4_dpn`)."""
     names = set(backbones)
-    return {b: _split(b)[0] for b in sorted(names) if "@" in b and _split(b)[0] in names}
+    return {b: model_name(b) for b in sorted(names) if parse(b).at and model_name(b) in names}
 
 
 def check_reference(reference: str | None, backbones, where: str) -> None:

@@ -8,6 +8,7 @@ from kit import cli
 
 from transferbench.backbones.registry import list_backbones
 from transferbench.reporting.published import (
+    DEIT,
     DPN,
     DTN,
     IMAGENET1K_AUGREG,
@@ -36,7 +37,7 @@ def test_every_number_has_its_source_and_conditions():
             p.pretraining in PRETRAINING
             and p.resolution > 0
             and p.protocol in load_task(p.task).suites
-            or (p.paper == DTN and p.protocol == "deit")
+            or (p.paper == DTN and p.protocol == DEIT)
         )
         assert p.backbone in list_backbones()  # a name of this registry
         for setting, value in p.axes:  # a report axis of its task, at a value the default protocol sweeps
@@ -169,7 +170,7 @@ def test_dtn_table1_reads_as_its_text_says_and_is_never_matched():
     v = {p.backbone: p.value for p in PUBLISHED if p.paper == DTN}
     # §4.1: "DTN outperforms LN by 0.5% top-1 accuracy on ViT-B"
     assert round(v["b16_dtn"] - v["b16"], 1) == 0.5 and v["s16"] == 79.9 and v["ti16"] == 72.2
-    assert {p.protocol for p in PUBLISHED if p.paper == DTN} == {"deit"} and "deit" not in load_task("pretrain").suites
+    assert {p.protocol for p in PUBLISHED if p.paper == DTN} == {DEIT} and DEIT not in load_task("pretrain").suites
     from kit import record
 
     from transferbench.reporting.versus import compare

@@ -10,7 +10,7 @@ import math
 import pytest
 from kit import cli, record
 
-from transferbench.reporting.published import IMAGENET1K_AUGREG, IMAGENET21K_93K, VTAB_COLUMNS, references
+from transferbench.reporting.published import IMAGENET1K_AUGREG, IMAGENET21K_93K, JFT_220K, VTAB_COLUMNS, references
 from transferbench.reporting.versus import MARK, compare, versus_markdown
 
 T_975_2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (3 seeds)
@@ -73,7 +73,9 @@ def test_the_papers_own_pm_widens_the_interval():
 def test_one_seed_shows_the_difference_and_says_it_has_no_interval():
     (v,) = compare("vtab", vtab("b32@a.npz", "caltech101", (87.6,)))[0]
     assert v.outside is None and v.difference == pytest.approx(0.5)
-    assert "+0.5 (1 seed: no interval)" in "\n".join(versus_markdown("vtab", vtab("b32@a.npz", "caltech101", (87.6,))))
+    assert "+0.5 (one seed: no interval)" in "\n".join(
+        versus_markdown("vtab", vtab("b32@a.npz", "caltech101", (87.6,)))
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,11 +165,14 @@ def test_declaring_pretraining_is_recorded_in_the_cell(tmp_path):
     rnd = make_cell(task, task.datasets[0], resolve_backbone("mu4"), hp, 0)
     bare = make_cell(undeclared, undeclared.datasets[0], resolve_backbone("mu4"), undeclared.grid()[0], 0)
     assert rnd.pretraining == "random-init" and "pretraining" not in rnd.hparams and rnd.key == bare.key
-    # a checkpoint of the pretrain task states its own: the default protocol's by the published numbers' name
-    own = tmp_path / "own.safetensors"
-    save_checkpoint(create_backbone("mu4", img_size=16), own, task="pretrain", dataset="imagenet2012",
-                    steps=93000)  # fmt: skip
+    # a checkpoint of the pretrain task states its own in its header; one written before the header held it claims
+    # no protocol, only its data set and steps
+    own, old = tmp_path / "own.safetensors", tmp_path / "old.safetensors"
+    model = create_backbone("mu4", img_size=16)
+    save_checkpoint(model, own, task="pretrain", dataset="imagenet2012", steps=93000, pretraining=IMAGENET1K_AUGREG)
+    save_checkpoint(model, old, task="pretrain", dataset="imagenet2012", steps=93000)
     assert resolve_backbone(f"mu4@{own}").pretraining == IMAGENET1K_AUGREG
+    assert resolve_backbone(f"mu4@{old}").pretraining == "pretrain:imagenet2012:93000"
     assert resolve_backbone("mu4@embedded").pretraining == "pretrain:upstream:4800"
     with pytest.raises(UserError, match=r"states its pretraining, 'pretrain:upstream:4800', and --set pretrain"):
         make_cell(task, task.datasets[0], resolve_backbone("mu4@embedded"), hp, 0)
@@ -193,3 +198,43 @@ def test_high_res_compares_its_high_stage_and_older_records_of_random_init_state
     del old["pretraining"]
     (mine,) = compare("pretrain", [old])[0]  # Table 1 left, B/16: 80.4 ± 0.06, one seed
     assert mine.entry.pretraining == "random-init" and mine.published.value == 80.4 and mine.outside is None
+
+
+def test_the_pretrain_task_names_its_default_suite_by_the_published_numbers_name_and_nothing_else():
+    from transferbench.adapters import prepare_task
+    from transferbench.backbones.weights import resolve_backbone
+    from transferbench.cell import make_cell, pretraining_name
+
+    def cell(suite="default", sets=()):
+        task = prepare_task("pretrain", suite=suite, sets=list(sets))
+        return make_cell(task, task.datasets[0], resolve_backbone("b16"), task.grid()[0], 0)
+
+    assert pretraining_name(cell(), 93000) == IMAGENET1K_AUGREG
+    tuned = cell(sets=["lr=0.003"])  # a setting changed: the data set and steps, and the cell's key
+    assert pretraining_name(tuned, 93000) == f"pretrain:imagenet2012:93000:{tuned.key[:12]}"
+    assert pretraining_name(cell("embedded"), 4800) == "pretrain:upstream:4800"
+
+
+def test_lits_pairs_say_where_the_data_is_not_a_change_of_protocol():
+    """DPN Table 4, B/32 + DPN after JFT 220k: 63.0 ± 0.09. The default suite asks for `--set pairs=`."""
+    recs = [
+        record("lit", "imagenet2012", "b32_dpn@j.npz", s, {"test": {"accuracy": v}}, group="zeroshot",
+               hparams={"pairs": "/data/{0..9}.tar", "pretraining": JFT_220K}, suite="default",
+               pretraining=JFT_220K, sources={"pairs": "--set", "pretraining": "--set"}, checkpoint_sha256="c" * 64)
+        for s, v in enumerate((62.0, 62.5, 63.0))
+    ]  # fmt: skip
+    (v,) = compare("lit", recs)[0]
+    assert v.published.value == 63.0 and v.published.table == "Table 4" and v.outside is False
+
+
+def test_no_variation_over_seeds_is_no_interval_and_other_results_say_why_they_are_not_compared():
+    """Three equal seeds give an interval of width 0, no evidence of precision: no mark either way. A compared
+    backbone's result of another setting says why it is not beside a number (a paper's absent number goes unsaid)."""
+    recs = vtab("b32@a.npz", "caltech101", (87.2, 87.2, 87.2)) + vtab(
+        "b32@a.npz", "cifar100", (50, 51, 52), order=1, sets={"steps": 100}
+    )
+    found, reasons = compare("vtab", recs)
+    (v,) = found
+    assert v.outside is None and v.difference == pytest.approx(0.1)
+    assert reasons == ["b32@a.npz: settings changed from the default protocol: steps=100"]
+    assert "+0.1 (no variation: no interval)" in "\n".join(versus_markdown("vtab", recs))

@@ -7,12 +7,13 @@ import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from .hashing import digest
+from .names import model_name
+from .spec import SET_SOURCE
 
 RANDOM_INIT = "random-init"  # checkpoint identity of a backbone without weights, and its pretraining
-# the pretraining a checkpoint of the `pretrain` task states by its (data set, steps): the default protocol, DPN §5's
-# AugReg on ImageNet-1k for 93,000 steps, under the name the published numbers use (reporting.published); any other
-# is named `pretrain:DATASET:STEPS`
-OWN_PRETRAINING = {("imagenet2012", 93000): "imagenet1k_augreg_93k"}
+# the pretraining a checkpoint of the `pretrain` task states (`pretraining_name`): its default suite on a data set
+# named here is the pretraining the published numbers name (reporting.published: DPN §5's AugReg on ImageNet-1k)
+OWN_PRETRAINING = {"imagenet2012": "imagenet1k_augreg_93k"}
 DEFAULT_PIXELS = "inception"  # pixels in [-1, 1] (big_vision): for weights that state no normalisation (data.pixels)
 
 
@@ -88,7 +89,7 @@ class Cell:
     @property
     def backbone_name(self) -> str:
         """The backbone's name without its weights (`mu4_dpn` of `mu4_dpn@embedded`): what builds the model."""
-        return self.backbone.partition("@")[0]
+        return model_name(self.backbone)
 
     @property
     def key(self) -> str:
@@ -164,6 +165,16 @@ def make_cell(
         sources=sources,
         pretraining=pretraining,
     )
+
+
+def pretraining_name(cell: Cell, steps: int) -> str:
+    """What a checkpoint that pretraining `cell` makes was pretrained on, as its header states it: the published
+    numbers' name where the cell ran the `pretrain` task's default suite with no setting changed by `--set` on a
+    data set of OWN_PRETRAINING; else `pretrain:DATASET:STEPS`, with the cell's key where a setting was changed."""
+    changed = any(s == SET_SOURCE for k, s in cell.sources.items() if k != "pretraining")
+    if cell.suite == "default" and not changed and cell.dataset in OWN_PRETRAINING:
+        return OWN_PRETRAINING[cell.dataset]
+    return f"pretrain:{cell.dataset}:{steps}" + (f":{cell.key[:12]}" if changed else "")
 
 
 def _pretraining(backbone: BackboneRef, hparams: dict, sources: dict) -> str:

@@ -26,7 +26,7 @@ from ..backbones import create_backbone, parse_name, save_checkpoint
 from ..backbones.checkpoint import training_log_path
 from ..backbones.measures import TrainingLog
 from ..backbones.registry import backbone_code
-from ..cell import RANDOM_INIT, BackboneRef
+from ..cell import RANDOM_INIT, BackboneRef, pretraining_name
 from ..data.sources import open_split
 from ..data.transforms import eval_transform, train_transform
 from ..engine import augreg
@@ -167,6 +167,7 @@ class PretrainAdapter(Adapter):
             dataset=cell.dataset,
             cell_key=cell.key,
             steps=hp.steps,
+            pretraining=pretraining_name(cell, hp.steps),
             test_accuracy=acc,
             pixels=px,
         )

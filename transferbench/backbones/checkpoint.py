@@ -19,7 +19,6 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 
-from ..cell import OWN_PRETRAINING
 from ..paths.writes import atomic_path
 from ..settings.choices import POSEMB_METHODS
 from .convert import Checkpoint, CheckpointError, convert_big_vision, convert_timm, unwrap_state_dict
@@ -179,8 +178,9 @@ def checkpoint_pixels(path) -> str | None:
 
 
 def checkpoint_pretraining(path) -> str:
-    """What a checkpoint states it was pretrained on: ours of the `pretrain` task by their data set and steps
-    (cell.OWN_PRETRAINING names the default protocol's, `pretrain:DATASET:STEPS` any other); '' for any other file."""
+    """What a checkpoint states it was pretrained on: ours of the `pretrain` task in their header's `pretraining`
+    (cell.pretraining_name); one written before that field, `pretrain:DATASET:STEPS`, which claims no protocol;
+    '' for any other file."""
     p = check_checkpoint_file(path)
     if p.suffix != ".safetensors":
         return ""
@@ -188,8 +188,7 @@ def checkpoint_pretraining(path) -> str:
         meta = f.metadata() or {}
     if meta.get("format") != FORMAT or meta.get("task") != "pretrain" or not meta.get("dataset"):
         return ""
-    steps = int(meta.get("steps") or 0)
-    return OWN_PRETRAINING.get((meta["dataset"], steps), f"pretrain:{meta['dataset']}:{steps}")
+    return meta.get("pretraining") or f"pretrain:{meta['dataset']}:{int(meta.get('steps') or 0)}"
 
 
 def training_log_path(path) -> Path:

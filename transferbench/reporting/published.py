@@ -30,8 +30,9 @@ from ..cell import RANDOM_INIT
 DPN = "Kumar, Dehghani, Houlsby: Dual PatchNorm, TMLR 2023"
 DTN = "Shao et al.: Dynamic Token Normalization Improves Vision Transformers, ICLR 2022"
 # the pretraining names the published numbers use; declare a checkpoint's with `--set pretraining=NAME`
-# (docs/reproducing.md). The AugReg recipe of DPN §5 / App. C: ImageNet-1k, 93,000 steps of 4,096, 224 px, which is
-# what "ImageNet-pretrained" B/16 and B/32 (§6.1, §6.3) were trained with; the `pretrain` task's default.
+# (docs/reproducing.md). The AugReg recipe of DPN §5 / App. C: ImageNet-1k, 93,000 steps of 4,096, 224 px, the
+# `pretrain` task's default. §6.1 and §6.3 say only "ImageNet-pretrained" B/16 and B/32 (App. E and G name the
+# checkpoints `model_inits`, `dpn_b16`): read as §5's ImageNet-1k models, the ones the paper describes training.
 IMAGENET1K_AUGREG = "imagenet1k_augreg_93k"
 IMAGENET21K_93K, IMAGENET21K_930K = "imagenet21k_augreg_93k", "imagenet21k_augreg_930k"  # DPN §5, Table 1 right
 JFT_220K, JFT_1100K = "jft4b_220k", "jft4b_1.1m"  # DPN §5 (4,096 per step), Tables 2 and 4
@@ -46,6 +47,7 @@ PRETRAINING = {
 CI_RUNS = "95% interval over at least 3 independent runs"  # DPN §5, for ImageNet-1k
 CI_SEEDS = "95% interval over 3 few-shot seeds of one pretraining run"  # DPN §5, for ImageNet-21k and JFT
 UNSTATED = "± as printed; the paper does not say what it is"
+DEIT = "DeiT's recipe (DTN's App.), not a suite here"  # a protocol no task runs: its numbers are listed, never matched
 
 
 @dataclass(frozen=True)
@@ -242,8 +244,8 @@ def _dpn_table5() -> list[Published]:
 
 
 def _dtn_table1() -> list[Published]:
-    """DTN Table 1: ImageNet-1k top-1 (%), DeiT's training recipe (DTN App.: AdamW, batch 1024, lr 5e-4 cosine, wd
-    0.05), which is not the `pretrain` task's protocol (protocol 'deit': listed, never matched)."""
+    """DTN Table 1: ImageNet-1k top-1 (%), DeiT's training recipe (DTN App.: Adam with momentum 0.9 and weight decay
+    0.05, batch 1024, lr 5e-4 cosine), which is not a suite of the `pretrain` task: listed, never matched."""
     rows = {
         ("ti16", "ViT-T LN (H 3)", ()): [(72.2, None)],
         ("s16", "ViT-S LN (H 6)", ()): [(79.9, None)],
@@ -252,7 +254,7 @@ def _dtn_table1() -> list[Published]:
         ("b16_dtn", "ViT-B DTN (H 12)", ()): [(82.3, None)],
     }
     return _numbers("Table 1", rows, [("imagenet2012", "Top-1 (%)")], paper=DTN, task="pretrain", metric="accuracy",
-                    pretraining=RANDOM_INIT, resolution=224, protocol="deit",
+                    pretraining=RANDOM_INIT, resolution=224, protocol=DEIT,
                     note="DeiT's recipe, not this project's pretrain protocol: listed, never matched")  # fmt: skip
 
 

@@ -16,12 +16,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..hashing import canon
+from ..names import model_name
 from ..records.aggregate import Entry, aggregate
-from ..spec import SET_SOURCE, suite_source
+from ..spec import SET_SOURCE, load_task, suite_source
 from .published import Published, axes_text, references
 
+# settings that say where a task's data is, not how it is computed: the default suite asks for them (LiT's pairs)
+WHERE_DATA_IS = ("pairs", "csv_img_key", "csv_caption_key", "csv_separator")
 MARK = "†"  # the published number lies outside your 95% interval widened by the paper's ±
 HEADING = "#### Against the published numbers"
+ABSENT = ("no published number", "published at")  # the reasons that say the paper prints no number for a result
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,9 @@ class Versus:
     @property
     def outside(self) -> bool | None:
         """Whether the published number lies outside your 95% interval widened by the paper's ±; None where your
-        result has no interval (one seed)."""
+        result has no interval (one seed) or one of width 0 (no variation over seeds: no evidence of precision)."""
         e = self.entry.estimate
-        if e is None or e.low is None or e.high is None:
+        if e is None or e.degenerate or e.low is None or e.high is None:
             return None
         pm = self.published.pm or 0.0
         return not (e.low - pm <= self.published.value <= e.high + pm)
@@ -56,26 +60,28 @@ def changed(entry: Entry, protocol: str) -> list[str]:
         f"{k}={v}"
         for k, v, source in entry.changed
         if k != "pretraining"
+        and k not in WHERE_DATA_IS
         and (source == SET_SOURCE or (source.startswith(other) and source != suite_source(protocol)))
     ]
 
 
 def match(entry: Entry, stage: str = "") -> tuple[Published | None, str]:
     """The published number `entry` matches, or None and the first condition it misses, in words."""
-    pubs = [p for p in references(entry.task) if p.stage == stage]
+    suites = load_task(entry.task).suites
+    pubs = [p for p in references(entry.task) if p.stage == stage and p.protocol in suites]  # a protocol run here
     if not pubs:
         return None, f"no published numbers are carried over for {entry.task} (`transferbench list references`)"
     protocols = sorted({p.protocol for p in pubs})
     if entry.suite not in protocols:
         suite = f"suite {entry.suite!r}" if entry.suite else "records that name no suite"
         return None, f"{suite} is not the protocol of the published numbers ({', '.join(protocols)})"
-    arch = entry.backbone.partition("@")[0]
+    arch = model_name(entry.backbone)
     same = [p for p in pubs if p.protocol == entry.suite and p.dataset == entry.dataset and p.backbone == arch]
     if not same:
-        return None, f"no published number for {arch} on {entry.dataset}"
+        return None, f"{ABSENT[0]} for {arch} on {entry.dataset}"
     here = [p for p in same if all(entry.settings.get(k) == v for k, v in p.axes)]
     if not here:
-        return None, f"published at {'; '.join(sorted({axes_text(p.axes) for p in same}))} only"
+        return None, f"{ABSENT[1]} {'; '.join(sorted({axes_text(p.axes) for p in same}))} only"
     moved = changed(entry, entry.suite)
     if moved:
         return None, f"settings changed from the {entry.suite} protocol: {', '.join(moved)}"
@@ -112,6 +118,9 @@ def compare(task: str, records: list[dict], entries: list[Entry] | None = None) 
     for backbone, reasons in why.items():
         if backbone not in compared:
             by_reason[reasons[0]].append(backbone)
+        else:  # its other results: why they are not beside a number, unless the paper prints none for them
+            for reason in dict.fromkeys(r for r in reasons if not r.startswith(ABSENT)):
+                by_reason[reason].append(backbone)
     return found, [f"{', '.join(sorted(b))}: {reason}" for reason, b in by_reason.items()]
 
 
@@ -126,7 +135,8 @@ def _difference(v: Versus) -> str:
     d = v.difference
     if d is None:
         return "-"
-    mark = {True: f" {MARK}", False: "", None: " (1 seed: no interval)"}[v.outside]
+    e = v.entry.estimate
+    mark = {True: f" {MARK}", False: ""}.get(v.outside, f" ({e.degenerate}: no interval)")
     return f"{d:+.1f}{mark}"
 
 

@@ -1,6 +1,10 @@
-"""The nightly's anchor (transferbench.night, docs/regression.md#a-night): the commit its records name, and its
-rebuild on a runner of other arithmetic, a git worktree at that commit whose own `transferbench nightly` reruns the
-anchor's suite with tonight's execution options.
+"""The nightly's anchor (transferbench.night, docs/regression.md#a-night), and the one call that finds or rebuilds
+the baseline tonight is judged against (`find_baseline`): the anchor itself where its records were computed in
+tonight's arithmetic; else the anchor rebuilt on this runner, cached per (anchor commit, arithmetic digest); else
+rebuilt now, a git worktree at the commit the anchor's records name whose own `transferbench nightly` reruns the
+anchor's suite with tonight's execution options. Where it cannot be rebuilt (the records name no single clean commit,
+`--no-rebuild`, a night that is itself a rebuild, a rerun that is not the anchor's code) tonight is judged
+statistically against the anchor, and the baseline says why.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import yaml
@@ -22,6 +29,97 @@ ANCHOR_INFO = "ANCHOR.yaml"  # in a rebuilt anchor: its commit, arithmetic, comm
 # rebuilds would otherwise rebuild itself again and again)
 REBUILDING = "TRANSFERBENCH_REBUILDING_ANCHOR"
 ARITHMETIC_REPORT = "ARITHMETIC.md"  # in a rebuilt anchor: it against the committed anchor (a change of arithmetic)
+
+
+class Source(StrEnum):
+    """Where the baseline's records come from."""
+
+    ANCHOR = "the anchor, computed in tonight's arithmetic"
+    CACHED = "the anchor rebuilt on this runner earlier, cached"
+    REBUILT = "the anchor rebuilt on this runner tonight"
+    STATISTICAL = "the anchor, of other arithmetic: judged statistically"
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """What rebuilding the anchor on this runner takes: tonight's suite, tasks, backbones and seeds, its execution
+    options (`config`, the records' own), where rebuilds are cached (beside the rolling baselines, else
+    $TRANSFERBENCH_HOME), and whether rebuilding is allowed (`--no-rebuild`)."""
+
+    suite: str
+    tasks: tuple
+    backbones: tuple | None
+    seeds: object
+    config: dict
+    cache: Path
+    allowed: bool = True
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The anchor as tonight is judged against it: its records, the folder they are in, where they come from (and
+    why, in words), the notes the night's report carries, and the rebuilt anchor's judgment against the committed
+    one (its verdict line; '' where there is none)."""
+
+    records: list
+    folder: Path
+    source: Source
+    how: str
+    notes: tuple = field(default_factory=tuple)
+    arithmetic_verdict: str = ""
+
+
+def find_baseline(anchor: Path, expected: list, tonight: list, key: str, rebuild: Rebuild, keep: Callable) -> Baseline:
+    """The baseline of tonight's arithmetic (`key`) for the anchor's `expected` records (module docstring); `keep`
+    picks a rebuilt anchor's records of tonight's cells."""
+    from .records.store import load_records
+
+    foreign = foreign_cells(expected, tonight)
+    if not foreign:
+        return Baseline(expected, anchor, Source.ANCHOR, f"the anchor {anchor}, computed in tonight's arithmetic")
+    why = f"{foreign} of its cells were computed in other arithmetic than tonight's"
+    commit, problem = anchor_commit(expected)
+    problem = (
+        "this night is itself an anchor's rerun, which rebuilds nothing"
+        if os.environ.get(REBUILDING)
+        else "--no-rebuild: not rebuilt"
+        if not rebuild.allowed
+        else f"the anchor cannot be rebuilt: {problem}"
+        if problem
+        else ""
+    )
+    if problem:
+        return _statistical(expected, anchor, f"{why}; {problem}; judged statistically")
+    dest = rebuild.cache / f"{commit[:12]}-{key}"
+    cached = (dest / ANCHOR_INFO).is_file()
+    if not cached:
+        rebuild_anchor(anchor, commit, dest, rebuild)
+    info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
+    when = (
+        f"on {info.get('made', '?')} ({dest}, cached)" if cached else f"tonight in {minutes(info['seconds'])} ({dest})"
+    )
+    how = f"the anchor at {commit[:12]} rebuilt on this runner {when}"
+    records = [r for r in load_records([dest]) if keep(r)]
+    other = other_code(expected, records)
+    if other:  # code outside this checkout (a plugin) computed the anchor: the rerun is not the anchor's code
+        shutil.rmtree(dest, ignore_errors=True)
+        return _statistical(
+            expected,
+            anchor,
+            f"{why}; the anchor's rerun at {commit[:12]} did not reproduce its code ({other}: code outside this "
+            "checkout, such as a plugin, computed it), so it was discarded; judged statistically",
+        )
+    verdict = info.get("verdict") or "(not recorded: rebuilt by an older transferbench)"
+    notes = (
+        f"{why}: {how}.",
+        f"The rebuilt anchor against the committed one, a pure change of arithmetic ({dest / ARITHMETIC_REPORT}): "
+        f"{verdict}",
+    )
+    return Baseline(records, dest, Source.CACHED if cached else Source.REBUILT, how, notes, verdict)
+
+
+def _statistical(expected: list, anchor: Path, note: str) -> Baseline:
+    return Baseline(expected, anchor, Source.STATISTICAL, note, (note,))
 
 
 def foreign_cells(expected: list, tonight: list) -> int:
@@ -75,12 +173,13 @@ def home_anchors() -> Path:
     return home() / ANCHORS
 
 
-def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backbones, seeds, config: dict) -> None:
+def rebuild_anchor(anchor: Path, commit: str, dest: Path, rebuild: Rebuild) -> None:
     """Rerun the anchor's code on this runner: a git worktree at `commit`, whose own `transferbench nightly` runs
-    `suite` for `tasks` (pinned to the committed anchor's precision choices, as tonight is) with the execution
-    options of `config`, into `dest`, with what it did (ANCHOR.yaml) and how it compares with the committed anchor
-    (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one line, exit 2; tonight's
-    records stay."""
+    tonight's suite and tasks (pinned to the committed anchor's precision choices, as tonight is) with tonight's
+    execution options, into `dest`, with what it did (ANCHOR.yaml, its verdict line too) and how it compares with
+    the committed anchor (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one
+    line, exit 2; tonight's records stay."""
+    suite, tasks, backbones, seeds = rebuild.suite, list(rebuild.tasks), rebuild.backbones, rebuild.seeds
     repo = _repository_with(commit)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tree = dest.parent / f".worktree-{dest.name}-{os.getpid()}"
@@ -95,7 +194,7 @@ def rebuild_anchor(anchor: Path, commit: str, dest: Path, *, suite, tasks, backb
     _own_tasks(tree)
     cmd = [sys.executable, "-m", "transferbench.cli", "nightly", "--baseline", str(Path(anchor).resolve())]
     cmd += ["--out", str(work.resolve()), "--date", "anchor", "--suite", suite, "--tasks", ",".join(tasks)]
-    cmd += ["--no-progress", *_execution_argv(config)]
+    cmd += ["--no-progress", *_execution_argv(rebuild.config)]
     cmd += ["--backbone", ",".join(backbones)] if backbones else []
     cmd += ["--seeds", ",".join(map(str, seeds))] if seeds else []
     print(
@@ -162,18 +261,22 @@ def _stream(cmd: list, tree: Path, log: Path, commit: str) -> int:
 def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: dict) -> None:
     """Put the rerun's records in place at `dest` with what it did (ANCHOR.yaml) and its comparison with the
     committed anchor (ARITHMETIC.md), its own night's report and leaderboard left out."""
+    from .paths.writes import move_folder
+    from .records.gate import decide
     from .records.store import load_records
-    from .reporting.regress import verdict
+    from .reporting.regress import headline, report
 
     for name in ("REGRESSION.md", "LEADERBOARD.md"):
         (night / name).unlink(missing_ok=True)
     committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
+    decision = decide(committed, load_records([night]), allow_missing=True)
     title = f"The anchor rebuilt on this runner vs {anchor}"
-    text, _ = verdict(committed, load_records([night]), title=title, allow_missing=True)
-    (night / ARITHMETIC_REPORT).write_text(text)
+    (night / ARITHMETIC_REPORT).write_text(
+        report(decision.gate, failed=decision.failed, title=title, reasons=decision.reasons)
+    )
+    info["verdict"] = headline(decision.gate, decision.reasons)
     (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(night, dest)
+    move_folder(night, dest)
 
 
 def _own_tasks(tree: Path) -> None:
@@ -209,8 +312,3 @@ def _execution_argv(config: dict) -> list[str]:
 
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
-
-
-def first_verdict(report: str) -> str:
-    lines = [line for line in report.splitlines() if line.startswith("**")]
-    return lines[0] if lines else "(no verdict line)"

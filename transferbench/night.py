@@ -25,22 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from .anchor import (
-    ANCHOR_INFO,
-    ANCHORS,
-    ARITHMETIC_REPORT,
-    REBUILDING,
-    anchor_commit,
-    first_verdict,
-    foreign_cells,
-    home_anchors,
-    minutes,
-    other_code,
-    rebuild_anchor,
-    records_commit,
-)
+from .anchor import ANCHORS, Baseline, Rebuild, find_baseline, home_anchors, records_commit
 from .errors import UserError
 
 
@@ -62,17 +47,6 @@ class Judgment:
         """Every matched cell judged to the bit (cells of a declared protocol change aside)."""
         t = self.verdict.gate.exact
         return t.enabled and t.statistical == t.by_declaration
-
-
-@dataclass
-class Baseline:
-    """The anchor as tonight is judged against it: its records, where they came from, and what was said."""
-
-    records: list
-    folder: Path
-    how: str  # in words, for the report
-    notes: list = field(default_factory=list)
-    rebuilt: Path | None = None
 
 
 @dataclass
@@ -99,18 +73,17 @@ class Night:
         from .arithmetic import arithmetic_key
         from .records.store import load_records
 
-        anchor = self._anchor_records()
-        ran = self._run(anchor, options, executor)
+        anchor = self.anchor_records()
+        ran = self.run_suite(anchor, options, executor)
         tonight = load_records([self.current])
-        expected = [r for r in anchor if self._expected(r, ran)]
-        self._anchor_code = expected  # the noise model must be of the anchor's code, whatever the baseline
+        expected = [r for r in anchor if self.expected(r, ran)]
         key = arithmetic_key(tonight)
-        baseline = self._baseline(expected, tonight, key, ran, options)
-        judgments = [self.judge("the anchor", baseline.folder, baseline.records, tonight, ran)]
+        baseline = find_baseline(self.anchor, expected, tonight, key, self._rebuild(ran, options), self._keep_rule(ran))
+        judgments = [self.judge("the anchor", baseline.folder, baseline.records, tonight, ran, code_of=expected)]
         roll = self.rolling / key if self.rolling is not None else None
         if roll is not None and roll.is_dir():
-            last = anchor_cells([r for r in load_records([roll]) if self._mine(r) and self._expected(r, ran)], expected)
-            judgments.append(self.judge("the rolling baseline", roll, last, tonight, ran))
+            last = anchor_cells([r for r in load_records([roll]) if self._keep_rule(ran)(r)], expected)
+            judgments.append(self.judge("the rolling baseline", roll, last, tonight, ran, code_of=expected))
         code = max(j.code for j in judgments)
         kept = self._keep(judgments, roll, code)
         text = self._render(judgments, baseline, roll, kept, code)
@@ -118,7 +91,8 @@ class Night:
 
     # --- 1. run -------------------------------------------------------------------------------------------------
 
-    def _anchor_records(self) -> list:
+    def anchor_records(self) -> list:
+        """The anchor's records of tonight's suite (a plain --date checked first)."""
         from .records.store import load_records
 
         if not self.date or "/" in self.date or self.date.startswith("."):
@@ -131,7 +105,7 @@ class Night:
             )
         return anchor
 
-    def _run(self, anchor: list, options, executor) -> set:
+    def run_suite(self, anchor: list, options, executor) -> set:
         """Run every task's suite into tonight's folder, everything checked before the first cell; returns the
         (task, backbone) pairs that ran."""
         from .adapters import prepare_task
@@ -148,7 +122,7 @@ class Night:
             run_cells(task, refs, self.current, options, executor, made)
         return {(t.spec.task, b) for t in prepared for b in chosen[t.name]}
 
-    def _expected(self, r: dict, ran: set) -> bool:
+    def expected(self, r: dict, ran: set) -> bool:
         """Whether tonight should hold this baseline record: every backbone of the tasks run, unless named."""
         if self.backbones is not None:
             return (r["task"], r["backbone"]) in ran
@@ -157,76 +131,35 @@ class Night:
     def _mine(self, r: dict) -> bool:
         return (r.get("suite") or "") == self.suite
 
-    # --- 2. find or rebuild the baseline ------------------------------------------------------------------------
+    # --- 2. find or rebuild the baseline (anchor.find_baseline) -------------------------------------------------
 
-    def _baseline(self, expected: list, tonight: list, key: str, ran: set, options) -> Baseline:
-        """The anchor in tonight's arithmetic: itself, a cached rebuild, or a rebuild now (module docstring)."""
-        from .records.store import load_records
+    def _rebuild(self, ran: set, options) -> Rebuild:
+        cache = self.rolling / ANCHORS if self.rolling is not None else home_anchors()
+        tasks = tuple(sorted({t for t, _ in ran}))
+        backbones = tuple(self.backbones) if self.backbones is not None else None
+        return Rebuild(self.suite, tasks, backbones, self.seeds, options.config, cache, self.rebuild)
 
-        foreign = foreign_cells(expected, tonight)
-        if not foreign:
-            return Baseline(expected, self.anchor, f"the anchor {self.anchor}, computed in tonight's arithmetic")
-        why = f"{foreign} of its cells were computed in other arithmetic than tonight's"
-        if os.environ.get(REBUILDING):
-            note = f"{why}; this night is itself an anchor's rerun, which rebuilds nothing"
-            return Baseline(expected, self.anchor, note, [note])
-        if not self.rebuild:
-            note = f"{why}; --no-rebuild: not rebuilt, judged statistically"
-            return Baseline(expected, self.anchor, note, [note])
-        commit, problem = anchor_commit(expected)
-        if problem:
-            note = f"{why}; the anchor cannot be rebuilt: {problem}; judged statistically"
-            return Baseline(expected, self.anchor, note, [note])
-        where = self.rolling / ANCHORS if self.rolling is not None else home_anchors()
-        dest = where / f"{commit[:12]}-{key}"
-        if (dest / ANCHOR_INFO).is_file():
-            info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
-            how = f"the anchor at {commit[:12]} rebuilt on this runner on {info.get('made', '?')} ({dest}, cached)"
-        else:
-            rebuild_anchor(
-                self.anchor,
-                commit,
-                dest,
-                suite=self.suite,
-                tasks=sorted({t for t, _ in ran}),
-                backbones=self.backbones,
-                seeds=self.seeds,
-                config=options.config,
-            )
-            info = yaml.safe_load((dest / ANCHOR_INFO).read_text())
-            how = f"the anchor at {commit[:12]} rebuilt on this runner tonight in {minutes(info['seconds'])} ({dest})"
-        records = [r for r in load_records([dest]) if self._mine(r) and self._expected(r, ran)]
-        other = other_code(expected, records)
-        if other:  # code outside this checkout (a plugin) computed the anchor: the rerun is not the anchor's code
-            shutil.rmtree(dest, ignore_errors=True)
-            note = (
-                f"{why}; the anchor's rerun at {commit[:12]} did not reproduce its code ({other}: code outside this "
-                "checkout, such as a plugin, computed it), so it was discarded; judged statistically"
-            )
-            return Baseline(expected, self.anchor, note, [note])
-        notes = [f"{why}: {how}."]
-        if (dest / ARITHMETIC_REPORT).is_file():
-            notes.append(
-                f"The rebuilt anchor against the committed one, a pure change of arithmetic "
-                f"({dest / ARITHMETIC_REPORT}): {first_verdict((dest / ARITHMETIC_REPORT).read_text())}"
-            )
-        return Baseline(records, dest, how, notes, dest)
+    def _keep_rule(self, ran: set):
+        """A baseline record of tonight's suite and cells."""
+        return lambda r: self._mine(r) and self.expected(r, ran)
 
     # --- 3. judge -----------------------------------------------------------------------------------------------
 
-    def judge(self, name: str, folder: Path, base: list, tonight: list, ran: set) -> Judgment:
+    def judge(self, name: str, folder: Path, base: list, tonight: list, ran: set, code_of=None) -> Judgment:
+        """Tonight against `base` exactly, with the ledger beside the anchor; `code_of`: the anchor's records, whose
+        code the noise model must be of, whatever the baseline."""
         from .records import ledger as ledgers
         from .records.gate import decide, decide_options
 
-        base = [r for r in base if self._expected(r, ran)]
+        base = [r for r in base if self.expected(r, ran)]
         book = ledgers.load(self.anchor)
         accept, accept_code, lines = book.accepts()
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
         options = decide_options(self.gate, accept, accept_code)
         options.update(fail_on_failed=True, allow_missing=self.allow_missing)
-        if getattr(self, "_anchor_code", None):
-            options["code_of"] = self._anchor_code
+        if code_of:
+            options["code_of"] = code_of
         decision = decide(base, tonight, **options)
         unused = book.unused(decision.gate)
         if unused:
@@ -257,7 +190,7 @@ class Night:
         text = night_report(
             f"Nightly {self.date}: {self.current}",
             judgments,
-            baseline_notes=baseline.notes,
+            baseline_notes=list(baseline.notes),
             rolling=roll is not None,
             kept=kept,
             failed=code,
@@ -275,6 +208,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     staging folder beside it, compare the old anchor with the new (REANCHOR.md, ledger entries accepted), put the
     new records in the old ones' place and empty the ledger. Returns the comparison."""
     from .engine.compute import environment
+    from .paths.writes import move_folder
     from .records import ledger as ledgers
     from .records.gate import decide_options
     from .records.store import load_records
@@ -293,12 +227,12 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         )
     anchor = Path(anchor)
     staging = anchor.parent / f".{anchor.name}.reanchor-{os.getpid()}"
-    night = Night(anchor, staging, "anchor", suite, tasks, backbones, gate=gate)
+    night = Night(anchor=anchor, out=staging, date="anchor", suite=suite, tasks=tasks, backbones=backbones, gate=gate)
     try:
-        old = night._anchor_records()
-        ran = night._run(old, options, executor)
+        old = night.anchor_records()
+        ran = night.run_suite(old, options, executor)
         new = load_records([night.current])
-        expected = [r for r in old if night._expected(r, ran)]
+        expected = [r for r in old if night.expected(r, ran)]
         accept, accept_code, lines = ledgers.load(anchor).accepts()
         options = decide_options(gate, accept, accept_code)
         # re-anchoring takes changes on purpose: the report lists them
@@ -311,11 +245,8 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         (night.current / "REANCHOR.md").write_text(text)
         for name in ("REGRESSION.md", "LEADERBOARD.md"):
             (night.current / name).unlink(missing_ok=True)
-        old_place = anchor.parent / f".{anchor.name}.old-{os.getpid()}"
-        os.replace(anchor, old_place)
-        os.replace(night.current, anchor)
+        move_folder(night.current, anchor)
         ledgers.empty(anchor)
-        shutil.rmtree(old_place, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(
@@ -341,15 +272,12 @@ def anchor_cells(rolling: list, anchor: list) -> list:
 def keep_rolling(night: Path, roll: Path) -> None:
     """Tonight's records become the rolling baseline `roll`, replacing the last one whatever its size (a suite that
     shrinks on purpose passes with every expected cell, and must not fail against a larger one forever)."""
-    roll.parent.mkdir(parents=True, exist_ok=True)
-    tmp = roll.with_name(f".{roll.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(night, tmp, ignore=shutil.ignore_patterns(".locks", "*.md", "*.png", "*.svg"))
-    old = roll.with_name(f".{roll.name}.old{os.getpid()}")
-    if roll.is_dir():
-        os.replace(roll, old)
-    os.replace(tmp, roll)
-    shutil.rmtree(old, ignore_errors=True)
+    from .paths.writes import atomic_path
+
+    with atomic_path(roll, directory=True, what="the rolling baseline") as tmp:
+        shutil.copytree(
+            night, tmp, ignore=shutil.ignore_patterns(".locks", "*.md", "*.png", "*.svg"), dirs_exist_ok=True
+        )
     print(f"tonight's records are the rolling baseline {roll}", file=sys.stderr)
 
 

@@ -1,5 +1,6 @@
 """How transferbench writes a file or folder: aside, then renamed into place (`atomic_path`), so that a reader sees
-the old content or the new and a killed writer leaves only a dot-named temporary (`remove_stale_temps`); the probe
+the old content or the new and a killed writer leaves only a dot-named temporary (`remove_stale_temps`); a finished
+folder put in another's place (`move_folder`); the probe
 that a folder takes writes before anything is computed for it (`probe`, `check_home`); and the one line that a write
 the filesystem refused (full, over quota, read-only) ends in (`write_error`), closing with how to go on (`RESUME`)."""
 
@@ -115,8 +116,22 @@ def atomic_path(path, *, suffix: str = "", directory: bool = False, needed: int 
     with aside(path, suffix, directory, needed, what) as tmp:
         yield tmp
         if directory:
-            remove(path)  # a folder is not replaced by rename while it has files
-        os.replace(tmp, path)
+            move_folder(tmp, path)  # a folder is not replaced by rename while it has files: the old one goes aside
+        else:
+            os.replace(tmp, path)
+
+
+def move_folder(src, dest) -> None:
+    """The finished folder `src` put in place at `dest` on the same filesystem, replacing any folder there: the old
+    one is renamed aside first (a dot-named temporary), so `dest` is never a mix of the two, and removed after."""
+    src, dest = Path(src), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = temp_path(dest, ".old")
+    remove(old)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(src, dest)
+    remove(old)
 
 
 def probe(folder: Path) -> list[Path]:

@@ -68,6 +68,12 @@ def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) 
     return "\n".join(lines + _failed_section(failed) + _missing_sections(g))
 
 
+def headline(g: Gate, reasons=()) -> str:
+    """A report's verdict line: OK or REGRESSION (with why), then how many cells each tier judged."""
+    head = f"**{'REGRESSION' if reasons else 'OK'}**" + (f" ({', '.join(reasons)})" if reasons else "")
+    return f"{head}: {_tiers(g)}"
+
+
 def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
     """The verdict line, the counts and how a test fires."""
     lines: list[str] = []
@@ -75,11 +81,10 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
     counts = {v: sum(c.verdict == v for c in cells) for v in (V.REGRESSED, V.IMPROVED, V.UNCHANGED, V.UNTESTED)}
     pooled_bad = g.of(Kind.POOLED, V.REGRESSED)
     spread = g.of(Kind.SPREAD, V.SPREAD)
-    head = f"**{'REGRESSION' if reasons else 'OK'}**" + (f" ({', '.join(reasons)})" if reasons else "")
     lines += [
         f"# {title}",
         "",
-        f"{head}: {_tiers(g)}",
+        headline(g, reasons),
         "",
         f"Statistical tier: {counts[V.REGRESSED]} regressed, {counts[V.IMPROVED]} improved, "
         f"{counts[V.UNCHANGED]} unchanged, "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError, close_matches
 from ..fingerprint import STALE
+from ..settings.choices import COMPILE
 
 
 def csv_list(text: str) -> list[str]:
@@ -72,7 +73,9 @@ def execution_options(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=0,
-        help="DataLoader worker processes per cell (default 0: load in the main process; results do not depend on it)",
+        help="DataLoader worker processes per cell (default 0: load in the main process). No part of a cell's key; "
+        "its record's arithmetic digest holds it, so the gate judges two records to the bit only where both ran "
+        "with the same",
     )
     p.add_argument(
         "--log-samples",
@@ -86,7 +89,7 @@ def execution_options(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="on",
         default="auto",
-        choices=("auto", "on", "off"),
+        choices=COMPILE,
         help="run the training steps through torch.compile: auto (default) compiles them on CUDA and not on the "
         "CPU; bare --compile means on. One compilation per model shape serves every cell of the run; it is "
         "timed apart from the steps (a record's info: compile_s). Records equal the eager ones up to "

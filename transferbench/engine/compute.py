@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..paths.ledger import Ledger, current
+from ..settings.choices import COMPILE
 
 
 class Diverged(Exception):
@@ -34,8 +35,10 @@ def check_finite(value, what: str = "loss", step: int | None = None) -> None:
 
 @dataclass
 class CellContext:
-    """What an adapter's `run` gets besides the cell: where and how to compute, none of which changes
-    a cell's result (so none is part of its key): device (None: the worker's default, cuda where it has one),
+    """What an adapter's `run` gets besides the cell: where and how to compute, none of which is part of a cell's
+    key. Device, workers, micro-batch, precision and compile may move a result's last bits (another summation
+    order), so the record's arithmetic digest holds them (transferbench.arithmetic) and the gate judges two records
+    to the bit only where it agrees: device (None: the worker's default, cuda where it has one),
     data directory, DataLoader workers, the largest micro-batch (gradient accumulation; None = the whole
     batch), precision pins (`pins`: per cell key, the bf16 choice of each `auto` step, in order), progress bars
     and whether per-example results are kept (`log_samples`: an adapter that can returns
@@ -145,9 +148,6 @@ def _git_state() -> tuple[str | None, bool | None]:
         return lines[1], bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None, None
-
-
-COMPILE = ("auto", "on", "off")
 
 
 COMPILE_MIN_EXAMPLES = 100_000  # auto: a training loop of fewer examples (steps x batch) runs eagerly

@@ -17,12 +17,12 @@ import numpy as np
 from ..cell import RANDOM_INIT
 from ..hashing import canon
 from ..spec import OVERRIDE_SOURCES
-from .record import latest, value
+from .record import Record, latest, value
 from .stats import Estimate, mean_ci
 from .store import read_samples
 
 
-def select_best(records: list[dict], select: tuple | list, mode: str) -> dict | None:
+def select_best(records: list[Record], select: tuple | list, mode: str) -> dict | None:
     """The `select` setting with the best mean validation metric over seeds (None if none has one).
     Ties go to the first setting in sorted order, so the choice is deterministic."""
     by_setting = defaultdict(list)
@@ -77,7 +77,7 @@ def value_order(value) -> tuple:
 NOT_AXES = ("pixels", "backbone_preprocess", "pretraining")
 
 
-def task_axes(records: list[dict]) -> list[str]:
+def task_axes(records: list[Record]) -> list[str]:
     """Hyper-parameters (not selected, not a property of the weights) whose values differ between a task's
     records."""
     values = defaultdict(set)
@@ -92,13 +92,13 @@ def task_axes(records: list[dict]) -> list[str]:
     return sorted(k for k, vs in values.items() if len(vs) > 1)
 
 
-def group_key(r: dict) -> tuple:
+def group_key(r: Record) -> tuple:
     """(dataset, backbone, hyper-parameters other than the selected ones): the records of one result."""
     select = tuple(r.get("select", []))
     return r["dataset"], r["backbone"], canon({k: v for k, v in r["hparams"].items() if k not in select})
 
 
-def aggregate(records: list[dict]) -> list[Entry]:
+def aggregate(records: list[Record]) -> list[Entry]:
     """Entries of the finished (ok or diverged) records. A failed cell has no metric: it joins the
     counts of its group when one exists and is otherwise left out (a bad --set of an earlier version must
     not add a column of dashes)."""
@@ -170,7 +170,7 @@ def aggregate(records: list[dict]) -> list[Entry]:
     return entries
 
 
-def pretraining_of(record: dict) -> str:
+def pretraining_of(record: Record) -> str:
     """What a record's weights were pretrained on (its cell's `pretraining`); in records older than the field,
     random init where they name no checkpoint, else '' (unknown)."""
     if record.get("pretraining"):
@@ -178,7 +178,7 @@ def pretraining_of(record: dict) -> str:
     return RANDOM_INIT if record.get("checkpoint_sha256") == RANDOM_INIT else ""
 
 
-def changed_settings(record: dict) -> tuple:
+def changed_settings(record: Record) -> tuple:
     """(setting, value, source) of each hyper-parameter the record took from a suite, --set or a rule, sorted; a
     swept setting (a column or the selection's) is left to the table."""
     sources = record.get("sources") or {}

@@ -28,6 +28,9 @@ class Record(TypedDict, total=False):
     group: str | None  # the dataset's group in the report (VTAB's natural, specialized, structured)
     report: str  # the report kind (records.kinds)
     suite: str
+    pretraining: str  # what the weights were pretrained on (cell.Cell.pretraining; absent in older records)
+    sources: dict[str, str]  # where each setting's value came from (spec.Task.sources)
+    execution: dict[str, Any]  # the execution settings it ran with (settings.EXECUTION)
     key: str  # the cell's key: the hash of what it is
     status: str  # ok | diverged | failed
     reason: str

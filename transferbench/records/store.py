@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..paths.entries import quarantine
 from ..paths.portable import portable
 from ..paths.writes import atomic_path, remove_stale_temps
+from .record import Record
 
 log = logging.getLogger("transferbench")
 
@@ -42,7 +43,7 @@ def tidy(value: float) -> float:
     return float(f"{value:.15g}")
 
 
-def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> dict:
+def record_of(cell, outcome: dict, run_id: str, config: dict | None = None) -> Record:
     """A finished cell's record (schema SCHEMA_VERSION): the cell's fields and key, its outcome (status, metrics,
     info, seconds, environment, fingerprint, arithmetic and outputs digests (transferbench.arithmetic), caches),
     the run and the command that made it."""
@@ -150,7 +151,7 @@ class RecordStore:
         return remove_stale_temps(self.root)
 
 
-def read_samples(record: dict, split: str = "test"):
+def read_samples(record: Record, split: str = "test"):
     """The per-example results of `split` that a record loaded by `load_records` logged, or None (none logged,
     the file missing or not the one the record names: a damaged file is never trusted)."""
     import numpy as np
@@ -213,7 +214,7 @@ def check_folder(d: Path, name: str = "records folder") -> None:
         raise UserError(f"{name} {d} {what} (give the --out folder of a `transferbench run` or `nightly`)")
 
 
-def load_records(dirs: Iterable, *, strict: bool = False) -> list[dict]:
+def load_records(dirs: Iterable, *, strict: bool = False) -> list[Record]:
     """Every record under the given folders (recursively), in a stable order. A file that is not a valid
     record is skipped with one warning line (`transferbench run` into its folder sets it aside and computes
     its cell again), or with `strict` stops with a one-line UserError. Set-aside and temporary files (under

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..hashing import canon
 from ..names import model_name
 from ..records.aggregate import Entry, aggregate
+from ..records.record import Record
 from ..spec import SET_SOURCE, load_task, suite_source
 from .published import Published, axes_text, references
 
@@ -97,7 +98,7 @@ def match(entry: Entry, stage: str = "") -> tuple[Published | None, str]:
     return None, f"pretraining {entry.pretraining} has no published number (published: {', '.join(named)})"
 
 
-def compare(task: str, records: list[dict], entries: list[Entry] | None = None) -> tuple[list[Versus], list[str]]:
+def compare(task: str, records: list[Record], entries: list[Entry] | None = None) -> tuple[list[Versus], list[str]]:
     """Your results of `task` beside the published numbers they match, and one reason per set of backbones that
     match none ('BACKBONES: why'). `entries`: the records' aggregated entries, where the caller has them (a task
     whose published numbers name a stage, high-res's 'high', is aggregated here from that stage's records)."""
@@ -145,7 +146,7 @@ def _published(p: Published) -> str:
 
 
 def versus_markdown(
-    task: str, records: list[dict], entries: list[Entry] | None = None, heading: str = HEADING
+    task: str, records: list[Record], entries: list[Entry] | None = None, heading: str = HEADING
 ) -> list[str]:
     """The markdown of `compare` under `heading`: per report-axis setting, a column per data set, and for each
     matching backbone three rows (yours, published, yours − published); then the backbones that match none, in one

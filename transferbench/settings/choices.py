@@ -10,6 +10,7 @@ ATTN_STD_TOKENS = ("patches", "all")  # backbones.measures
 SCHEDULES = ("cosine", "poly")  # engine.train: learning-rate schedules after warm-up
 IMAGE_SAMPLES = ("random", "first")  # adapters.diagnose: which images the forward measures see
 DECODER_TOKENS = ("prenorm", "norm")  # adapters.seg: the tokens the linear decoder reads
+COMPILE = ("auto", "on", "off")  # engine.compute: --compile, whether training steps run through torch.compile
 
 # engine.augreg: App. C's named augmentation strengths
 # big_vision configs/vit_i1k.py RANDAUG_DEF / MIXUP_DEF: randaug(num_ops, magnitude) and the mixup concentration

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent / "transferbench"
 
 # lowest first; a module belongs to the first entry that is its name or a package above it
 LAYERS = [
-    ("ground floor", ("errors", "hashing", "names", "fingerprint", "arithmetic", "paths", "plugins", "weights")),
+    ("ground floor", ("errors", "hashing", "names", "git", "fingerprint", "arithmetic", "paths", "plugins", "weights")),
     ("contracts", ("cell", "spec", "records", "settings")),
     ("models and data", ("backbones", "data")),
     ("reporting", ("reporting",)),

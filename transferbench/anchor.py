@@ -224,17 +224,16 @@ def rebuild_anchor(anchor: Path, commit: str, dest: Path, rebuild: Rebuild) -> N
 
 def _repository_with(commit: str) -> Path:
     """The git checkout this package runs from, where it holds `commit`; else one line naming the fix."""
-    from .records.ledger import repository
+    from . import git
 
-    repo = repository()
+    repo = git.checkout()
     if repo is None:
         raise UserError(
             f"the anchor's code (commit {commit[:12]}) cannot be checked out: transferbench does not run from a git "
             "checkout; run the nightly from a clone with its history (actions/checkout: fetch-depth: 0), or pass "
             "--no-rebuild to judge statistically"
         )
-    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo, capture_output=True)
-    if known.returncode:
+    if not git.has_commit(repo, commit):
         raise UserError(
             f"the anchor's commit {commit[:12]} is not in {repo}'s history: fetch it (git fetch --unshallow; "
             "actions/checkout: fetch-depth: 0), or pass --no-rebuild to judge statistically"

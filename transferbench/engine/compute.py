@@ -8,7 +8,6 @@ import dataclasses
 import math
 import os
 import platform
-import subprocess
 import time
 import traceback
 from collections.abc import Iterable
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .. import git
 from ..errors import UserError
 from ..paths.ledger import Ledger, current
 from ..settings.choices import COMPILE
@@ -98,7 +98,7 @@ def environment() -> dict:
         except PackageNotFoundError:
             return None
 
-    sha, dirty = _git_state()
+    sha, dirty = git.state()
     cuda = torch.cuda.is_available()
     return {
         "python": platform.python_version(),
@@ -125,29 +125,6 @@ def _device_name() -> str:
     from .precision import cpu_model
 
     return f"cpu: {cpu_model() or platform.processor() or 'unknown'} x{os.cpu_count()}"
-
-
-def _git_state() -> tuple[str | None, bool | None]:
-    """(HEAD's sha, whether tracked files differ from it) of the checkout the package runs from; (None, None) for
-    an installed wheel, whose version says what it is."""
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        lines = rev.stdout.splitlines()
-        if rev.returncode or len(lines) != 2 or Path(lines[0]).resolve() / "transferbench" != here.parent:
-            return None, None  # not a checkout of transferbench (a wheel, perhaps inside someone else's repository)
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return lines[1], bool(status.stdout.strip()) if status.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None, None
 
 
 COMPILE_MIN_EXAMPLES = 100_000  # auto: a training loop of fewer examples (steps x batch) runs eagerly

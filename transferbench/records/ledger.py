@@ -14,7 +14,6 @@ Each entry names what changed, as it is after the change, and why:
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,15 +220,3 @@ def empty(path: Path) -> None:
     """Write an empty ledger (its header says how to fill it) at `path` (a file or a records folder)."""
     path = Path(path)
     (path / LEDGER if path.is_dir() else path).write_text(EMPTY)
-
-
-def repository(start: Path | None = None) -> Path | None:
-    """The git checkout that holds this package (or `start`), or None."""
-    here = Path(start) if start else Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=here, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None

@@ -201,8 +201,8 @@ def test_a_backbone_of_the_baseline_that_did_not_run_fails_unless_named(tmp_path
     ran = {("toy", "mu4")}
     night = Night(Path("base"), tmp_path / "n", "d", "quick", gate=opts)
     judged = night.judge("the anchor", Path("base"), base, tonight, ran)
-    assert judged.code == 1 and "tasks or backbones absent" in judged.verdict.reasons[0]
-    assert judged.verdict.gate.absent == [("toy", "mu4_dpn")]
+    assert judged.code == 1 and "tasks or backbones absent" in judged.decision.reasons[0]
+    assert judged.decision.gate.absent == [("toy", "mu4_dpn")]
     night.allow_missing = ["toy:mu4_dpn"]
     assert night.judge("the anchor", Path("base"), base, tonight, ran).code == 0
     named = Night(Path("base"), tmp_path / "n", "d", "quick", backbones=["mu4"], gate=opts)

@@ -21,7 +21,7 @@ from transferbench.records.comparisons import ALPHA
 from transferbench.records.gate import gate as _gate
 from transferbench.records.stats import holm, mcnemar, variance_ratio
 from transferbench.records.store import RecordStore, load_records
-from transferbench.reporting.regress import verdict as _verdict
+from transferbench.reporting.regress import decision_report as _verdict
 from transferbench.reporting.regress import words
 
 ENV = kit.ENV

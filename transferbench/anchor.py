@@ -59,14 +59,14 @@ class Rebuild:
 class Baseline:
     """The anchor as tonight is judged against it: its records, the folder they are in, where they come from (and
     why, in words), the notes the night's report carries, and the rebuilt anchor's judgment against the committed
-    one (its verdict line; '' where there is none)."""
+    one (its headline; "" where there is none)."""
 
     records: list
     folder: Path
     source: Source
     how: str
     notes: tuple = field(default_factory=tuple)
-    arithmetic_verdict: str = ""
+    arithmetic_headline: str = ""
 
 
 def find_baseline(anchor: Path, expected: list, tonight: list, key: str, rebuild: Rebuild, keep: Callable) -> Baseline:
@@ -100,7 +100,7 @@ def find_baseline(anchor: Path, expected: list, tonight: list, key: str, rebuild
     )
     how = f"the anchor at {commit[:12]} rebuilt on this runner {when}"
     records = [r for r in load_records([dest]) if keep(r)]
-    other = other_code(expected, records)
+    other = unreproduced_code(expected, records)
     if other:  # code outside this checkout (a plugin) computed the anchor: the rerun is not the anchor's code
         shutil.rmtree(dest, ignore_errors=True)
         return _statistical(
@@ -109,13 +109,13 @@ def find_baseline(anchor: Path, expected: list, tonight: list, key: str, rebuild
             f"{why}; the anchor's rerun at {commit[:12]} did not reproduce its code ({other}: code outside this "
             "checkout, such as a plugin, computed it), so it was discarded; judged statistically",
         )
-    verdict = info.get("verdict") or "(not recorded: rebuilt by an older transferbench)"
+    line = info.get("headline") or "(not recorded: rebuilt by an older transferbench)"
     notes = (
         f"{why}: {how}.",
         f"The rebuilt anchor against the committed one, a pure change of arithmetic ({dest / ARITHMETIC_REPORT}): "
-        f"{verdict}",
+        f"{line}",
     )
-    return Baseline(records, dest, Source.CACHED if cached else Source.REBUILT, how, notes, verdict)
+    return Baseline(records, dest, Source.CACHED if cached else Source.REBUILT, how, notes, line)
 
 
 def _statistical(expected: list, anchor: Path, note: str) -> Baseline:
@@ -134,7 +134,7 @@ def foreign_cells(expected: list, tonight: list) -> int:
     )
 
 
-def other_code(anchor: list, rerun: list) -> str:
+def unreproduced_code(anchor: list, rerun: list) -> str:
     """In words, the modules whose code differs between the anchor's records and their rerun, cell by cell; '' where
     every rerun cell was computed by the anchor's own code."""
     from .fingerprint import changed_modules
@@ -176,7 +176,7 @@ def home_anchors() -> Path:
 def rebuild_anchor(anchor: Path, commit: str, dest: Path, rebuild: Rebuild) -> None:
     """Rerun the anchor's code on this runner: a git worktree at `commit`, whose own `transferbench nightly` runs
     tonight's suite and tasks (pinned to the committed anchor's precision choices, as tonight is) with tonight's
-    execution options, into `dest`, with what it did (ANCHOR.yaml, its verdict line too) and how it compares with
+    execution options, into `dest`, with what it did (ANCHOR.yaml, its headline too) and how it compares with
     the committed anchor (ARITHMETIC.md). Its progress goes to the terminal and to `dest`.log. A failure is one
     line, exit 2; tonight's records stay."""
     suite, tasks, backbones, seeds = rebuild.suite, list(rebuild.tasks), rebuild.backbones, rebuild.seeds
@@ -273,7 +273,7 @@ def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: 
     (night / ARITHMETIC_REPORT).write_text(
         report(decision.gate, failed=decision.failed, title=title, reasons=decision.reasons)
     )
-    info["verdict"] = headline(decision.gate, decision.reasons)
+    info["headline"] = headline(decision.gate, decision.reasons)
     (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
     move_folder(night, dest)
 

@@ -35,17 +35,17 @@ class Judgment:
 
     name: str  # 'the anchor' | 'the rolling baseline'
     folder: Path
-    verdict: object  # records.gate.Decision
+    decision: object  # records.gate.Decision
     ledger: list = field(default_factory=list)  # report lines: the ledger entries applied
 
     @property
     def code(self) -> int:
-        return self.verdict.code
+        return self.decision.code
 
     @property
     def exact(self) -> bool:
         """Every matched cell judged to the bit (cells of a declared protocol change aside)."""
-        t = self.verdict.gate.exact
+        t = self.decision.gate.exact
         return t.enabled and t.statistical == t.by_declaration
 
 
@@ -177,7 +177,7 @@ class Night:
         if not judgments[0].exact:
             return (
                 "not kept as the rolling baseline: tonight was not judged exactly against known-good code "
-                f"({judgments[0].verdict.gate.exact.statistical} cells judged statistically)"
+                f"({judgments[0].decision.gate.exact.statistical} cells judged statistically)"
             )
         keep_rolling(self.current, roll)
         return f"kept as the rolling baseline {roll}"
@@ -212,7 +212,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     from .records import ledger as ledgers
     from .records.gate import decide_options
     from .records.store import load_records
-    from .reporting.regress import verdict
+    from .reporting.regress import decision_report
 
     env = environment()
     if not env.get("git_sha"):
@@ -239,7 +239,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         options.update(allow_missing=True, allow_improvement=True)
         was = records_commit(expected) or "several commits"
         title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"
-        text, _ = verdict(expected, new, title=title, **options)
+        text, _ = decision_report(expected, new, title=title, **options)
         if lines:
             text += "\n\nAcceptance ledger entries of the old anchor:\n\n" + "\n".join(lines) + "\n"
         (night.current / "REANCHOR.md").write_text(text)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .. import git
 from ..errors import UserError
-from ..paths.ledger import Ledger, current
+from ..paths.ledger import Ledger, held_ledger
 from ..settings.choices import COMPILE
 
 
@@ -170,7 +170,7 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     (`paths.ledger`: the run's), or in the cell's own where none is (a Ray task, a cell computed alone)."""
     from ..tracking import cell_entry
 
-    ledger = current()
+    ledger = held_ledger()
     with ledger.held(), cell_entry(ctx.tracking, cell, adapter.settings) as entry:
         outcome = _compute(adapter, cell, ctx, ledger)
         if entry is not None:  # the outcome to the cell's tracker entries (a failing tracker is a warning)

@@ -151,9 +151,9 @@ COMPILE_BACKEND = "inductor"  # torch.compile's backend for training steps (test
 
 def _tracked(desc: str):
     """The curve of this loop in the entries of the cell being computed, where the run logs to a tracker."""
-    from ..tracking import current
+    from ..tracking import cell_log
 
-    entry = current()
+    entry = cell_log()
     return entry.curve(desc) if entry is not None else None
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .home import cache_of
-from .ledger import Ledger, current
+from .ledger import Ledger, held_ledger
 from .writes import aside, atomic_path, remove, write_error
 
 log = logging.getLogger("transferbench")
@@ -99,7 +99,7 @@ def damage(path, *, directory: bool = False) -> str | None:
     """Why the cache entry `path` cannot be trusted, or None when each of its files has the size and checksum
     that its digest (written with it) records. Each entry is hashed once per ledger (`paths.ledger`: once per run
     in a process) while its files keep their size and mtime."""
-    return _damage(Path(path), directory, current())
+    return _damage(Path(path), directory, held_ledger())
 
 
 def _damage(path: Path, directory: bool, ledger: Ledger) -> str | None:
@@ -143,7 +143,7 @@ def _damage(path: Path, directory: bool, ledger: Ledger) -> str | None:
 def quarantine(path, why: str, what: str = "cache entry") -> Path | None:
     """Set `path` (a file or folder, with its digest file) aside in the `.quarantine` folder beside it,
     renamed, not deleted; one warning line names it, why and where it went. None if it was gone already."""
-    return _quarantine(Path(path), why, what, current())
+    return _quarantine(Path(path), why, what, held_ledger())
 
 
 def _quarantine(path: Path, why: str, what: str, ledger: Ledger) -> Path | None:
@@ -190,7 +190,7 @@ def verified(path, what: str = "cache entry", *, directory: bool = False) -> boo
     path = Path(path)
     if not path.exists():
         return False
-    ledger = current()
+    ledger = held_ledger()
     if _damage(path, directory, ledger) is None:
         other = _foreign(path, ledger)
         if other is not None:
@@ -244,7 +244,7 @@ def sealed(path, *, suffix: str = "", directory: bool = False) -> Iterator[Path]
         else:
             digest = file_digest(tmp)  # before the lock: readers wait no longer than the renames take
             digest[ARITHMETIC_KEY] = _computing_arithmetic()
-        ledger = current()
+        ledger = held_ledger()
         ledger.count(path, "computed")
         with entry_lock(path):
             if path.exists() and _damage(path, directory, ledger) is None and _foreign(path, ledger) is None:

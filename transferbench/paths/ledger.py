@@ -61,6 +61,6 @@ class Ledger:
             _HELD.pop()
 
 
-def current() -> Ledger:
+def held_ledger() -> Ledger:
     """The ledger held in this process (the innermost); outside any, a new one."""
     return _HELD[-1] if _HELD else Ledger()

@@ -51,7 +51,7 @@ class Entry:
 
 
 @dataclass
-class Ledger:
+class AcceptanceLedger:
     path: Path | None
     entries: list = field(default_factory=list)
 
@@ -75,14 +75,14 @@ class Ledger:
         return out
 
 
-def load(path: Path) -> Ledger:
+def load(path: Path) -> AcceptanceLedger:
     """The ledger at `path` (a file, or a records folder holding ACCEPTED.yaml); an empty one where there is none.
     A ledger that does not parse, or an entry without a change or a reason, is one line and exit 2."""
     path = Path(path)
     if path.is_dir():
         path = path / LEDGER
     if not path.is_file():
-        return Ledger(None)
+        return AcceptanceLedger(None)
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
@@ -112,7 +112,7 @@ def load(path: Path) -> Ledger:
         if not why:
             raise UserError(f"{where}: say why the change is meant (why: ...)")
         entries.append(Entry(code, protocol, why))
-    return Ledger(path, entries)
+    return AcceptanceLedger(path, entries)
 
 
 def _code(value, where: str) -> list:

@@ -33,7 +33,7 @@ def _key(k: CellKey) -> str:
     return f"{k.task} / {k.dataset} / {k.backbone} {k.stage} seed {k.seed}"
 
 
-def verdict(
+def decision_report(
     baseline: list[dict],
     current: list[dict],
     floor: float = FLOOR,
@@ -528,11 +528,11 @@ def night_report(
 ) -> str:
     """A night's report (transferbench.night): one verdict line over every judgment, then where its baselines came
     from, the acceptance ledger's entries that applied, and each judgment's report as a section."""
-    reasons = [f"against {j.name}: {', '.join(j.verdict.reasons)}" for j in judgments if j.verdict.reasons]
+    reasons = [f"against {j.name}: {', '.join(j.decision.reasons)}" for j in judgments if j.decision.reasons]
     head = f"**REGRESSION** ({'; '.join(reasons)})" if failed else "**OK**"
-    lines = [f"# {title}", "", f"{head}: {_tiers(judgments[0].verdict.gate)}", ""]
+    lines = [f"# {title}", "", f"{head}: {_tiers(judgments[0].decision.gate)}", ""]
     for j in judgments:
-        lines.append(f"- Against {j.name} {j.folder}: {'fails' if j.code else 'passes'}; {_tiers(j.verdict.gate)}")
+        lines.append(f"- Against {j.name} {j.folder}: {'fails' if j.code else 'passes'}; {_tiers(j.decision.gate)}")
     if rolling and len(judgments) == 1:
         lines.append("- No rolling baseline of this arithmetic yet: judged against the anchor alone.")
     lines += [f"- {note}" for note in baseline_notes]
@@ -543,7 +543,7 @@ def night_report(
         lines += ["", "Acceptance ledger entries honoured (the anchor's ACCEPTED.yaml):", "", *ledger]
     for j in judgments:
         section = report(
-            j.verdict.gate, failed=j.verdict.failed, title=f"Against {j.name} {j.folder}", reasons=j.verdict.reasons
+            j.decision.gate, failed=j.decision.failed, title=f"Against {j.name} {j.folder}", reasons=j.decision.reasons
         )
         lines += ["", "\n".join(("#" + x) if x.startswith("#") else x for x in section.splitlines())]
     return "\n".join(lines) + "\n"

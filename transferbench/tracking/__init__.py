@@ -271,14 +271,14 @@ class Curve:
 _CURRENT: CellLog | None = None
 
 
-def current() -> CellLog | None:
+def cell_log() -> CellLog | None:
     """The entry of the cell this process computes, where the run logs to a tracker; else None."""
     return _CURRENT
 
 
 @contextmanager
 def cell_entry(tracking: Tracking | None, cell, settings_model=None):
-    """The cell's entry in each of the run's trackers while it computes (`current()` inside); yields the CellLog,
+    """The cell's entry in each of the run's trackers while it computes (`cell_log()` inside); yields the CellLog,
     or None where the run logs nowhere. The caller closes it with the outcome; an entry left open (an interrupt, an
     error outside the cell's own) is finished as it is on the way out."""
     global _CURRENT
@@ -322,7 +322,7 @@ __all__ = [
     "Tracking",
     "cell_entry",
     "check",
-    "current",
+    "cell_log",
     "entry_parts",
     "wandb_name",
     "guarded",

@@ -1,5 +1,6 @@
 """DynamicTokenNorm against the DTN paper's eq. 4-7, written out token by token."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -226,7 +227,7 @@ def test_batch_slices_change_no_output_or_gradient(monkeypatch):
     results = []
     for nbytes in (1 << 30, 1):
         monkeypatch.setattr(dtn, "_SLICE_BYTES", nbytes)
-        assert len(dtn._batch_slices(x)) == (1 if nbytes > 1 else 5)
+        assert len(dtn.plan_for(x.detach(), False).slices(5)) == (1 if nbytes > 1 else 5)
         m.zero_grad()
         x.grad = None
         out = m(x)
@@ -264,7 +265,8 @@ def test_gram_kernel_gradients_equal_the_two_products(monkeypatch):
     x = (torch.randn(3, 12, 12, dtype=torch.float64) * 2 + 0.5).requires_grad_()
     g = torch.randn(3, 12, 12, dtype=torch.float64)
     direct = _grads(m, m, x, g)
-    monkeypatch.setattr(dtn, "_gram_on", lambda t: True)
+    planned = dtn.plan_for
+    monkeypatch.setattr(dtn, "plan_for", lambda t, autocast: dataclasses.replace(planned(t, autocast), gram=True))
     gram = _grads(m, m, x, g)
     assert m.pos_weight.grad.abs().max() > 1e-3  # the kernels' gradients are really exercised
     for a, b in zip(direct, gram):
@@ -280,8 +282,10 @@ def test_kron_operator_passes_torch_opcheck_and_gradcheck():
     p_rows = torch.rand(2, 3, 3, generator=gen, dtype=torch.float64).softmax(-1).requires_grad_()
     p_cols = torch.rand(2, 4, 4, generator=gen, dtype=torch.float64).softmax(-1).requires_grad_()
     moments = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64).requires_grad_()
-    torch.library.opcheck(dtn_kron, (p_rows, p_cols, moments, False))
-    assert torch.autograd.gradcheck(lambda a, b, c: dtn_kron(a, b, c, False), (p_rows, p_cols, moments))
+    for gram in (False, True):
+        torch.library.opcheck(dtn_kron, (p_rows, p_cols, moments, False, gram))
+        kron = lambda a, b, c, gram=gram: dtn_kron(a, b, c, False, gram)  # noqa: E731
+        assert torch.autograd.gradcheck(kron, (p_rows, p_cols, moments))
 
 
 def test_compiler_visible_layer_is_the_hand_written_one():

@@ -33,11 +33,44 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from . import dtn_kernels
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one forward of the layer computes, decided once in `DynamicTokenNorm.forward` (as timm's Attention decides
+    `fused_attn`) and passed down:
+    - `path`: "fused", the Triton kernels (CUDA tensors where Triton imports, unless KERNELS is "off"); "graph", plain
+      ops around `dtn_kron` for torch.compile to trace; else "hand", `_DTN`'s hand-written backward;
+    - `tf32`: the layer runs under autocast, so the kernels' gradient may take TF32 products on a GPU (an fp32 run
+      stays fp32 throughout);
+    - `gram`: the kernels' gradient as one Gram product per head (a GPU), not two small products (a CPU, which pays
+      for the Gram product's 14x multiply-adds);
+    - `rows`: examples per slice of the batch (a CPU: about 1 MiB of x each, so DTN's ~10 full-size temporaries per
+      slice stay in cache: s16_dtn forward+backward at batch 32 costs +15% over s16 in slices, +34% whole, on 2 cores;
+      elsewhere the whole batch). The statistics are per example: slicing changes no result."""
+
+    path: str
+    tf32: bool
+    gram: bool
+    rows: int
+
+    def slices(self, batch: int) -> list[slice]:
+        return [slice(i, min(i + self.rows, batch)) for i in range(0, batch, self.rows)]
+
+
+def plan_for(x: torch.Tensor, autocast: bool) -> Plan:
+    """The plan for `x` (B, T, C), already in the statistics' dtype, under autocast or not."""
+    B, T, C = x.shape
+    path = "fused" if fused_on(x) else "graph" if torch.compiler.is_compiling() else "hand"
+    cpu = x.device.type == "cpu"
+    rows = max(1, _SLICE_BYTES // (T * C * x.element_size())) if cpu else B
+    return Plan(path, tf32=autocast, gram=x.device.type == "cuda", rows=rows)
 
 
 def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
@@ -129,12 +162,14 @@ class DynamicTokenNorm(nn.Module):
         # Statistics in fp32 even under autocast, as LayerNorm does: eq. 6 subtracts two moments. Only the
         # kernels' gradient may use TF32 products on a GPU, and only where the model runs under autocast (whose
         # own matrix products round to bf16): an fp32 run stays fp32 throughout.
-        tf32 = torch.is_autocast_enabled(x.device.type)
+        autocast = torch.is_autocast_enabled(x.device.type)
         with torch.autocast(device_type=x.device.type, enabled=False):
             f = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64 (tests)
             p_rows, p_cols = self.factored_weights(f)
+            x = x.to(f)
+            plan = plan_for(x, autocast)
             args = (
-                x.to(f),
+                x,
                 p_rows,
                 p_cols,
                 torch.sigmoid(self.mix_mean.to(f)),
@@ -142,13 +177,9 @@ class DynamicTokenNorm(nn.Module):
                 self.weight.to(f),
                 self.bias.to(f),
                 self.eps,
-                tf32,
+                plan,
             )
-            if fused_on(x):
-                return dtn_fused_layer(*args)
-            if torch.compiler.is_compiling():
-                return dtn_plain(*args)
-            return _DTN.apply(*args)
+            return {"fused": dtn_fused_layer, "graph": dtn_plain, "hand": _DTN.apply}[plan.path](*args)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, num_heads={self.num_heads}, grid={self.grid}, eps={self.eps}"
@@ -217,7 +248,7 @@ def _forward(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, out):
     return mean_ln, var_ln, m, rstd, y_hat
 
 
-def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, tf32, mean_ln, var_ln, m, rstd, y_hat, g_x):
+def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, plan, mean_ln, var_ln, m, rstd, y_hat, g_x):
     """Gradients for a slice of the batch: dL/dx into `g_x`, the parameters' returned (to be summed)."""
     B, T, C = x.shape
     H, gh, gw = p_rows.shape[0], p_rows.shape[1], p_cols.shape[1]
@@ -245,7 +276,7 @@ def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, tf32, mean_ln, v
     # through P = kron(P_rows, P_cols): transposed kernels back, and the kernels' own gradients
     moments = _moments(xh)
     g_rows, g_cols, d_moments = _kron_backward(
-        d_m.view(H, gh, gw, -1), moments.view(H, gh, gw, -1), p_rows, p_cols, tf32
+        d_m.view(H, gh, gw, -1), moments.view(H, gh, gw, -1), p_rows, p_cols, plan.tf32, plan.gram
     )
     d_moments = d_moments.view(H, gh, gw, B, -1)
     d_xh = torch.addcmul(d_centred.add_(d_moments[..., :d]), xh, d_moments[..., d:], value=2)
@@ -255,12 +286,6 @@ def _backward(grad, x, p_rows, p_cols, lam_mu, lam_sig, weight, tf32, mean_ln, v
     shift = (d_mean_ln - 2 * mean_ln * d_var_ln) / C
     torch.addcmul(_token_major(d_xh).add_(shift), x, d_var_ln, value=2 / C, out=g_x)
     return g_rows, g_cols, g_lam_mu, g_lam_sig, g_weight, g_bias
-
-
-def _gram_on(t: torch.Tensor) -> bool:
-    """Whether the kernels' gradients come from the Gram product (`_kernel_gradients`): on a GPU. On the CPU the
-    two small products cost less (the Gram product does 14x their multiply-adds, which a CPU pays for)."""
-    return t.device.type == "cuda"
 
 
 @contextmanager
@@ -296,11 +321,12 @@ def _kernel_gradients(d_m, moments, p_rows, p_cols, tf32: bool = False):
     return g_rows, g_cols
 
 
-def _kron_backward(d_m, moments, p_rows, p_cols, tf32: bool = False):
-    """Back through m = (P_rows kron P_cols) moments, all (H, gh, gw, K): (dL/dP_rows, dL/dP_cols, dL/dmoments)."""
+def _kron_backward(d_m, moments, p_rows, p_cols, tf32: bool = False, gram: bool = False):
+    """Back through m = (P_rows kron P_cols) moments, all (H, gh, gw, K): (dL/dP_rows, dL/dP_cols, dL/dmoments); the
+    kernels' gradients by one Gram product per head where `gram` (Plan.gram), else by two small products."""
     H, gh, gw = d_m.shape[:3]
     d_rows = torch.matmul(p_cols.transpose(-1, -2)[:, None], d_m).view(H, gh, -1)
-    if _gram_on(d_m):
+    if gram:
         g_rows, g_cols = _kernel_gradients(d_m, moments, p_rows, p_cols, tf32)
     else:
         rows = torch.bmm(p_rows, moments.reshape(H, gh, -1)).view(H, gh, gw, -1)
@@ -318,47 +344,47 @@ def _kron(p_rows, p_cols, moments):
 
 
 @torch.library.custom_op("transferbench::dtn_kron", mutates_args=())
-def dtn_kron(p_rows: torch.Tensor, p_cols: torch.Tensor, moments: torch.Tensor, tf32: bool) -> torch.Tensor:
+def dtn_kron(p_rows: torch.Tensor, p_cols: torch.Tensor, moments: torch.Tensor, tf32: bool, gram: bool) -> torch.Tensor:
     """The Kronecker application as one operator that torch.compile keeps whole (its backward is
     `dtn_kron_backward`, whose Gram product the compiler would otherwise split into the two slow shapes)."""
     return _kron(p_rows, p_cols, moments.contiguous())
 
 
 @dtn_kron.register_fake
-def _(p_rows, p_cols, moments, tf32):
+def _(p_rows, p_cols, moments, tf32, gram):
     return moments.new_empty(moments.shape)
 
 
 @torch.library.custom_op("transferbench::dtn_kron_backward", mutates_args=())
 def dtn_kron_backward(
-    grad: torch.Tensor, moments: torch.Tensor, p_rows: torch.Tensor, p_cols: torch.Tensor, tf32: bool
+    grad: torch.Tensor, moments: torch.Tensor, p_rows: torch.Tensor, p_cols: torch.Tensor, tf32: bool, gram: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _kron_backward(grad.contiguous(), moments.contiguous(), p_rows, p_cols, tf32)
+    return _kron_backward(grad.contiguous(), moments.contiguous(), p_rows, p_cols, tf32, gram)
 
 
 @dtn_kron_backward.register_fake
-def _(grad, moments, p_rows, p_cols, tf32):
+def _(grad, moments, p_rows, p_cols, tf32, gram):
     H, gh, gw = moments.shape[:3]
     return p_rows.new_empty(H, gh, gh), p_cols.new_empty(H, gw, gw), moments.new_empty(moments.shape)
 
 
 def _kron_setup(ctx, inputs, output):
-    p_rows, p_cols, moments, tf32 = inputs
+    p_rows, p_cols, moments, tf32, gram = inputs
     ctx.save_for_backward(p_rows, p_cols, moments)
-    ctx.tf32 = tf32
+    ctx.tf32, ctx.gram = tf32, gram
 
 
 def _kron_grad(ctx, grad):
     p_rows, p_cols, moments = ctx.saved_tensors
     with torch.autocast(device_type=grad.device.type, enabled=False):
-        g_rows, g_cols, d_moments = dtn_kron_backward(grad, moments, p_rows, p_cols, ctx.tf32)
-    return g_rows, g_cols, d_moments, None
+        g_rows, g_cols, d_moments = dtn_kron_backward(grad, moments, p_rows, p_cols, ctx.tf32, ctx.gram)
+    return g_rows, g_cols, d_moments, None, None
 
 
 dtn_kron.register_autograd(_kron_grad, setup_context=_kron_setup)
 
 
-def dtn_plain(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False):
+def dtn_plain(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, plan: Plan):
     """Eq. 4-7 as plain tensor ops around `dtn_kron`: what torch.compile sees (it fuses the elementwise passes and
     derives their backward); the same function as `_DTN` up to floating-point rounding (tested)."""
     B, T, C = x.shape
@@ -368,7 +394,7 @@ def dtn_plain(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False)
     var_ln = (x - mean_ln).square().mean(dim=-1, keepdim=True)
     xh = x.view(B, gh, gw, H, d).permute(3, 1, 2, 0, 4)  # (H, gh, gw, B, d)
     moments = torch.cat([xh, xh * xh], dim=-1).reshape(H, gh, gw, B * 2 * d)
-    m = dtn_kron(p_rows, p_cols, moments, tf32).view(H, gh, gw, B, 2 * d)
+    m = dtn_kron(p_rows, p_cols, moments, plan.tf32, plan.gram).view(H, gh, gw, B, 2 * d)
     m1, m2 = m[..., :d], m[..., d:]
     heads = (H, 1, 1, 1, 1)
     mu_ln = mean_ln.view(B, gh, gw, 1).permute(1, 2, 0, 3)[None]  # (1, gh, gw, B, 1)
@@ -405,13 +431,13 @@ def _full_kernel(p_rows: torch.Tensor, p_cols: torch.Tensor) -> torch.Tensor:
     return (p_rows[:, :, None, :, None] * p_cols[:, None, :, None, :]).reshape(H, gh * gw, gh * gw)
 
 
-def dtn_fused_layer(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32=False):
+def dtn_fused_layer(x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, plan: Plan):
     """Eq. 4-7 through the fused kernels (`dtn_fused`): the same function as `_DTN` up to floating-point rounding
-    (tested under Triton's interpreter against the float64 equations). Outside autocast (`tf32` False) every product
-    is IEEE fp32; under it the statistics take three-pass TF32 and dL/dP one-pass TF32."""
+    (tested under Triton's interpreter against the float64 equations). Outside autocast (`plan.tf32` False) every
+    product is IEEE fp32; under it the statistics take three-pass TF32 and dL/dP one-pass TF32."""
     P = _full_kernel(p_rows, p_cols)
     lam = torch.stack([lam_mu, lam_sig], dim=-1)
-    y, _ = dtn_fused(x, P, lam, weight, bias, float(eps), not tf32)
+    y, _ = dtn_fused(x, P, lam, weight, bias, float(eps), not plan.tf32)
     return y
 
 
@@ -478,19 +504,7 @@ def _fused_grad(ctx, grad, grad_stats):
 dtn_fused.register_autograd(_fused_grad, setup_context=_fused_setup)
 
 
-_SLICE_BYTES = 1 << 20
-
-
-def _batch_slices(x: torch.Tensor) -> list[slice]:
-    """On CPU, slices of about 1 MiB of x each: DTN's ~10 full-size temporaries per slice then stay in
-    cache (measured on 2 cores: s16_dtn forward+backward at batch 32 costs +15% over s16 in slices,
-    +34% whole). The statistics are per example, so slicing the batch changes no result. Elsewhere
-    (GPU) one slice."""
-    B, T, C = x.shape
-    if x.device.type != "cpu":
-        return [slice(0, B)]
-    step = max(1, _SLICE_BYTES // (T * C * x.element_size()))
-    return [slice(i, min(i + step, B)) for i in range(0, B, step)]
+_SLICE_BYTES = 1 << 20  # Plan.rows: the bytes of x one slice of the batch holds on a CPU
 
 
 class _DTN(torch.autograd.Function):
@@ -500,11 +514,11 @@ class _DTN(torch.autograd.Function):
     1/sigma and the normalised x, with x itself (5 activations' worth; eager autograd kept more)."""
 
     @staticmethod
-    def forward(ctx, x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, tf32):
+    def forward(ctx, x, p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, plan):
         x = x.contiguous()
-        ctx.tf32 = tf32
+        ctx.plan = plan
         out = torch.empty_like(x)
-        ctx.slices = _batch_slices(x)
+        ctx.slices = plan.slices(x.shape[0])
         ctx.per_slice = [
             _forward(x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, bias, eps, out[sl]) for sl in ctx.slices
         ]
@@ -521,7 +535,7 @@ class _DTN(torch.autograd.Function):
         # fp32 like the forward, also where backward() is called inside an autocast region
         with torch.autocast(device_type=x.device.type, enabled=False):
             for sl, saved in zip(ctx.slices, ctx.per_slice):
-                g = _backward(grad[sl], x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, ctx.tf32, *saved, g_x[sl])
+                g = _backward(grad[sl], x[sl], p_rows, p_cols, lam_mu, lam_sig, weight, ctx.plan, *saved, g_x[sl])
                 totals = g if totals is None else [a.add_(b) for a, b in zip(totals, g)]
         ctx.per_slice = None
         return (g_x, *totals, None, None)

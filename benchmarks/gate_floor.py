@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from transferbench.records import comparisons
-from transferbench.records.gate import decide
-from transferbench.records.metrics import EITHER, LOWER, declared
-from transferbench.records.noise import judged, packaged, resolution, run_of
+from transferbench.gate import comparisons
+from transferbench.gate.decide import decide
+from transferbench.gate.metrics import EITHER, LOWER, declared
+from transferbench.gate.noise import judged, packaged, resolution, run_of
 from transferbench.records.store import load_records
 
 NIGHTLY = Path(__file__).parent.parent / "results" / "nightly"

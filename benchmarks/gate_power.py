@@ -8,7 +8,7 @@
 Each variant is a deliberate fault (a one-line edit of the code or of a task default, as a slip would make it) or a
 benign change (the arithmetic only, or a pure refactor). The benchmark applies it to a temporary copy of the package
 (put first on PYTHONPATH) and runs the nightly suite's subset below from a fresh home holding only the embedded data.
-It then gates the records against a clean run of the same subset with `records.gate.gate`, exactly as
+It then gates the records against a clean run of the same subset with `gate.decide.gate`, exactly as
 `transferbench nightly` would. It prints, per variant, caught (a test fired, for the worse or the better, or a
 protocol change, a missing or failed cell) or missed, whether the night fails, which tests fired,
 how many cells changed at all, the largest change of an accuracy comparison and of a pooled accuracy mean, and the
@@ -21,7 +21,7 @@ mu4, 5 seeds).
 Across arithmetic (`--tonight NAME`): every variant runs under the environment and options of the benign arithmetic
 variant NAME (two_threads, aten_default, aten_avx2) and is gated against the clean run, so that the exact tier cannot
 judge and the statistical tier decides alone, as between two machines, against the package's noise model
-(transferbench/records/noise_model.json, measured by `python -m benchmarks.noise_model`).
+(transferbench/gate/noise_model.json, measured by `python -m benchmarks.noise_model`).
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def across(work: Path, anchor: Path, jobs: int, reuse: bool) -> list:
     rows of (task, fault, largest cell change, verdict, what fired). The noise model's clean run of the anchor's
     code here (work/clean) is judged the same way first: it must pass."""
     from benchmarks.noise_model import anchor_commit, checkout
-    from transferbench.records.gate import decide
+    from transferbench.gate.decide import decide
     from transferbench.records.store import load_records
 
     src = checkout(work, anchor_commit(anchor))
@@ -535,14 +535,14 @@ def _model():
     code); the table's statistical tier is judged against it all the same, as a runner's night would be."""
     import dataclasses
 
-    from transferbench.records.noise import packaged
+    from transferbench.gate.noise import packaged
 
     return dataclasses.replace(packaged(), code={})
 
 
 def judge(v: Variant, baseline: list, current: list, seconds: float, errored: bool, accept_code=()) -> list:
     """One row of the table: the gate's verdict on a variant's records against the clean run's."""
-    from transferbench.records.gate import gate
+    from transferbench.gate.decide import gate
 
     g = gate(baseline, current, accept_code=accept_code, noise=_model())
     failed = [r for r in current if r["status"] == "failed"]

@@ -21,13 +21,13 @@ seed by seed with a clean run of the same code:
   before pairing), which gives the `precision` kind;
 - the committed anchor itself against the clean run: another CPU (the anchor's), the same code.
 
-Each variant measures one kind of difference (records.noise.KINDS): `threads`, `kernels` (ATen's capability on one
+Each variant measures one kind of difference (gate.noise.KINDS): `threads`, `kernels` (ATen's capability on one
 processor), `onednn`, `precision` (a step in bf16 on one side and fp32 on the other, whichever variant showed it) and
 `cpu` (another processor). For each (task, split, metric) and kind the model keeps the mean square of the
 per-(cell, seed) change around 0 over the variant that moves it most, its degrees of freedom (the changes behind
 it), the mean change (a sign bias, which bf16 against fp32 has) and the share of changes that went the worse way.
 The gate takes, for each comparison, the largest of the kinds its two sides differ in. The model records the code
-fingerprint of each task (the anchor's), the suite, the variants and the date: `records.noise` refuses a model whose
+fingerprint of each task (the anchor's), the suite, the variants and the date: `gate.noise` refuses a model whose
 code is not the baseline's, naming this command.
 """
 
@@ -67,7 +67,7 @@ class Variant:
     skip: tuple = ()  # tasks this variant does not change (their clean records stand in)
     relabel: dict = field(default_factory=dict)  # hparam -> the clean run's value, written back before pairing
     site: str = ""  # a sitecustomize module's text, first on the path
-    kind: str = ""  # the kind of difference it measures (records.noise.KINDS)
+    kind: str = ""  # the kind of difference it measures (gate.noise.KINDS)
 
 
 VARIANTS = [
@@ -183,7 +183,7 @@ def load(out: Path, v: Variant) -> list:
 
 def table(model: dict) -> str:
     """The model as a markdown table: per task, split and metric, each kind's rms over its changes."""
-    from transferbench.records.noise import KINDS
+    from transferbench.gate.noise import KINDS
 
     rows = []
     for task, splits in sorted(model["tasks"].items()):
@@ -203,8 +203,8 @@ def judge(work: Path, anchor: Path, model: dict) -> str:
     """Each variant's records, and the committed anchor's, judged against the clean run by the statistical tier
     alone: with the model as measured, and with the model measured without that variant (a runner whose arithmetic
     was never measured). A markdown table."""
-    from transferbench.records.gate import decide
-    from transferbench.records.noise import Model, measure
+    from transferbench.gate.decide import decide
+    from transferbench.gate.noise import Model, measure
     from transferbench.records.store import load_records
 
     clean = load(work / "clean" / "runs", VARIANTS[0])
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
         _, seconds[v.name] = run_variant(v, args.work, src, args.jobs, args.reuse)
     if args.run_only:
         return 0
-    from transferbench.records.noise import measure
+    from transferbench.gate.noise import measure
 
     clean = load(args.work / "clean" / "runs", chosen[0])
     sides = [(v.name, v.what, v.kind, load(args.work / v.name / "runs", v)) for v in chosen[1:]]

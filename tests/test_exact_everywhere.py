@@ -13,9 +13,9 @@ from test_regress import exact_suite, noise
 
 from transferbench.arithmetic import cell_differences, machine_differences
 from transferbench.errors import UserError
-from transferbench.records import ledger
-from transferbench.records.gate import decide as _decide
-from transferbench.reporting.regress import verdict as _verdict
+from transferbench.gate import ledger
+from transferbench.gate.decide import decide as _decide
+from transferbench.reporting.regress import decision_report as _verdict
 
 
 def decide(*a, **kw):  # the synthetic suites' own noise model (test_regress.MODEL), not the package's
@@ -334,7 +334,7 @@ def test_an_anchor_rerun_is_a_measured_variant_of_the_noise_model(tmp_path):
     from conftest import shifted
     from test_regress import suite
 
-    from transferbench.records.noise import measure
+    from transferbench.gate.noise import measure
 
     base = with_cell(suite(noise()), "fp32", "v1", "o1")  # both sides record the precision each step ran in
     rerun = shifted(base, lambda r: 0.1 if r["seed"] == 0 else -0.1)  # arithmetic moves each cell by 0.1 either way

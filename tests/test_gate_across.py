@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gate_floor import FAILING, NIGHTLY, add_noise, fault, other_machine
-from transferbench.records.gate import decide
+from transferbench.gate.decide import decide
 from transferbench.records.store import load_records
 
 TASKS = ("vtab", "fewshot", "hires", "lit", "ade20k", "pretrain", "imagenet_c", "diagnose")

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent / "transferbench"
 LAYERS = [
     ("ground floor", ("errors", "hashing", "names", "git", "fingerprint", "arithmetic", "paths", "plugins", "weights")),
     ("contracts", ("cell", "spec", "records", "settings")),
+    ("gate", ("gate",)),
     ("models and data", ("backbones", "data")),
     ("reporting", ("reporting",)),
     ("tracking", ("tracking",)),

@@ -1,5 +1,5 @@
-"""The statistical tier's null across arithmetic: the noise model measured on benign arithmetic (records.noise,
-benchmarks/noise_model.py), and the tests that judge a comparison against it (records.comparisons, records.broad):
+"""The statistical tier's null across arithmetic: the noise model measured on benign arithmetic (gate.noise,
+benchmarks/noise_model.py), and the tests that judge a comparison against it (gate.comparisons, gate.broad):
 each is the hand computation it claims, holds its level and its interval's coverage by simulation at the seed counts
 the nightly runs, and nothing drops out of it silently."""
 
@@ -11,10 +11,10 @@ import pytest
 from scipy import stats
 
 from transferbench.errors import UserError
-from transferbench.records import noise
-from transferbench.records.comparisons import ALPHA, NOISE_TOLERANCE, family, poisson_binomial_test
-from transferbench.records.gate import decide, gate
-from transferbench.records.noise import Model, Noise, code_digests, measure, resolution
+from transferbench.gate import noise
+from transferbench.gate.comparisons import ALPHA, NOISE_TOLERANCE, family, poisson_binomial_test
+from transferbench.gate.decide import decide, gate
+from transferbench.gate.noise import Model, Noise, code_digests, measure, resolution
 
 
 def rec(

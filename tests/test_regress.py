@@ -1,4 +1,4 @@
-"""The regression gate (records/gate.py, rendered by reporting/regress.py) on records whose every value the test
+"""The regression gate (transferbench/gate, rendered by reporting/regress.py) on records whose every value the test
 chooses: cells match on what they are, a changed setting is a named protocol change that fails unless accepted, each
 test is the hand computation it claims (scipy's paired t, the exact McNemar, Holm, the pooled Welch mean, the F-test
 of spreads), a broad small shift is caught by the pooled test alone, a collapsed spread is flagged, and the false-
@@ -16,9 +16,9 @@ from kit import cli
 from scipy import stats
 
 from transferbench.cli import main
+from transferbench.gate.comparisons import ALPHA
+from transferbench.gate.decide import gate as _gate
 from transferbench.hashing import canon
-from transferbench.records.comparisons import ALPHA
-from transferbench.records.gate import gate as _gate
 from transferbench.records.stats import holm, mcnemar, variance_ratio
 from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.regress import decision_report as _verdict
@@ -52,7 +52,7 @@ def package_model():
     code differs in modules that move no number, so its code check is set aside here on purpose."""
     import dataclasses
 
-    from transferbench.records.noise import packaged
+    from transferbench.gate.noise import packaged
 
     return dataclasses.replace(packaged(), code={})
 
@@ -808,7 +808,7 @@ def test_a_training_signal_fails_the_noise_test_at_ten_times_arithmetics_rms():
     """A probe's held-out loss has no unit of its own: beyond significance its noise test needs a root mean square
     change of SIGNAL_NOISE (10) times the model's (here 1e-4 on a loss of 4), far below the cell test's floor of 0.5%
     of the loss (0.02). Runs moved by about 20 times the model's rms fail the night; by about 5 times they pass."""
-    from transferbench.records.comparisons import LOSS_FLOOR, NOISE_TOLERANCE, SIGNAL_NOISE
+    from transferbench.gate.comparisons import LOSS_FLOOR, NOISE_TOLERANCE, SIGNAL_NOISE
 
     model = {"pretrain": {"train": {"loss_heldout": {"kernels": {"ms": 1e-8, "df": 400}}}}}
 

@@ -17,8 +17,8 @@ from transferbench.adapters import prepare_task
 from transferbench.backbones.weights import resolve_backbone
 from transferbench.cli import main
 from transferbench.engine.runner import RunOptions, run_task
+from transferbench.gate.decide import gate
 from transferbench.records.aggregate import aggregate
-from transferbench.records.gate import gate
 from transferbench.records.store import load_records
 from transferbench.reporting.formats import render
 from transferbench.reporting.kinds import report_kinds, report_tables

@@ -260,8 +260,8 @@ def _stream(cmd: list, tree: Path, log: Path, commit: str) -> int:
 def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: dict) -> None:
     """Put the rerun's records in place at `dest` with what it did (ANCHOR.yaml) and its comparison with the
     committed anchor (ARITHMETIC.md), its own night's report and leaderboard left out."""
+    from .gate.decide import decide
     from .paths.writes import move_folder
-    from .records.gate import decide
     from .records.store import load_records
     from .reporting.regress import headline, report
 

@@ -17,7 +17,7 @@ arithmetic*: everything that can change a number's bits while the code stays the
 
 A record's `arithmetic.digest` is the digest of those three: two records with equal digests were computed in the
 same arithmetic, so unchanged code with unchanged inputs gives them the same bits (the gate's exact tier,
-records.gate). A record's `outputs` is the sha256 of its raw outputs (predictions and logits, the few-shot
+gate.decide). A record's `outputs` is the sha256 of its raw outputs (predictions and logits, the few-shot
 probe's scores, features, the training loss curve and the trained weights, the metrics before rounding): accuracy
 is quantised, so a change can move the outputs and leave the accuracy.
 

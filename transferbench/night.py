@@ -7,8 +7,8 @@ they run:
    else rebuilt now: a git worktree at the commit the anchor's records name, whose own `transferbench nightly`
    runs the same suite with the same options on this runner. The arithmetic of a cell (threads a worker sets,
    precision) is known for certain only from tonight's records, so the baseline is found after the run;
-3. **judge** (records.gate.decide) exactly: against that baseline with the acceptance ledger beside the anchor
-   (records.ledger), and against this arithmetic's rolling baseline, the last night that passed, where there is
+3. **judge** (gate.decide.decide) exactly: against that baseline with the acceptance ledger beside the anchor
+   (gate.ledger), and against this arithmetic's rolling baseline, the last night that passed, where there is
    one. A night fails if either judgment fails;
 4. **keep**: a night that passed, with every expected cell, judged exactly against known-good code on its own
    arithmetic, becomes its arithmetic's rolling baseline (replacing the last, whatever its size); no other night
@@ -35,7 +35,7 @@ class Judgment:
 
     name: str  # 'the anchor' | 'the rolling baseline'
     folder: Path
-    decision: object  # records.gate.Decision
+    decision: object  # gate.decide.Decision
     ledger: list = field(default_factory=list)  # report lines: the ledger entries applied
 
     @property
@@ -148,8 +148,8 @@ class Night:
     def judge(self, name: str, folder: Path, base: list, tonight: list, ran: set, code_of=None) -> Judgment:
         """Tonight against `base` exactly, with the ledger beside the anchor; `code_of`: the anchor's records, whose
         code the noise model must be of, whatever the baseline."""
-        from .records import ledger as ledgers
-        from .records.gate import decide, decide_options
+        from .gate import ledger as ledgers
+        from .gate.decide import decide, decide_options
 
         base = [r for r in base if self.expected(r, ran)]
         book = ledgers.load(self.anchor)
@@ -208,9 +208,9 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     staging folder beside it, compare the old anchor with the new (REANCHOR.md, ledger entries accepted), put the
     new records in the old ones' place and empty the ledger. Returns the comparison."""
     from .engine.compute import environment
+    from .gate import ledger as ledgers
+    from .gate.decide import decide_options
     from .paths.writes import move_folder
-    from .records import ledger as ledgers
-    from .records.gate import decide_options
     from .records.store import load_records
     from .reporting.regress import decision_report
 

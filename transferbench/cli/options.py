@@ -247,7 +247,7 @@ def check_execution_options(args):
 
 
 def gate_options(p) -> None:
-    from ..records.comparisons import ALPHA, FLOOR
+    from ..gate.comparisons import ALPHA, FLOOR
 
     p.add_argument(
         "--allow-improvement",

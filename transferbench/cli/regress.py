@@ -61,7 +61,7 @@ def _accept_parser(sub, fmt) -> None:
 
 
 def accept(args) -> int:
-    from ..records import ledger
+    from ..gate import ledger
 
     if not args.anchor.is_dir():
         raise UserError(f"--anchor {args.anchor}: not a records folder (give the anchor, e.g. results/nightly)")
@@ -216,8 +216,8 @@ def allow_missing_option(p) -> None:
 
 
 def regress(args) -> int:
-    from ..records import ledger
-    from ..records.gate import decide, decide_options
+    from ..gate import ledger
+    from ..gate.decide import decide, decide_options
     from ..records.store import check_folder, load_records
     from ..reporting.regress import report
 
@@ -249,7 +249,7 @@ def regress(args) -> int:
 
 def gate_settings(args) -> dict:
     """The gate's flags of `regress`, `nightly` and `reanchor` (floor, alpha, accept, accept_code, allow_improvement),
-    as `records.gate.decide_options` takes them."""
+    as `gate.decide.decide_options` takes them."""
     return {
         "floor": args.floor,
         "alpha": args.alpha,

@@ -1,4 +1,4 @@
-"""The regression gate's report: the markdown of a `records.gate` decision (docs/regression.md)."""
+"""The regression gate's report: the markdown of a `gate.decide` decision (docs/regression.md)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 
 from tabulate import tabulate
 
-from ..records.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
-from ..records.comparisons import Verdict as V
-from ..records.gate import Gate, decide
-from ..records.match import CellKey, ExactCell, value_text
+from ..gate.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
+from ..gate.comparisons import Verdict as V
+from ..gate.decide import Gate, decide
+from ..gate.match import CellKey, ExactCell, value_text
 
 
 def words(axes: dict) -> str:
@@ -41,7 +41,7 @@ def decision_report(
     title: str = "Regression report",
     **options,
 ) -> tuple[str, int]:
-    """(markdown report, exit code) of `records.gate.decide(baseline, current, floor, **options)`."""
+    """(markdown report, exit code) of `gate.decide.decide(baseline, current, floor, **options)`."""
     v = decide(baseline, current, floor, **options)
     return report(v.gate, failed=v.failed, title=title, reasons=v.reasons), v.code
 

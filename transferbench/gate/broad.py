@@ -1,4 +1,4 @@
-"""The regression gate's broad tests (records.gate), each over one task, backbone and metric's runs.
+"""The regression gate's broad tests (gate.decide), each over one task, backbone and metric's runs.
 
 Against the arithmetic noise model (`model_comparisons`: the cells whose two sides ran the same code on the same
 weights, data and protocol in other arithmetic):
@@ -21,6 +21,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..records.stats import MAX_DF, moved_test, noise_test, pooled_variance, suite_mean, t_estimate, variance_ratio
 from .comparisons import (
     NOISE_TOLERANCE,
     POOLED_FLOOR,
@@ -33,7 +34,6 @@ from .comparisons import (
     quantum,
 )
 from .match import direction
-from .stats import MAX_DF, moved_test, noise_test, pooled_variance, suite_mean, t_estimate, variance_ratio
 
 
 def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:

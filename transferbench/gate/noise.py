@@ -115,7 +115,7 @@ def load(path: Path | None = None) -> Model:
     """The model at `path` (default: the package's); a missing or unreadable one is one line naming the command."""
     where = Path(path) if path else None
     try:
-        text = where.read_text() if where else (files("transferbench.records") / MODEL_FILE).read_text()
+        text = where.read_text() if where else (files("transferbench.gate") / MODEL_FILE).read_text()
         doc = json.loads(text)
         if not isinstance(doc.get("tasks"), dict):
             raise ValueError("no tasks")
@@ -233,8 +233,8 @@ def changes(baseline: list[dict], current: list[dict], kind: str = CPU, runs: di
     the same code on the same weights and data in other arithmetic (every matched cell, none judged exactly): `kind`
     where both ran a step in one precision (the variant's kind of difference), `precision` where not. `runs`, where
     given, gathers {(task, metric, kind): {run: [changes of its reported splits]}}."""
+    from ..records.record import value
     from .match import Exact, axes, direction, index, match
-    from .record import value
 
     ax = axes(baseline, current)
     found = match(index(baseline, ax), index(current, ax), ax, Exact(enabled=False))

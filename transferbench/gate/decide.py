@@ -1,35 +1,14 @@
-"""The regression gate's decision between two records folders (last night's and tonight's): docs/regression.md.
-Its jobs live beside it: records.match (1, 2, 4), records.comparisons and records.broad (3); `reporting.regress`
-renders the decision.
-
-1. Matching. Cells match on what they are: task, dataset, backbone, stage, seed and the report axes (the
-   hyper-parameters that vary between a dataset's cells on either side: shots, lr in the select stage, ...). A
-   final stage's selected values (its `select` keys) are an outcome, not an identity.
-2. Protocol changes. Every other setting of a matched cell (hyper-parameters, the dataset's configuration, the
-   protocol version) must agree. A difference is listed by setting (`pool: gap → tok`) and fails the gate unless
-   it is accepted by name (`--accept TASK:SETTING`); a changed cell's numbers are shown but not tested.
-3. Tests, on every metric a record holds, each with the direction and floor records.metrics declares
-   (records.comparisons, records.broad). Across arithmetic their null is the noise model measured on benign
-   arithmetic (records.noise), never tonight's data: per comparison a t of the mean change over the seeds; per task,
-   backbone and metric the pooled mean, the noise and the spread of its runs; per task and metric the shift (sign)
-   test over every backbone. Where the change is the question (an accepted protocol or code change, other weights
-   or data) the null is seed variance: the paired t, the suite-mean test, the moved and spread F-tests. Two Holm
-   families at alpha / 2 each; a test fires when significant *and* past its magnitude floor. Worse is a regression,
-   better an improvement; both fail unless improvements are allowed where they happened. A non-finite or `null`
-   value, an untested comparison (unless allowed) and a baseline cell that failed fail the night.
-4. The exact tier comes first. A matched cell whose two records carry the same arithmetic digest
-   (transferbench.arithmetic: kernels, threads, BLAS, library versions, precision, ...) is judged to the bit, not
-   by statistics: equal outputs pass; different outputs where the code fingerprints differ fail, naming the
-   modules that changed (`--accept-code MODULE` accepts an intended change); different outputs from the same code,
-   weights and data are *irreproducible* and fail. Only the cells whose arithmetic differs (or is unrecorded) reach
-   the tests of 3.
-"""
+"""The gate's decision (transferbench.gate, whose docstring writes its rules): `decide` matches two records folders
+(`gate.match`), judges the exact tier, runs the tests (`gate.comparisons`, `gate.broad`) against the noise model
+(`gate.noise`) and returns a `Decision`: the `Gate` with every comparison, and why the night fails (empty: it
+passes)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..records.stats import sign_test
 from .broad import model_comparisons, moved_comparisons, suite_comparisons
 from .comparisons import (
     ALPHA,
@@ -43,7 +22,6 @@ from .comparisons import (
     shift_comparisons,
 )
 from .match import Exact, ProtocolChange, TaskBackbone, axes, index, match, other_code
-from .stats import sign_test
 
 
 @dataclass(kw_only=True)
@@ -63,7 +41,7 @@ class Gate:
     nonfinite: list = field(default_factory=list)  # match.NonFinite: a value NaN, null or infinite on either side
     baseline_failed: list = field(default_factory=list)  # match.CellKey: the baseline's latest record failed
     accepted_modules: set = field(default_factory=set)  # modules of an accepted change judged statistically
-    model: object = None  # records.noise.Model: the statistical tier's null across arithmetic
+    model: object = None  # gate.noise.Model: the statistical tier's null across arithmetic
 
     @property
     def untested(self) -> list[Comparison]:
@@ -122,7 +100,7 @@ def gate(
     """Match, judge the cells of equal arithmetic exactly (`exact`; False: every cell goes to the statistical tier,
     as against a fixed anchor), test and judge the rest (module docstring). `shared(task)`: whether one run per
     seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units. `noise`: the
-    arithmetic noise model, a records.noise.Model or its `tasks` mapping (default: the package's, refused in one line
+    arithmetic noise model, a gate.noise.Model or its `tasks` mapping (default: the package's, refused in one line
     where it was measured on other code than `code_of`'s records: the anchor's, which `nightly` gives, against its
     rolling baseline too; by default the baseline's)."""
     if shared is None:

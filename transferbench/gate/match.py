@@ -1,6 +1,6 @@
-"""The regression gate's first job (records.gate): match two sides' records on what each cell is, list the settings
+"""The regression gate's first job (gate.decide): match two sides' records on what each cell is, list the settings
 that differ (protocol changes), judge the cells of equal arithmetic to the bit (the exact tier), and hand every
-other matched (cell, split, metric) to the statistical tier (records.comparisons) as per-seed pairs.
+other matched (cell, split, metric) to the statistical tier (gate.comparisons) as per-seed pairs.
 
 Cells match on their identity (`CellKey`): task, dataset, backbone, stage, seed and the report axes (the
 hyper-parameters that vary between a dataset's cells on either side: shots, lr in the select stage, ...). A final
@@ -19,8 +19,8 @@ from ..arithmetic import cache_differences, cell_differences, machine_difference
 from ..fingerprint import changed_modules
 from ..hashing import canon
 from ..paths.entries import ARITHMETIC_CACHES
+from ..records.record import latest, value
 from .metrics import declared
-from .record import latest, value
 
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
 # ... and why one whose cell arithmetic differs only because one side read from a cache what the other computed
@@ -229,14 +229,14 @@ def index(records: list[dict], axes: dict) -> dict:
 
 
 def metrics_of(rb: dict, rc: dict, split: str) -> list[str]:
-    """What a split is judged on: every metric either record holds in it (records.metrics declares each one's
+    """What a split is judged on: every metric either record holds in it (gate.metrics declares each one's
     direction and floor)."""
     have = set((rb.get("metrics") or {}).get(split, {})) | set((rc.get("metrics") or {}).get(split, {}))
     return sorted(have)
 
 
 def direction(r: dict, metric: str) -> float:
-    """+1 where higher is better (or either way counts), -1 where lower is (records.metrics)."""
+    """+1 where higher is better (or either way counts), -1 where lower is (gate.metrics)."""
     return declared(r["task"], metric, r).sign
 
 

@@ -2,7 +2,7 @@
 either: a move either way is a change) and its floor, the smallest change of one comparison that counts (in the
 metric's own units, or relative to the baseline's value). docs/regression.md lists them.
 
-Every metric a record holds is compared (records.gate): a task's main metric and the others beside it (LiT's R@5
+Every metric a record holds is compared (gate.decide): a task's main metric and the others beside it (LiT's R@5
 and both retrieval directions, ImageNet-C's clean accuracy and per-severity errors, ADE20K's aAcc and mAcc, every
 diagnostic measure, a pretraining probe's training signals). A metric no table names falls back to the record's
 `mode` where it is the record's main metric (max: higher, min: lower), and is `either` with a relative floor

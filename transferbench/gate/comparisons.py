@@ -1,14 +1,14 @@
-"""The regression gate's second job (records.gate): test the statistical tier's matched cells and judge every
-test. Each test has the direction and floor records.metrics declares for its metric.
+"""The regression gate's second job (gate.decide): test the statistical tier's matched cells and judge every
+test. Each test has the direction and floor gate.metrics declares for its metric.
 
 - per comparison (task, dataset, backbone, stage, axes, split, metric): across arithmetic (the same code, weights,
   data and protocol), a t of the mean change over the seeds against the arithmetic noise model's variance
-  (records.noise, measured on benign arithmetic, never on tonight); against seed variance where the change is the
+  (gate.noise, measured on benign arithmetic, never on tonight); against seed variance where the change is the
   question (an accepted protocol or code change, other weights or data): the plain paired t over the seeds, or
   McNemar's exact test for one seed with logged examples; untested where neither applies;
 - per (task, metric), over every backbone: `shift`, the sign test of whether its comparisons moved one way more
   often than the model allows (a Poisson binomial where a step's precision differs);
-- the broad tests over a task and backbone's runs (records.broad): pooled, noise and spread against the model;
+- the broad tests over a task and backbone's runs (gate.broad): pooled, noise and spread against the model;
   pooled, spread and moved against seed variance.
 
 The cell tests are one family and the broad tests another, each Holm-corrected at alpha / 2 (a test that cannot
@@ -28,10 +28,10 @@ from enum import StrEnum
 
 import numpy as np
 
+from ..records.record import value
+from ..records.stats import MAX_DF, holm, mcnemar, paired_difference, t_estimate
 from .match import NonFinite, direction
 from .metrics import EITHER, SIGNAL_FLOOR, SIGNALS, declared
-from .record import value
-from .stats import MAX_DF, holm, mcnemar, paired_difference, t_estimate
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
@@ -124,13 +124,13 @@ class Comparison:
 
 
 def is_signal(metric: str) -> bool:
-    """A pretraining probe's training signal (records.metrics.SIGNALS: split "train", a move either way fails)."""
+    """A pretraining probe's training signal (gate.metrics.SIGNALS: split "train", a move either way fails)."""
     return metric.startswith(SIGNALS)
 
 
 def floor_of(task: str, metric: str, baseline: float, floor: float, record: dict | None = None) -> float:
     """The magnitude floor of one comparison: `floor` in points for a percentage, else the metric's declared floor
-    (records.metrics: a cosine's in its own units, a training signal's or a norm's relative to the baseline)."""
+    (gate.metrics: a cosine's in its own units, a training signal's or a norm's relative to the baseline)."""
     return declared(task, metric, record).floor_at(baseline, floor)
 
 
@@ -170,10 +170,10 @@ def cell_comparisons(
     seed_null=frozenset(),
     code_accepted=frozenset(),
 ) -> tuple[list, dict]:
-    """One test per matched group over its seeds. Against the arithmetic noise model (records.noise) where the two
+    """One test per matched group over its seeds. Against the arithmetic noise model (gate.noise) where the two
     sides ran the same code on the same weights, data and protocol: the mean change over the seeds, with the
     model's variance of one (cell, seed)'s change for the task, split, metric and the kinds of difference between
-    the two sides' arithmetic (`records.noise.kinds_of`: another CPU, ATen's kernels, threads, oneDNN, bf16 against
+    the two sides' arithmetic (`gate.noise.kinds_of`: another CPU, ATen's kernels, threads, oneDNN, bf16 against
     fp32; the largest of theirs) times NOISE_TOLERANCE squared, floored at the metric's resolution, as a t on
     the model's degrees of freedom (one seed is testable: the variance is known). Against seed variance where the
     weights or data differ or the group's cells are of an accepted protocol change (`seed_null`: CellKey): the plain
@@ -397,7 +397,7 @@ def judge(comparisons: list, alpha: float) -> None:
 
 def _examples_p(rb: dict, rc: dict, split: str) -> float | None:
     """McNemar's p of one seed's cell, where both records logged their per-example results."""
-    from .store import read_samples
+    from ..records.store import read_samples
 
     a, b = read_samples(rc, split), read_samples(rb, split)
     if a is None or b is None or np.shape(a) != np.shape(b) or np.asarray(a).dtype != bool:

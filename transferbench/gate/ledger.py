@@ -63,7 +63,7 @@ class AcceptanceLedger:
         return protocol, code, [f"- {', '.join(e.names)} ({e.why})" for e in self.entries]
 
     def unused(self, gate) -> list[str]:
-        """The entries that matched nothing in `gate` (records.gate.Gate): no accepted cell changed by one of its
+        """The entries that matched nothing in `gate` (gate.decide.Gate): no accepted cell changed by one of its
         modules at its hash, no protocol change to its value."""
         used_code = {c.split(" ")[0] for x in gate.exact.changed if x.accepted for c in x.causes}
         used_code |= set(gate.accepted_modules)  # accepted where the statistical tier judged the cells

@@ -191,13 +191,14 @@ def test_a_backbone_of_the_baseline_that_did_not_run_fails_unless_named(tmp_path
 
     import kit
 
+    from transferbench.gate.decide import GateOptions, noise_model_at
     from transferbench.night import Night
 
     recs = lambda bbs: [  # noqa: E731
         kit.record("toy", "alpha", bb, s, {"test": {"accuracy": 50.0 + s}}, suite="quick") for bb in bbs for s in (0, 1)
     ]
     base, tonight = recs(["mu4", "mu4_dpn"]), recs(["mu4"])
-    opts = {"floor": 0.5, "alpha": 0.01, "accept": [], "noise_model": toy_noise_model(tmp_path)}
+    opts = GateOptions(floor=0.5, alpha=0.01, noise=noise_model_at(toy_noise_model(tmp_path)))
     ran = {("toy", "mu4")}
     night = Night(Path("base"), tmp_path / "n", "d", "quick", gate=opts)
     judged = night.judge("the anchor", Path("base"), base, tonight, ran)

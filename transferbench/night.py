@@ -58,7 +58,7 @@ class Night:
     tasks: list | None = None
     backbones: list | None = None
     seeds: object = None
-    gate: dict = field(default_factory=dict)  # floor, alpha, accept, accept_code
+    gate: object = None  # gate.decide.GateOptions (None: the defaults); the ledger's entries are added per judgment
     allow_missing: object = ()
     rolling: Path | None = None
     rebuild: bool = True
@@ -149,18 +149,20 @@ class Night:
         """Tonight against `base` exactly, with the ledger beside the anchor; `code_of`: the anchor's records, whose
         code the noise model must be of, whatever the baseline."""
         from .gate import ledger as ledgers
-        from .gate.decide import decide, decide_options
+        from .gate.decide import GateOptions, decide
 
         base = [r for r in base if self.expected(r, ran)]
         book = ledgers.load(self.anchor)
         accept, accept_code, lines = book.accepts()
         if not base:
             raise UserError(f"{name} {folder} holds no records of tonight's tasks: give another --baseline")
-        options = decide_options(self.gate, accept, accept_code)
-        options.update(fail_on_failed=True, allow_missing=self.allow_missing)
-        if code_of:
-            options["code_of"] = code_of
-        decision = decide(base, tonight, **options)
+        options = dataclasses.replace(
+            (self.gate or GateOptions()).accepting(accept, accept_code),
+            fail_on_failed=True,
+            allow_missing=self.allow_missing,
+            code_of=code_of or None,
+        )
+        decision = decide(base, tonight, options)
         unused = book.unused(decision.gate)
         if unused:
             lines = lines + ["- matching nothing tonight:", *(f"  {x}" for x in unused)]
@@ -209,7 +211,7 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
     new records in the old ones' place and empty the ledger. Returns the comparison."""
     from .engine.compute import environment
     from .gate import ledger as ledgers
-    from .gate.decide import decide_options
+    from .gate.decide import GateOptions
     from .paths.writes import move_folder
     from .records.store import load_records
     from .reporting.regress import decision_report
@@ -234,12 +236,13 @@ def reanchor(anchor: Path, *, suite="nightly", tasks=None, backbones=None, gate:
         new = load_records([night.current])
         expected = [r for r in old if night.expected(r, ran)]
         accept, accept_code, lines = ledgers.load(anchor).accepts()
-        options = decide_options(gate, accept, accept_code)
         # re-anchoring takes changes on purpose: the report lists them
-        options.update(allow_missing=True, allow_improvement=True)
+        judged = dataclasses.replace(
+            (gate or GateOptions()).accepting(accept, accept_code), allow_missing=True, allow_improvement=True
+        )
         was = records_commit(expected) or "several commits"
         title = f"Re-anchoring {anchor}: the old anchor ({was}) vs {env['git_sha']}"
-        text, _ = decision_report(expected, new, title=title, **options)
+        text, _ = decision_report(expected, new, judged, title=title)
         if lines:
             text += "\n\nAcceptance ledger entries of the old anchor:\n\n" + "\n".join(lines) + "\n"
         (night.current / "REANCHOR.md").write_text(text)

@@ -4,6 +4,7 @@ nightly suite into a dated folder and gate it against a baseline)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from ..errors import UserError
@@ -217,7 +218,7 @@ def allow_missing_option(p) -> None:
 
 def regress(args) -> int:
     from ..gate import ledger
-    from ..gate.decide import decide, decide_options
+    from ..gate.decide import decide
     from ..records.store import check_folder, load_records
     from ..reporting.regress import report
 
@@ -232,9 +233,12 @@ def regress(args) -> int:
     book = ledger.load(args.ledger or args.baseline)
     baseline = load_records([args.baseline], strict=args.strict)
     accept, accept_code, lines = book.accepts()
-    options = decide_options(gate_settings(args), accept, accept_code)  # the flags', then the ledger's acceptances
-    options.update(fail_on_missing=args.fail_on_missing, allow_missing=args.allow_missing)
-    decision = decide(baseline, load_records([args.current], strict=args.strict), **options)
+    options = dataclasses.replace(
+        gate_settings(args).accepting(accept, accept_code),  # the flags', then the ledger's acceptances
+        fail_on_missing=args.fail_on_missing,
+        allow_missing=args.allow_missing,
+    )
+    decision = decide(baseline, load_records([args.current], strict=args.strict), options)
     text, code = report(decision.gate, failed=decision.failed, reasons=decision.reasons), decision.code
     unused = book.unused(decision.gate)
     if unused:
@@ -247,22 +251,23 @@ def regress(args) -> int:
     return code
 
 
-def gate_settings(args) -> dict:
-    """The gate's flags of `regress`, `nightly` and `reanchor` (floor, alpha, accept, accept_code, allow_improvement),
-    as `gate.decide.decide_options` takes them."""
-    return {
-        "floor": args.floor,
-        "alpha": args.alpha,
-        "accept": args.accept,
-        "accept_code": args.accept_code,
-        "allow_improvement": args.allow_improvement,
-        "allow_untested": args.allow_untested,
-        "noise_model": args.noise_model,
-    }
+def gate_settings(args):
+    """The gate's options (gate.decide.GateOptions) from the flags of `regress`, `nightly` and `reanchor`: built once
+    here and handed down whole."""
+    from ..gate.decide import GateOptions, noise_model_at
+
+    return GateOptions(
+        floor=args.floor,
+        alpha=args.alpha,
+        accept=tuple(args.accept or ()),
+        accept_code=tuple(args.accept_code or ()),
+        allow_improvement=args.allow_improvement or (),
+        allow_untested=args.allow_untested,
+        noise=noise_model_at(args.noise_model),
+    )
 
 
 def nightly(args) -> int:
-    import dataclasses
     from datetime import datetime, timezone
 
     from ..night import Night

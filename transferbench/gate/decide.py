@@ -5,7 +5,7 @@ passes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 from ..records.stats import sign_test
@@ -209,20 +209,42 @@ def improvement_allowed(allow, x: Comparison) -> bool:
     return False
 
 
-def decide_options(flags: dict, accept=(), accept_code=()) -> dict:
-    """`decide`'s options from a command's gate flags (floor, alpha, accept, accept_code, allow_improvement: those of
-    --floor, --alpha, --accept, --accept-code, --allow-improvement) and the acceptance ledger's entries that apply,
-    the flags' first."""
-    return dict(
-        floor=flags.get("floor", FLOOR),
-        alpha=flags.get("alpha", ALPHA),
-        accept=[*flags.get("accept", ()), *accept],
-        accept_code=[*flags.get("accept_code", ()), *accept_code],
-        fail_on_missing=True,
-        allow_improvement=flags.get("allow_improvement") or (),
-        allow_untested=flags.get("allow_untested", False),
-        **({"noise": _model_at(flags["noise_model"])} if flags.get("noise_model") else {}),
-    )
+@dataclass(frozen=True)
+class GateOptions:
+    """Everything the gate takes besides its two sides, frozen: the front builds it once from a command's flags
+    (`transferbench regress`, `nightly`, `reanchor`) and hands it down whole.
+    - floor, alpha: the magnitude floor and the family-wise error of the statistical tier;
+    - accept (TASK:SETTING), accept_code (MODULE or MODULE@FINGERPRINT): changes taken on purpose, the flags' first,
+      then the acceptance ledger's (`accepting`);
+    - allow_improvement (True, or TASK[:BACKBONE[:METRIC]] names), allow_untested, allow_missing (True, or TASK,
+      TASK:BACKBONE, cells:TASK[:BACKBONE], metric:TASK:METRIC, `*`): what passes that would fail;
+    - fail_on_missing, fail_on_failed: whether missing baseline cells and failed or diverged current cells fail;
+    - exact: judge cells of equal arithmetic to the bit (False: every cell goes to the statistical tier);
+    - noise: the noise model (gate.noise.Model; None: the packaged one); shared: seeds shared across datasets;
+      code_of: the records whose code the noise model must be of (the anchor's, whatever the baseline)."""
+
+    floor: float = FLOOR
+    alpha: float = ALPHA
+    accept: tuple = ()
+    accept_code: tuple = ()
+    allow_improvement: object = ()
+    allow_untested: bool = False
+    allow_missing: object = ()
+    fail_on_missing: bool = True
+    fail_on_failed: bool = True
+    exact: bool = True
+    noise: object = None
+    shared: object = None
+    code_of: object = None
+
+    def accepting(self, accept=(), accept_code=()) -> GateOptions:
+        """These options with the acceptance ledger's entries after the flags'."""
+        return replace(self, accept=(*self.accept, *accept), accept_code=(*self.accept_code, *accept_code))
+
+
+def noise_model_at(path):
+    """The noise model of `--noise-model PATH` (None: the packaged one)."""
+    return _model_at(path) if path else None
 
 
 def _model_at(path):
@@ -231,29 +253,32 @@ def _model_at(path):
     return load(path)
 
 
-def decide(
-    baseline: list[dict],
-    current: list[dict],
-    floor: float = FLOOR,
-    *,
-    fail_on_missing: bool = True,
-    fail_on_failed: bool = True,
-    allow_missing=(),
-    allow_improvement=False,
-    allow_untested: bool = False,
-    **options,
-) -> Decision:
+def decide(baseline: list[dict], current: list[dict], options: GateOptions | None = None, **changes) -> Decision:
     """The night's decision: it fails (exit code 1) when a cell of equal arithmetic changed by code not accepted
     (`accept_code`) or irreproducibly, a test fires for the worse, the seed spread changed, a protocol change is
     not accepted, a cell of `current` failed or diverged (unless `fail_on_failed` is False), a task or backbone of
     the baseline is absent from `current`, or (with `fail_on_missing`) baseline cells, or a split or metric of
     them, are missing from `current` or were kept from other code; else 0. `allow_missing`: True, or names (TASK,
-    TASK:BACKBONE, `*`) whose absence passes. `options`: `gate`'s (alpha, accept, accept_code, exact, noise)."""
+    TASK:BACKBONE, `*`) whose absence passes. `options` (GateOptions; default: the defaults), with `changes` to its
+    fields."""
+    o = replace(options or GateOptions(), **changes)
+    allow_missing, allow_improvement = o.allow_missing, o.allow_improvement
     if not baseline:
         raise UserError("the baseline holds no records: give the records folder of a `transferbench run`")
     if not current:
         raise UserError("the current side holds no records: give the records folder of a `transferbench run`")
-    g = gate(baseline, current, floor=floor, **options)
+    g = gate(
+        baseline,
+        current,
+        floor=o.floor,
+        alpha=o.alpha,
+        accept=o.accept,
+        accept_code=o.accept_code,
+        exact=o.exact,
+        shared=o.shared,
+        noise=o.noise,
+        code_of=o.code_of,
+    )
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
 
     def allowed(task: str, backbone: str) -> bool:  # a task or backbone absent altogether
@@ -286,16 +311,16 @@ def decide(
         reasons.append(f"{len(g.nonfinite)} non-finite values")
     if g.baseline_failed:
         reasons.append(f"{len(g.baseline_failed)} cells failed in the baseline")
-    if g.untested and not allow_untested:
+    if g.untested and not o.allow_untested:
         reasons.append(f"{len(g.untested)} untested (allow with --allow-untested)")
     unallowed = [x for x in g.improved if not improvement_allowed(allow_improvement, x)]
     if unallowed:
         reasons.append(f"{len(unallowed)} improved beyond chance (allow with --allow-improvement)")
     if g.unaccepted:
         reasons.append(f"{len(g.unaccepted)} protocol changes")
-    if fail_on_failed and failed:
+    if o.fail_on_failed and failed:
         reasons.append(f"{len(failed)} cells failed or diverged")
-    if fail_on_missing:
+    if o.fail_on_missing:
         absent_groups = set(g.absent)  # counted once, as absent
         gone = [
             k

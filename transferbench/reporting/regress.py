@@ -6,9 +6,9 @@ import math
 
 from tabulate import tabulate
 
-from ..gate.comparisons import FLOOR, LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
+from ..gate.comparisons import LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
 from ..gate.comparisons import Verdict as V
-from ..gate.decide import Gate, decide
+from ..gate.decide import Gate, GateOptions, decide
 from ..gate.match import CellKey, ExactCell, value_text
 
 
@@ -36,13 +36,13 @@ def _key(k: CellKey) -> str:
 def decision_report(
     baseline: list[dict],
     current: list[dict],
-    floor: float = FLOOR,
+    options: GateOptions | None = None,
     *,
     title: str = "Regression report",
-    **options,
+    **changes,
 ) -> tuple[str, int]:
-    """(markdown report, exit code) of `gate.decide.decide(baseline, current, floor, **options)`."""
-    v = decide(baseline, current, floor, **options)
+    """(markdown report, exit code) of `gate.decide(baseline, current, options, **changes)`."""
+    v = decide(baseline, current, options, **changes)
     return report(v.gate, failed=v.failed, title=title, reasons=v.reasons), v.code
 
 

@@ -211,13 +211,31 @@ def only_libraries(m: dict, libraries) -> dict:
     return {"digest": digest(parts, 16), **parts}
 
 
-def differences(a: dict | None, b: dict | None) -> list[str]:
+class Difference(str):
+    """One thing that differs between two records' arithmetic, as data: `path` (a dotted field, 'cell.precision',
+    'threads.intra_op'; 'arithmetic' where one side records none), `before` and `after` (the values; None where a
+    side lacks the field). It reads as its words, 'cell.precision [bf16] -> [fp32]', wherever it is shown."""
+
+    path: str
+    before: object
+    after: object
+
+    def __new__(cls, path: str, before=None, after=None, text: str | None = None):
+        self = super().__new__(cls, text if text is not None else f"{path} {short(before)} -> {short(after)}")
+        self.path, self.before, self.after = path, before, after
+        return self
+
+
+NO_ARITHMETIC = Difference("arithmetic", text="no arithmetic recorded")  # one side records none
+
+
+def differences(a: dict | None, b: dict | None) -> list[Difference]:
     """What differs between two records' `arithmetic` sections, in words: 'threads.intra_op 1 -> 2',
     'cell.precision [fp32] -> [bf16]', 'cpu_capability AVX512 -> DEFAULT'; ['no arithmetic recorded'] where one
     side has none."""
     if not a or not b:
-        return ["no arithmetic recorded"]
-    out: list[str] = []
+        return [NO_ARITHMETIC]
+    out: list[Difference] = []
 
     def walk(x, y, path):
         if isinstance(x, dict) and isinstance(y, dict):
@@ -225,7 +243,7 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
                 if k != "digest":
                     walk(x.get(k), y.get(k), f"{path}.{k}" if path else k)
         elif canon(x) != canon(y):
-            out.append(f"{path} {_short(x)} -> {_short(y)}")
+            out.append(Difference(path, x, y))
 
     walk(
         {**a.get("machine", {}), "cell": a.get("cell"), "caches": a.get("caches")},
@@ -240,17 +258,19 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
 _OPTIONAL = ("libraries", "flags")
 
 
-def machine_differences(a: dict | None, b: dict | None) -> list[str]:
+def machine_differences(a: dict | None, b: dict | None) -> list[Difference]:
     """What differs between two records' machines (`arithmetic.machine`), in words: empty where the two ran on
     one kind of machine with one set of kernels, threads and libraries. Equal digests agree at once; otherwise
     the parts both record are compared, so that a field a later version of this module added (the anchor's
     records were made by older code) does not part two runs of one machine. ['no arithmetic recorded'] where one
     side has none."""
     if not a or not b or not a.get("digest") or not b.get("digest"):
-        return ["no arithmetic recorded"]
+        return [NO_ARITHMETIC]
     ma, mb = a.get("machine") or {}, b.get("machine") or {}
     if not ma.get("digest") or not mb.get("digest"):  # no machine of its own: the whole digest decides
-        return [] if a["digest"] == b["digest"] else differences(a, b) or ["arithmetic differs"]
+        if a["digest"] == b["digest"]:
+            return []
+        return differences(a, b) or [Difference("arithmetic", text="arithmetic differs")]
     if ma["digest"] == mb["digest"]:
         return []
     shared = lambda x, y: {k: x[k] for k in x if k in y and k != "digest"}  # noqa: E731
@@ -261,20 +281,20 @@ def machine_differences(a: dict | None, b: dict | None) -> list[str]:
     return differences({"machine": xa}, {"machine": xb})
 
 
-def cell_differences(a: dict | None, b: dict | None) -> list[str]:
+def cell_differences(a: dict | None, b: dict | None) -> list[Difference]:
     """What differs between two records' cell arithmetic (the precision each step ran in, the micro-batch, compile,
     data workers, the device, execution settings such as the evaluation batch), in words: 'cell.precision [bf16]
     -> [fp32]'. These are chosen by the code and the command, not by the machine."""
     return differences({"machine": {}, "cell": (a or {}).get("cell")}, {"machine": {}, "cell": (b or {}).get("cell")})
 
 
-def cache_differences(a: dict | None, b: dict | None) -> list[str]:
+def cache_differences(a: dict | None, b: dict | None) -> list[Difference]:
     """What differs between the cache entries of other arithmetic that two records read."""
     ca, cb = (a or {}).get("caches") or {}, (b or {}).get("caches") or {}
-    return [] if canon(ca) == canon(cb) else [f"caches {_short(ca)} -> {_short(cb)}"]
+    return [] if canon(ca) == canon(cb) else [Difference("caches", ca, cb)]
 
 
-def _short(v) -> str:
+def short(v) -> str:
     if v is None:
         return "(none)"
     text = v if isinstance(v, str) else canon(v)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..arithmetic import short
 from ..errors import UserError
 from ..records.stats import sign_test
 from .broad import model_comparisons, moved_comparisons, suite_comparisons
@@ -173,11 +174,17 @@ def _axes_text(ax: dict) -> str:
     return canon(ax)
 
 
-def _flip(difference: str) -> str:
-    """'cell.precision [bf16] -> [fp32]' as 'bf16 → fp32'; other settings keep their name."""
-    name, _, change = difference.partition(" ")
-    change = change.replace(" -> ", " → ").replace('"', "")
-    return change.replace("[", "").replace("]", "") if name == "cell.precision" else f"{name[5:]} {change}"
+def _flip(d) -> str:
+    """A cell's own arithmetic that code changed (arithmetic.Difference), in a reason's words: the precision as
+    'bf16 → fp32', any other setting by its name under `cell.` ('micro_batch [0] → [64]')."""
+
+    def words(v) -> str:
+        if d.path == "cell.precision" and isinstance(v, list):
+            return ",".join(map(str, v))
+        return short(v).replace('"', "")
+
+    change = f"{words(d.before)} → {words(d.after)}"
+    return change if d.path == "cell.precision" else f"{d.path.removeprefix('cell.')} {change}"
 
 
 @dataclass

@@ -195,15 +195,15 @@ def kinds_of(rb: dict, rc: dict) -> frozenset:
     ATen's capability alone on one processor (`kernels`), threads (`threads`), oneDNN (`onednn`), a step's precision
     (`precision`). UNKNOWN where anything else differs (a library, the GPU, a field no kind names) or nothing is
     recorded; an empty set where the machines agree (the cell's own arithmetic, a cache's state)."""
-    from ..arithmetic import machine_differences
+    from ..arithmetic import NO_ARITHMETIC, machine_differences
 
     kind = kind_of(rb, rc)
     if kind == UNKNOWN:
         return frozenset({UNKNOWN})
     out = {PRECISION} if kind == PRECISION else set()
     apart = machine_differences(rb.get("arithmetic"), rc.get("arithmetic"))
-    fields = {d.split(" ")[0] for d in apart}
-    if fields == {"no"}:  # 'no arithmetic recorded'
+    fields = {d.path for d in apart}
+    if fields == {NO_ARITHMETIC.path}:  # one side records no arithmetic
         return frozenset({UNKNOWN})
     cpu = {f for f in fields if f.startswith(("cpu.", "pools")) or f in ("cpu", "torch_config")}
     if cpu:

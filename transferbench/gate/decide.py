@@ -269,7 +269,6 @@ def decide(baseline: list[dict], current: list[dict], options: GateOptions | Non
     TASK:BACKBONE, `*`) whose absence passes. `options` (GateOptions; default: the defaults), with `changes` to its
     fields."""
     o = replace(options or GateOptions(), **changes)
-    allow_missing, allow_improvement = o.allow_missing, o.allow_improvement
     if not baseline:
         raise UserError("the baseline holds no records: give the records folder of a `transferbench run`")
     if not current:
@@ -287,56 +286,56 @@ def decide(baseline: list[dict], current: list[dict], options: GateOptions | Non
         code_of=o.code_of,
     )
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
+    reasons = _reasons(g, o, failed)
+    return Decision(gate=g, failed=failed, reasons=reasons)
 
-    def allowed(task: str, backbone: str) -> bool:  # a task or backbone absent altogether
-        return allow_missing is True or bool({"*", task, f"{task}:{backbone}"} & set(allow_missing or ()))
 
-    def cells_allowed(task: str, backbone: str) -> bool:  # a missing cell inside a task that ran
-        names = {"cells:*", f"cells:{task}", f"cells:{task}:{backbone}"}
-        return allow_missing is True or bool(names & set(allow_missing or ()))
+def _allowed_missing(allow_missing, *names: str) -> bool:
+    """Whether `allow_missing` (True, or names) passes any of `names`."""
+    return allow_missing is True or bool(set(names) & set(allow_missing or ()))
 
-    def metric_allowed(task: str, metric: str) -> bool:  # a metric that vanished from a cell that ran
-        return allow_missing is True or bool(
-            {f"metric:{task}:{metric}", f"metric:*:{metric}"} & set(allow_missing or ())
-        )
 
+def _reasons(g: Gate, o: GateOptions, failed: list) -> list[str]:
+    """Why the night fails, in words (empty: it passes)."""
+    allow = o.allow_missing
     reasons = []
-    absent = [x for x in g.absent if not allowed(x.task, x.backbone)]
+    absent = [x for x in g.absent if not _allowed_missing(allow, "*", x.task, f"{x.task}:{x.backbone}")]
     if absent:
         reasons.append(f"{len(absent)} tasks or backbones absent")
     if g.exact.failing_arithmetic:
         flips = sorted({_flip(a) for x in g.exact.failing_arithmetic for a in x.arithmetic})
         reasons.append(f"{len(g.exact.failing_arithmetic)} arithmetic changed by code ({'; '.join(flips)})")
     plain = len(g.exact.failing) - len(g.exact.failing_arithmetic)
-    if plain:
-        reasons.append(f"{plain} changed by code")
-    if g.exact.irreproducible:
-        reasons.append(f"{len(g.exact.irreproducible)} irreproducible")
-    if g.regressed:
-        reasons.append(f"{len(g.regressed)} regressed")
-    if g.nonfinite:
-        reasons.append(f"{len(g.nonfinite)} non-finite values")
-    if g.baseline_failed:
-        reasons.append(f"{len(g.baseline_failed)} cells failed in the baseline")
-    if g.untested and not o.allow_untested:
-        reasons.append(f"{len(g.untested)} untested (allow with --allow-untested)")
-    unallowed = [x for x in g.improved if not improvement_allowed(allow_improvement, x)]
-    if unallowed:
-        reasons.append(f"{len(unallowed)} improved beyond chance (allow with --allow-improvement)")
-    if g.unaccepted:
-        reasons.append(f"{len(g.unaccepted)} protocol changes")
-    if o.fail_on_failed and failed:
-        reasons.append(f"{len(failed)} cells failed or diverged")
+    counted = [
+        (plain, "changed by code"),
+        (len(g.exact.irreproducible), "irreproducible"),
+        (len(g.regressed), "regressed"),
+        (len(g.nonfinite), "non-finite values"),
+        (len(g.baseline_failed), "cells failed in the baseline"),
+        (0 if o.allow_untested else len(g.untested), "untested (allow with --allow-untested)"),
+        (
+            sum(not improvement_allowed(o.allow_improvement, x) for x in g.improved),
+            "improved beyond chance (allow with --allow-improvement)",
+        ),
+        (len(g.unaccepted), "protocol changes"),
+        (len(failed) if o.fail_on_failed else 0, "cells failed or diverged"),
+    ]
+    reasons += [f"{n} {what}" for n, what in counted if n]
     if o.fail_on_missing:
         absent_groups = set(g.absent)  # counted once, as absent
         gone = [
             k
             for k in g.missing + g.stale
-            if not cells_allowed(k.task, k.backbone) and TaskBackbone(k.task, k.backbone) not in absent_groups
+            if not _allowed_missing(allow, "cells:*", f"cells:{k.task}", f"cells:{k.task}:{k.backbone}")
+            and TaskBackbone(k.task, k.backbone) not in absent_groups
         ]
-        gone += [v for v in g.vanished if not metric_allowed(v.cell.task, v.metric)]
+        gone += [
+            v
+            for v in g.vanished
+            if not _allowed_missing(allow, f"metric:{v.cell.task}:{v.metric}", f"metric:*:{v.metric}")
+        ]
         if gone:
             reasons.append(f"{len(gone)} cells or metrics missing")
     if not g.compared and not reasons:
         reasons.append("nothing compared")  # no cell both sides hold and could judge is never an OK
-    return Decision(gate=g, failed=failed, reasons=reasons)
+    return reasons

@@ -116,58 +116,59 @@ def aggregate(records: list[Record]) -> list[Entry]:
             if r["status"] == "failed" and group_key(r) in groups:
                 groups[group_key(r)].append(r)
         for (dataset, backbone, _), grp in sorted(groups.items(), key=lambda kv: (kv[1][0]["order"], kv[0])):
-            first = grp[0]
-            select = tuple(first.get("select", []))
-            counts = {s: sum(r["status"] == s for r in grp) for s in ("ok", "diverged", "failed")}
-            axis_values = {k: first["hparams"][k] for k in axes if k in first["hparams"]}
-            column = dataset + (
-                " (" + ", ".join(f"{k}={v}" for k, v in axis_values.items()) + ")" if axis_values else ""
-            )
-            chosen = select_best(grp, select, first["mode"]) if select else {}
-            note = ""
-            if chosen is None:
-                settings = {canon({k: r["hparams"][k] for k in select}) for r in grp}
-                chosen = json.loads(settings.pop()) if len(settings) == 1 else None
-                note = "" if chosen is not None else f"no validation metric to select {', '.join(select)}"
-            per_seed, samples = {}, {}
-            if chosen is not None:
-                finals = [
-                    r
-                    for r in grp
-                    if all(r["hparams"][k] == v for k, v in chosen.items()) and value(r, "test") is not None
-                ]
-                for r in latest(finals):  # the latest record of a seed wins
-                    per_seed[int(r["seed"])] = value(r, "test")
-                    if r.get("samples"):
-                        got = read_samples(r, "test")
-                        if got is not None:
-                            samples[int(r["seed"])] = got
-            entries.append(
-                Entry(
-                    task=task,
-                    protocol_version=first["protocol_version"],
-                    dataset=dataset,
-                    column=column,
-                    group=first.get("group"),
-                    order=first["order"],
-                    axes=axis_values,
-                    backbone=backbone,
-                    metric=first["metric"],
-                    mode=first["mode"],
-                    selected=chosen or {},
-                    per_seed=per_seed,
-                    estimate=mean_ci(list(per_seed.values())) if per_seed else None,
-                    counts=counts,
-                    note=note,
-                    pixels=str(first["hparams"].get("pixels", "")),
-                    samples=samples,
-                    changed=changed_settings(first),
-                    suite=first.get("suite") or "",
-                    pretraining=pretraining_of(first),
-                    settings={k: v for k, v in first["hparams"].items() if k not in select},
-                )
-            )
+            entries.append(_entry(task, dataset, backbone, grp, axes))
     return entries
+
+
+def _entry(task: str, dataset: str, backbone: str, grp: list[Record], axes: list[str]) -> Entry:
+    """The entry of one group's records: the selected setting, the test metric of its latest record per seed."""
+    first = grp[0]
+    select = tuple(first.get("select", []))
+    axis_values = {k: first["hparams"][k] for k in axes if k in first["hparams"]}
+    column = dataset + (" (" + ", ".join(f"{k}={v}" for k, v in axis_values.items()) + ")" if axis_values else "")
+    chosen = select_best(grp, select, first["mode"]) if select else {}
+    note = ""
+    if chosen is None:
+        settings = {canon({k: r["hparams"][k] for k in select}) for r in grp}
+        chosen = json.loads(settings.pop()) if len(settings) == 1 else None
+        note = "" if chosen is not None else f"no validation metric to select {', '.join(select)}"
+    per_seed, samples = _per_seed(grp, chosen) if chosen is not None else ({}, {})
+    return Entry(
+        task=task,
+        protocol_version=first["protocol_version"],
+        dataset=dataset,
+        column=column,
+        group=first.get("group"),
+        order=first["order"],
+        axes=axis_values,
+        backbone=backbone,
+        metric=first["metric"],
+        mode=first["mode"],
+        selected=chosen or {},
+        per_seed=per_seed,
+        estimate=mean_ci(list(per_seed.values())) if per_seed else None,
+        counts={s: sum(r["status"] == s for r in grp) for s in ("ok", "diverged", "failed")},
+        note=note,
+        pixels=str(first["hparams"].get("pixels", "")),
+        samples=samples,
+        changed=changed_settings(first),
+        suite=first.get("suite") or "",
+        pretraining=pretraining_of(first),
+        settings={k: v for k, v in first["hparams"].items() if k not in select},
+    )
+
+
+def _per_seed(grp: list[Record], chosen: dict) -> tuple[dict, dict]:
+    """({seed: test metric}, {seed: per-example results}) of the records at the `chosen` setting; the latest record of
+    a seed wins."""
+    per_seed, samples = {}, {}
+    finals = [r for r in grp if all(r["hparams"][k] == v for k, v in chosen.items()) and value(r, "test") is not None]
+    for r in latest(finals):
+        per_seed[int(r["seed"])] = value(r, "test")
+        got = read_samples(r, "test") if r.get("samples") else None
+        if got is not None:
+            samples[int(r["seed"])] = got
+    return per_seed, samples
 
 
 def pretraining_of(record: Record) -> str:

@@ -325,7 +325,7 @@ def test_a_report_tables_key_is_short_and_plain_whatever_its_setting():
     sentence as their setting."""
     from types import SimpleNamespace
 
-    from transferbench.tracking.runs import _title
+    from transferbench.cli.tracked import _title
 
     long = SimpleNamespace(task="imagenet_c", setting="CE normalised by mu4@embedded's mean errors (×100); " * 4)
     assert _title(0, long) == "01_imagenet_c_CE_normalised_by_mu4_embedded_s_mean_errors_100_CE"

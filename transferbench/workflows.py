@@ -74,7 +74,7 @@ def run_cells(task, backbones: list, out: Path, options: RunOptions, executor, m
         file=sys.stderr,
     )
     if options.tracking is not None:  # where to point TensorBoard while the cells run
-        from .tracking.runs import where
+        from .tracking import where
 
         print(f"{task.name}: logging each cell to {where(options.tracking)}", file=sys.stderr)
     try:

@@ -271,7 +271,7 @@ def nightly(args) -> int:
     from datetime import datetime, timezone
 
     from ..night import Night
-    from ..tracking.runs import log_folder
+    from .tracked import log_folder
 
     options, executor = check_execution_options(args)
     check_gate_options(args)

@@ -121,7 +121,7 @@ def run_one(name: str, args) -> int:
     from ..adapters import prepare_task
     from ..records.store import RESULTS_FILE
     from ..reporting.formats import render
-    from ..tracking.runs import log_task
+    from .tracked import log_task
 
     # the checks that cost nothing come first, then the data, then pretraining (NAME@embedded) and cells
     task = prepare_task(name, suite=args.suite, datasets=args.datasets, seeds=args.seeds, sets=args.sets)

@@ -2,8 +2,8 @@
 runs, offline first. Each cell is one entry (a TensorBoard run folder, a W&B run) named by its task, dataset,
 backbone, stage, swept hyper-parameters and seed: its training curve (the loss and learning rate of every step,
 sent as the training loop reads them), its final metrics per split, its wall time and its settings with their
-sources. At the end of a run the report's tables and the leaderboard's figures go to one entry more per task
-(`tracking.runs`).
+sources. At the end of a run the report's tables and the leaderboard's figures go to one entry more per task,
+which the front logs (`cli.tracked`: tracking draws no report).
 
 The tracker options are execution options: they enter no cell key, and logging never changes a number (the loop
 reads the losses at the host reads it makes anyway; each tracker call keeps the random generators' states).
@@ -325,5 +325,19 @@ __all__ = [
     "cell_log",
     "entry_parts",
     "wandb_name",
+    "where",
     "guarded",
 ]
+
+
+def where(tracking: Tracking, kinds=None) -> str:
+    """Where a run's entries are (those of `kinds`, default all), and the command that shows them."""
+    said = []
+    for kind in kinds or tracking.kinds:
+        if kind == "tensorboard":
+            said.append(f"TensorBoard (tensorboard --logdir {tracking.dir})")
+        else:
+            mode = tracking.wandb_mode()
+            after = f"; upload: wandb sync {tracking.dir}/wandb/offline-run-*" if mode == "offline" else ""
+            said.append(f"W&B, {mode}, project {tracking.project}{after}")
+    return " and ".join(said)

@@ -1,6 +1,7 @@
-"""The end of a run in its trackers: for each task, one entry more (LOG_DIR/TASK/SUITE/report in TensorBoard; a run
-of job type report in the task's W&B group) holding the report's tables (TensorBoard text in markdown; W&B tables of
-the rows `report --format csv` writes) and the leaderboard's figures of the task's records folder as images."""
+"""The end of a run in its trackers, logged by the front (tracking itself draws no report): for each task, one entry
+more (LOG_DIR/TASK/SUITE/report in TensorBoard; a run of job type report in the task's W&B group) holding the report's
+tables (TensorBoard text in markdown; W&B tables of the rows `report --format csv` writes) and the leaderboard's
+figures of the task's records folder as images."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import Tracking, guarded
+from ..tracking import Tracking, guarded, where
 
 
 def log_task(
@@ -40,11 +41,11 @@ def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, f
     figures = sorted(tmp.glob("*.png")) if figures is None else figures
     titles = [_title(i, t) for i, t in enumerate(tables)]
     if kind == "tensorboard":
-        from .tensorboard import report
+        from ..tracking.tensorboard import report
 
         report(tracking, task, suite, [(title, to_markdown(t)) for title, t in zip(titles, tables)], figures)
     else:
-        from .wandb import report
+        from ..tracking.wandb import report
 
         report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], figures)
     return True
@@ -55,19 +56,6 @@ def _title(i: int, t) -> str:
     names a table's artifact after it, and refuses names over 128 characters)."""
     setting = re.sub(r"[^\w=.,-]+", "_", t.setting).strip("_") if t.setting else ""
     return (f"{i + 1:02d}_{t.task}" + (f"_{setting}" if setting else ""))[:64]
-
-
-def where(tracking: Tracking, kinds=None) -> str:
-    """Where a run's entries are (those of `kinds`, default all), and the command that shows them."""
-    said = []
-    for kind in kinds or tracking.kinds:
-        if kind == "tensorboard":
-            said.append(f"TensorBoard (tensorboard --logdir {tracking.dir})")
-        else:
-            mode = tracking.wandb_mode()
-            after = f"; upload: wandb sync {tracking.dir}/wandb/offline-run-*" if mode == "offline" else ""
-            said.append(f"W&B, {mode}, project {tracking.project}{after}")
-    return " and ".join(said)
 
 
 def log_folder(tracking: Tracking | None, folder: Path, suite: str, figures: dict | None = None) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from ..records.record import value
 from ..records.stats import MAX_DF, holm, mcnemar, paired_difference, t_estimate
 from .match import NonFinite, direction
-from .metrics import EITHER, SIGNAL_FLOOR, SIGNALS, declared
+from .metrics import EITHER, PER_EXAMPLE, SIGNAL_FLOOR, SIGNALS, declared
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
 FLOOR = 0.5  # the smallest change of one comparison that counts, in metric units (accuracy, mIoU, recall: points)
@@ -44,7 +44,6 @@ SIGNAL_NOISE = 10.0  # a training signal's noise test: the smallest rms change t
 # the noise test's allowance for a runner whose arithmetic is noisier than the model's variants (another CPU, other
 # kernels): a night up to NOISE_TOLERANCE times the model's rms is its null, so such a runner alarms at most alpha
 NOISE_TOLERANCE = 2.0
-PERCENT = ("accuracy", "error", "top5")  # metrics in points of one example each: 100 / examples
 
 
 class Kind(StrEnum):
@@ -142,7 +141,7 @@ def either(task: str, metric: str) -> bool:
 def quantum(r: dict, split: str, metric: str) -> float:
     """One example of `split` in the metric's units (accuracy or error in points: 100 / examples), where the record
     says how many examples it scored; else 0."""
-    if metric not in PERCENT:
+    if metric not in PER_EXAMPLE:
         return 0.0
     info = r.get("info") or {}
     n = info.get(f"{split}_examples") or (info.get("eval_examples") if split == "test" else None)

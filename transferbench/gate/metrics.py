@@ -37,8 +37,12 @@ class Declared:
         return self.floor * abs(baseline) if self.relative else self.floor
 
 
-_PERCENT_HIGHER = ("accuracy", "top5", "recall@5", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5", "miou", "aacc", "macc")
-_PERCENT_LOWER = ("error", "error_1", "error_2", "error_3", "error_4", "error_5")
+# the percentage metrics, once: those of a split's examples (one example moves them by 100 / examples), LiT's
+# retrieval recalls (one query: 100 / queries), ImageNet-C's per-severity errors and the segmentation scores
+PER_EXAMPLE = ("accuracy", "error", "top5")
+PER_QUERY = ("recall@5", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5")
+_PERCENT_HIGHER = ("accuracy", "top5", *PER_QUERY, "miou", "aacc", "macc")
+_PERCENT_LOWER = ("error", *(f"error_{severity}" for severity in range(1, 6)))
 SIGNAL_FLOOR = 0.005  # a training signal (a loss, a norm, an entropy): 0.5% of the baseline's value
 
 # metric -> declaration, for every task; TASKS overrides it per task

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..hashing import digest
+from .metrics import PER_EXAMPLE, PER_QUERY
 
 MODEL_FILE = "noise_model.json"
 # kinds of difference between two records' arithmetic, each measured by its own variant (benchmarks/noise_model.py)
@@ -40,8 +41,6 @@ ONEDNN = "onednn"  # oneDNN on or off
 PRECISION = "precision"  # a step in bf16 on one side and fp32 on the other
 KINDS = (CPU, KERNELS, THREADS, ONEDNN, PRECISION)
 MEASURE = "python -m benchmarks.noise_model --work W"  # the command that (re-)measures it
-PERCENT = ("accuracy", "error", "top5")  # points of one example each: 100 / examples
-RECALL = ("recall@5", "i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5")  # LiT's retrieval: one query each
 SEVERITY = "error_"  # ImageNet-C's error at one severity: one example of that severity's examples
 
 
@@ -160,7 +159,7 @@ def resolution(r: dict, split: str, metric: str, base: float) -> float:
         n = per_severity  # one severity's examples; the clean accuracy is scored on as many
     elif per_severity and metric == "error":
         n = 5 * per_severity  # the mean error over the five severities
-    elif metric in PERCENT or metric in RECALL:
+    elif metric in PER_EXAMPLE or metric in PER_QUERY:
         n = info.get(f"{split}_examples") or (info.get("eval_examples") if split == "test" else None)
     if isinstance(n, (int, float)) and n > 0:
         return 100.0 / n
@@ -172,7 +171,7 @@ def judged(task: str, dataset: str, metric: str) -> bool:
     both directions' recalls, and their `accuracy` and `recall@5` are the set's own direction's R@1 and R@5, so
     the directional names are duplicates and are compared once, as the set's accuracy and recall@5."""
     if task == "lit" and dataset.startswith("heldout_"):
-        return metric not in RECALL[1:]
+        return metric not in PER_QUERY[1:]
     return True
 
 

@@ -85,25 +85,16 @@ class Gate:
         return (worse, len(cells), p) if p < self.alpha else None
 
 
-def gate(
-    baseline: list[dict],
-    current: list[dict],
-    *,
-    floor: float = FLOOR,
-    alpha: float = ALPHA,
-    accept=(),
-    accept_code=(),
-    exact: bool = True,
-    shared=None,
-    noise=None,
-    code_of=None,
-) -> Gate:
-    """Match, judge the cells of equal arithmetic exactly (`exact`; False: every cell goes to the statistical tier,
-    as against a fixed anchor), test and judge the rest (module docstring). `shared(task)`: whether one run per
+def gate(baseline: list[dict], current: list[dict], options: GateOptions | None = None, **changes) -> Gate:
+    """Under `options` (GateOptions, with `changes` to its fields): match, judge the cells of equal arithmetic exactly
+    (`exact`; False: every cell goes to the statistical tier, as against a fixed anchor), test and judge the rest
+    (transferbench.gate's docstring). `shared(task)`: whether one run per
     seed serves every dataset of a task (spec.seeds_shared), which decides the pooled test's units. `noise`: the
     arithmetic noise model, a gate.noise.Model or its `tasks` mapping (default: the package's, refused in one line
     where it was measured on other code than `code_of`'s records: the anchor's, which `nightly` gives, against its
     rolling baseline too; by default the baseline's)."""
+    o = replace(options or GateOptions(), **changes)
+    floor, alpha, shared, noise, code_of = o.floor, o.alpha, o.shared, o.noise, o.code_of
     if shared is None:
         from ..spec import seeds_shared as shared
     from .noise import Model, packaged
@@ -111,8 +102,8 @@ def gate(
     ax = axes(baseline, current)
     b, c = index(baseline, ax), index(current, ax)
     stale = other_code(c)
-    tier = Exact(enabled=exact)
-    found = match(b, c, ax, tier, accept_code, accept, stale)
+    tier = Exact(enabled=o.exact)
+    found = match(b, c, ax, tier, o.accept_code, o.accept, stale)
     model = packaged() if noise is None else noise if isinstance(noise, Model) else Model.of({"tasks": noise})
     nonfinite: list = []
     cells, paired = cell_comparisons(
@@ -273,18 +264,7 @@ def decide(baseline: list[dict], current: list[dict], options: GateOptions | Non
         raise UserError("the baseline holds no records: give the records folder of a `transferbench run`")
     if not current:
         raise UserError("the current side holds no records: give the records folder of a `transferbench run`")
-    g = gate(
-        baseline,
-        current,
-        floor=o.floor,
-        alpha=o.alpha,
-        accept=o.accept,
-        accept_code=o.accept_code,
-        exact=o.exact,
-        shared=o.shared,
-        noise=o.noise,
-        code_of=o.code_of,
-    )
+    g = gate(baseline, current, o)
     failed = [r for r in current if r["status"] == "failed"] + g.diverged
     reasons = _reasons(g, o, failed)
     return Decision(gate=g, failed=failed, reasons=reasons)

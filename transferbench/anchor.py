@@ -79,15 +79,12 @@ def find_baseline(anchor: Path, expected: list, tonight: list, key: str, rebuild
         return Baseline(expected, anchor, Source.ANCHOR, f"the anchor {anchor}, computed in tonight's arithmetic")
     why = f"{foreign} of its cells were computed in other arithmetic than tonight's"
     commit, problem = anchor_commit(expected)
-    problem = (
-        "this night is itself an anchor's rerun, which rebuilds nothing"
-        if os.environ.get(REBUILDING)
-        else "--no-rebuild: not rebuilt"
-        if not rebuild.allowed
-        else f"the anchor cannot be rebuilt: {problem}"
-        if problem
-        else ""
-    )
+    if os.environ.get(REBUILDING):
+        problem = "this night is itself an anchor's rerun, which rebuilds nothing"
+    elif not rebuild.allowed:
+        problem = "--no-rebuild: not rebuilt"
+    elif problem:
+        problem = f"the anchor cannot be rebuilt: {problem}"
     if problem:
         return _statistical(expected, anchor, f"{why}; {problem}; judged statistically")
     dest = rebuild.cache / f"{commit[:12]}-{key}"

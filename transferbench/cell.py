@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from .errors import UserError
 from .hashing import digest
 from .names import model_name
 from .spec import SET_SOURCE
@@ -187,8 +188,6 @@ def _pretraining(backbone: BackboneRef, hparams: dict, sources: dict) -> str:
         sources.pop("pretraining", None)
         return RANDOM_INIT
     if declared and backbone.pretraining and declared != backbone.pretraining:
-        from .errors import UserError
-
         raise UserError(
             f"backbone {backbone.spec!r}: the checkpoint states its pretraining, {backbone.pretraining!r}, and "
             f"--set pretraining={declared} contradicts it; drop the --set (the checkpoint's own statement is recorded)"

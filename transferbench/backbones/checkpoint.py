@@ -150,15 +150,22 @@ def read_state_dict(path) -> dict[str, torch.Tensor]:
     return unwrap_state_dict(_torch_load(p))
 
 
+def _own_header(p: Path) -> dict:
+    """The header of a checkpoint file this package wrote (`save_checkpoint`: FORMAT); {} for any other file."""
+    if p.suffix != ".safetensors":
+        return {}
+    with safe_open(str(p), framework="pt") as f:
+        meta = f.metadata() or {}
+    return meta if meta.get("format") == FORMAT else {}
+
+
 def checkpoint_resolution(path) -> tuple[int, int] | None:
     """The input resolution a checkpoint was trained at: our files state it in their header; timm and big_vision
     files give it through their position-embedding grid (None where the grid or patch size cannot be read)."""
     p = check_checkpoint_file(path)
-    if p.suffix == ".safetensors":
-        with safe_open(str(p), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("format") == FORMAT and meta.get("img_size"):
-            return tuple(json.loads(meta["img_size"]))
+    meta = _own_header(p)
+    if meta.get("img_size"):
+        return tuple(json.loads(meta["img_size"]))
     return read_checkpoint(p).img_size
 
 
@@ -169,24 +176,15 @@ def checkpoint_pixels(path) -> str | None:
     p = check_checkpoint_file(path)
     if p.suffix == ".npz":
         return "inception"
-    if p.suffix == ".safetensors":
-        with safe_open(str(p), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("format") == FORMAT:
-            return meta.get("pixels") or None
-    return None
+    return _own_header(p).get("pixels") or None
 
 
 def checkpoint_pretraining(path) -> str:
     """What a checkpoint states it was pretrained on: ours of the `pretrain` task in their header's `pretraining`
     (cell.pretraining_name); one written before that field, `pretrain:DATASET:STEPS`, which claims no protocol;
     '' for any other file."""
-    p = check_checkpoint_file(path)
-    if p.suffix != ".safetensors":
-        return ""
-    with safe_open(str(p), framework="pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != FORMAT or meta.get("task") != "pretrain" or not meta.get("dataset"):
+    meta = _own_header(check_checkpoint_file(path))
+    if meta.get("task") != "pretrain" or not meta.get("dataset"):
         return ""
     return meta.get("pretraining") or f"pretrain:{meta['dataset']}:{int(meta.get('steps') or 0)}"
 

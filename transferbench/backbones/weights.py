@@ -56,33 +56,23 @@ def resolve_backbone(spec: str) -> BackboneRef:
     words = providers()
     if checkpoint in words:
         path = Path(words[checkpoint](name))
-        return BackboneRef(spec, name, str(path), file_sha256(path), _pixels(path), pretraining=_pretraining(path))
+        return _checkpoint_ref(spec, name, path)
     if not Path(checkpoint).is_file():
         raise UserError(
             f"backbone {spec!r}: checkpoint {checkpoint} does not exist (NAME@PATH takes a .safetensors, "
             ".pth or big_vision .npz file; NAME@WORD takes the word of an installed weights provider: "
             f"{', '.join(sorted(words)) or 'none installed'})"
         )
-    return BackboneRef(
-        spec, name, checkpoint, file_sha256(checkpoint), _pixels(checkpoint), pretraining=_pretraining(checkpoint)
-    )
+    return _checkpoint_ref(spec, name, checkpoint)
 
 
-def _pixels(path) -> str:
-    """The normalisation a checkpoint file states ('' where it states none, or is not one this package reads)."""
-    from .checkpoint import CheckpointError, checkpoint_pixels
-
-    try:
-        return checkpoint_pixels(path) or ""
-    except CheckpointError:
-        return ""
-
-
-def _pretraining(path) -> str:
-    """What a checkpoint file states it was pretrained on ('' where it states nothing this package reads)."""
-    from .checkpoint import CheckpointError, checkpoint_pretraining
+def _checkpoint_ref(spec: str, name: str, path) -> BackboneRef:
+    """The reference to checkpoint file `path`: its sha256, and the pixel normalisation and pretraining it states
+    ('' where it states none, or is not a file this package reads)."""
+    from .checkpoint import CheckpointError, checkpoint_pixels, checkpoint_pretraining
 
     try:
-        return checkpoint_pretraining(path)
+        pixels, pretraining = checkpoint_pixels(path) or "", checkpoint_pretraining(path)
     except CheckpointError:
-        return ""
+        pixels, pretraining = "", ""
+    return BackboneRef(spec, name, str(path), file_sha256(path), pixels, pretraining=pretraining)

@@ -21,7 +21,8 @@ MARKS_TEXT = (
 )
 
 
-def _fmt(e: Estimate | None, signed=False, decimals: int = 1) -> str:
+def estimate_text(e: Estimate | None, signed=False, decimals: int = 1) -> str:
+    """A table cell's mean ± 95% half-width ('—' without one; the mean alone for one seed)."""
     if e is None:
         return "—"
     mean = f"{e.mean:+.{decimals}f}" if signed else f"{e.mean:.{decimals}f}"
@@ -69,7 +70,7 @@ def to_markdown(t: TaskTable, title: bool = True) -> str:
         cells = []
         for col in t.columns:
             v = row.get(col)
-            cells.append(mark(_fmt(v.estimate, decimals=t.decimals), v) if v else "—")
+            cells.append(mark(estimate_text(v.estimate, decimals=t.decimals), v) if v else "—")
         body.append([row_name(t, b), *cells, t.seeds[b]])
     at = f" — {t.setting}" if t.setting else ""
     out = (
@@ -103,7 +104,7 @@ def delta_markdown(t: TaskTable) -> list[str]:
             if v is None or v.delta is None:
                 cells.append("—")
                 continue
-            text = mark(_fmt(v.delta, signed=True, decimals=t.decimals), v)
+            text = mark(estimate_text(v.delta, signed=True, decimals=t.decimals), v)
             if not (v.better or v.worse):
                 text += " " + mde_text(v.delta, t.decimals)
             cells.append(text)
@@ -222,7 +223,8 @@ def to_latex(t: TaskTable) -> str:
     ]
     for b, row in t.rows.items():
         cells = [
-            mark(cell(_fmt(row[c].estimate, decimals=t.decimals)), row[c], "latex") if c in row else "--" for c in cols
+            mark(cell(estimate_text(row[c].estimate, decimals=t.decimals)), row[c], "latex") if c in row else "--"
+            for c in cols
         ]
         lines.append(" & ".join([esc(row_name(t, b)), *cells]) + " \\\\")
     if t.refs:
@@ -232,7 +234,7 @@ def to_latex(t: TaskTable) -> str:
             for c in cols:
                 v = t.rows[b].get(c)
                 cells.append(
-                    mark(cell(_fmt(v.delta, signed=True, decimals=t.decimals)), v, "latex")
+                    mark(cell(estimate_text(v.delta, signed=True, decimals=t.decimals)), v, "latex")
                     if v is not None and v.delta is not None
                     else "--"
                 )

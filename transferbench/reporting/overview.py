@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from ..records.stats import holm, suite_mean
 from ..spec import seeds_shared
-from .formats import _fmt, mark, mde_text
+from .formats import estimate_text, mark, mde_text
 from .tables import Cellv, TaskTable, _judge, _paired
 
 PAPER_ORDER = ("vtab", "fewshot", "lit", "ade20k", "imagenet_c", "hires")  # then other tasks; diagnostics last
@@ -141,12 +141,12 @@ def _combine(cells: list[Cellv], names: list[str], task: str) -> Cellv:
 def overview_cell(v: Cellv | None, is_ref: bool, decimals: int = 1) -> str:
     if v is None or v.estimate is None:
         return "—"
-    own = _fmt(v.estimate, decimals=decimals)
+    own = estimate_text(v.estimate, decimals=decimals)
     if is_ref or v.delta is None:
         return own
     d = v.delta
     if v.better or v.worse:
-        return mark(f"{own} (Δ {_fmt(d, signed=True, decimals=decimals)})", v)
+        return mark(f"{own} (Δ {estimate_text(d, signed=True, decimals=decimals)})", v)
     return f"{own} (Δ {d.mean:+.{decimals}f}, {mde_text(d, decimals)})"
 
 

@@ -14,19 +14,28 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..hashing import canon
 from ..names import model_name
 from ..records.aggregate import Entry, aggregate
 from ..records.record import Record
 from ..spec import SET_SOURCE, load_task, suite_source
+from .formats import estimate_text
 from .published import Published, axes_text, references
 
 # settings that say where a task's data is, not how it is computed: the default suite asks for them (LiT's pairs)
 WHERE_DATA_IS = ("pairs", "csv_img_key", "csv_caption_key", "csv_separator")
 MARK = "†"  # the published number lies outside your 95% interval widened by the paper's ±
 HEADING = "#### Against the published numbers"
-ABSENT = ("no published number", "published at")  # the reasons that say the paper prints no number for a result
+
+
+class Miss(NamedTuple):
+    """Why a result is beside no published number: the first condition it misses, in words, and whether that is the
+    paper's (it prints no number for this result) rather than the run's."""
+
+    why: str
+    absent: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,36 +75,35 @@ def changed(entry: Entry, protocol: str) -> list[str]:
     ]
 
 
-def match(entry: Entry, stage: str = "") -> tuple[Published | None, str]:
-    """The published number `entry` matches, or None and the first condition it misses, in words."""
-    suites = load_task(entry.task).suites
-    pubs = [p for p in references(entry.task) if p.stage == stage and p.protocol in suites]  # a protocol run here
+def match(entry: Entry, pubs: list[Published]) -> Published | Miss:
+    """The published number `entry` matches among `pubs` (its task's, at a protocol the task runs and its stage), or
+    the first condition it misses."""
     if not pubs:
-        return None, f"no published numbers are carried over for {entry.task} (`transferbench list references`)"
+        return Miss(f"no published numbers are carried over for {entry.task} (`transferbench list references`)")
     protocols = sorted({p.protocol for p in pubs})
     if entry.suite not in protocols:
         suite = f"suite {entry.suite!r}" if entry.suite else "records that name no suite"
-        return None, f"{suite} is not the protocol of the published numbers ({', '.join(protocols)})"
+        return Miss(f"{suite} is not the protocol of the published numbers ({', '.join(protocols)})")
     arch = model_name(entry.backbone)
     same = [p for p in pubs if p.protocol == entry.suite and p.dataset == entry.dataset and p.backbone == arch]
     if not same:
-        return None, f"{ABSENT[0]} for {arch} on {entry.dataset}"
+        return Miss(f"no published number for {arch} on {entry.dataset}", absent=True)
     here = [p for p in same if all(entry.settings.get(k) == v for k, v in p.axes)]
     if not here:
-        return None, f"{ABSENT[1]} {'; '.join(sorted({axes_text(p.axes) for p in same}))} only"
+        return Miss(f"published at {'; '.join(sorted({axes_text(p.axes) for p in same}))} only", absent=True)
     moved = changed(entry, entry.suite)
     if moved:
-        return None, f"settings changed from the {entry.suite} protocol: {', '.join(moved)}"
+        return Miss(f"settings changed from the {entry.suite} protocol: {', '.join(moved)}")
     named = sorted({p.pretraining for p in here})
     found = [p for p in here if p.pretraining == entry.pretraining]
     if found:
-        return found[0], ""
+        return found[0]
     if not entry.pretraining:
-        return None, (
+        return Miss(
             f"its pretraining is not stated; the published numbers are for {', '.join(named)}: declare a "
             "checkpoint's with --set pretraining=NAME"
         )
-    return None, f"pretraining {entry.pretraining} has no published number (published: {', '.join(named)})"
+    return Miss(f"pretraining {entry.pretraining} has no published number (published: {', '.join(named)})")
 
 
 def compare(task: str, records: list[Record], entries: list[Entry] | None = None) -> tuple[list[Versus], list[str]]:
@@ -107,29 +115,24 @@ def compare(task: str, records: list[Record], entries: list[Entry] | None = None
         recs = [r for r in records if r["task"] == task and (not stages or r.get("stage") in stages)]
         entries = aggregate(recs)
     stage = next(iter(stages), "")
+    suites = load_task(task).suites
+    pubs = [p for p in references(task) if p.stage == stage and p.protocol in suites]  # at a protocol run here
     found, why = [], defaultdict(list)
     for e in entries:
-        p, reason = match(e, stage)
-        if p is not None:
-            found.append(Versus(e, p))
+        got = match(e, pubs)
+        if isinstance(got, Miss):
+            why[e.backbone].append(got)
         else:
-            why[e.backbone].append(reason)
+            found.append(Versus(e, got))
     compared = {v.entry.backbone for v in found}
     by_reason = defaultdict(list)
-    for backbone, reasons in why.items():
+    for backbone, misses in why.items():
         if backbone not in compared:
-            by_reason[reasons[0]].append(backbone)
+            by_reason[misses[0].why].append(backbone)
         else:  # its other results: why they are not beside a number, unless the paper prints none for them
-            for reason in dict.fromkeys(r for r in reasons if not r.startswith(ABSENT)):
+            for reason in dict.fromkeys(m.why for m in misses if not m.absent):
                 by_reason[reason].append(backbone)
     return found, [f"{', '.join(sorted(b))}: {reason}" for reason, b in by_reason.items()]
-
-
-def _value(v: Versus) -> str:
-    e = v.entry.estimate
-    if e is None:
-        return "-"
-    return f"{e.mean:.1f} ± {e.ci:.1f}" if e.ci is not None else f"{e.mean:.1f}"
 
 
 def _difference(v: Versus) -> str:
@@ -191,7 +194,7 @@ def _block(found: list[Versus]) -> list[str]:
         first = next(iter(cells.values())).published
         source = f"{first.paper.partition(': ')[2]}, {first.table}, row {first.row}"
         for label, show in (
-            (f"`{backbone}`", _value),
+            (f"`{backbone}`", lambda v: estimate_text(v.entry.estimate)),
             ("published", lambda v: _published(v.published)),
             ("yours − published", _difference),
         ):

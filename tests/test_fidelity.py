@@ -167,7 +167,7 @@ def test_hires_reinitialises_the_head_even_when_the_class_count_matches(tmp_path
     cell = types.SimpleNamespace(
         hparams=hp, seed=0, backbone="mu4", backbone_name="mu4", checkpoint=str(path), dataset="d"
     )
-    ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False)
+    ctx = types.SimpleNamespace(device="cpu", workers=0, micro_batch=None, progress=None, compile=False, log=None)
     s = FinetuneSettings.model_construct(**hp)  # 0 steps: the head as it starts
     model, info = finetune(
         cell, s, _Images(), 10, "none", ctx, keep_head=task.hparams["head"] == "auto", posemb=task.hparams["posemb"]

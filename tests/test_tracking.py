@@ -23,7 +23,7 @@ from transferbench.cell import Cell  # noqa: E402
 from transferbench.engine.train import schedule_lr  # noqa: E402
 from transferbench.records.store import load_records  # noqa: E402
 from transferbench.spec import load_task  # noqa: E402
-from transferbench.tracking import Tracking, entry_parts, guarded, wandb_name  # noqa: E402
+from transferbench.tracking import Trackers, Tracking, entry_parts, wandb_name  # noqa: E402
 
 # --- the readers --------------------------------------------------------------------------------------------------
 
@@ -277,17 +277,14 @@ def test_a_cells_wandb_entry_is_whole_on_disk_the_moment_its_cell_ends(tmp_path,
     entries are whole once W&B ends, at the caller's exit at the latest)."""
     import torch
 
-    import transferbench.tracking as tracking
-    from transferbench.tracking import cell_entry
-
-    monkeypatch.setattr(tracking, "_OFF", set())
     logs = tmp_path / "logs"
+    trackers = Trackers()
     track = Tracking(kinds=("wandb",), dir=logs, mode="offline")
     seen: set = set()
 
     def cell(seed):
         cell = Cell("vtab", "d", "mu4", "random-init", {"lr": 0.1}, seed, "2", stage="final", suite="embedded")
-        with cell_entry(track, cell) as entry:
+        with trackers.cell_entry(track, cell) as entry:
             entry.curve("fit").send([torch.tensor(2.0 - step / 100) for step in range(300)], lambda step: 0.1)
             entry.close({"status": "ok", "seconds": 1.5, "metrics": {"test": {"accuracy": 50.0 + seed}}})
         (log,) = [p for p in logs.glob("wandb/offline-run-*/run-*.wandb") if p.parent.name not in seen]
@@ -335,11 +332,8 @@ def test_a_report_tables_key_is_short_and_plain_whatever_its_setting():
 def test_a_tracker_that_fails_mid_run_costs_one_warning_and_no_cell(suite_home, tmp_path, monkeypatch, caplog):
     """W&B's log call failing from the first step on (a broken install, a full disk): one warning, every cell
     recorded ok with the metrics of a run without logging; TensorBoard, which did not fail, logs every cell."""
-    import transferbench.tracking as tracking
-
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(embedded_home(suite_home, tmp_path / "home")))
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setattr(tracking, "_OFF", set())
 
     def broken(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -364,7 +358,6 @@ def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, monkeypatch, cap
     its error reaches the next flush, which is one warning; the caller goes on."""
     import subprocess
 
-    import transferbench.tracking as tracking
     from transferbench.tracking.tensorboard import CellBoard
 
     small = tmp_path / "small"
@@ -372,18 +365,18 @@ def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, monkeypatch, cap
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:
-        monkeypatch.setattr(tracking, "_OFF", set())
+        trackers = Trackers()
         cell = Cell("vtab", "d", "mu4", "random-init", {"lr": 0.1}, 0, "2", stage="select", suite="embedded")
-        entry = guarded("tensorboard", "opening a cell's entry", CellBoard, Tracking(dir=small), cell, [])
+        entry = trackers.guarded("tensorboard", "opening a cell's entry", CellBoard, Tracking(dir=small), cell, [])
         with caplog.at_level("WARNING", logger="transferbench"):
             for start in range(1, 40_001, 5_000):
                 steps = list(range(start, start + 5_000))
-                guarded(
+                trackers.guarded(
                     "tensorboard", "logging a training curve", entry.curve, "train", steps, [1.0] * 5_000, [0.1] * 5_000
                 )
         warned = [m for m in caplog.messages if "--log-to" in m]
         assert len(warned) == 1 and "No space left on device" in warned[0]
-        assert "tensorboard" in tracking._OFF
+        assert "tensorboard" in trackers.off
     finally:
         subprocess.run(["umount", str(small)], check=True)
 
@@ -394,17 +387,13 @@ def test_tracker_calls_leave_the_random_generators_as_they_were(monkeypatch):
 
     import torch
 
-    import transferbench.tracking as tracking
-
-    monkeypatch.setattr(tracking, "_OFF", set())
-
     def draws():
         return random.random(), np.random.rand(), torch.rand(()).item()
 
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     expected = draws()
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    assert guarded("wandb", "testing", draws) == expected  # it drew from each stream...
+    assert Trackers().guarded("wandb", "testing", draws) == expected  # it drew from each stream...
     assert draws() == expected  # ...and the streams go on as if it had not
 
 

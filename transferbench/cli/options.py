@@ -412,14 +412,17 @@ def reference_option(p: argparse.ArgumentParser) -> None:
 def run_options(args):
     """The execution options as engine.runner.RunOptions, with `config` the resolved options a record stores."""
     from ..engine.runner import RunOptions
+    from ..tracking import Trackers
 
+    tracking = tracking_of(args)
     same = ("force", "stale", "device", "data_dir", "workers", "micro_batch", "compile", "retries", "jobs")
     return RunOptions(
         **{k: getattr(args, k) for k in same},
         show_progress=not args.no_progress,
         log_samples=getattr(args, "log_samples", False),  # run's option; pretrain and nightly keep none
         executor_name=args.executor,
-        tracking=tracking_of(args),
+        tracking=tracking,
+        trackers=Trackers() if tracking is not None else None,  # the command's: its cells here, then its report
         config=run_config(args),
     )
 

@@ -293,7 +293,7 @@ def nightly(args) -> int:
             options, tracking=dataclasses.replace(options.tracking, dir=options.tracking.dir / night.date)
         )
     text, code = night.run(options, executor)
-    log_folder(options.tracking, night.current, night.suite, night.figures)
+    log_folder(options.tracking, night.current, night.suite, night.figures, trackers=options.trackers)
     print(text)
     return code
 

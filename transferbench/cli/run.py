@@ -132,5 +132,6 @@ def run_one(name: str, args) -> int:
         print(render(done.tables))
         path = args.out / task.name / RESULTS_FILE
         workflows.write_results(path, task, options.config, done.summary, done.records, done.tables)
-        log_task(options.tracking, task.name, task.suite, args.out / task.name, done.tables, args.reference)
+        folder, trackers = args.out / task.name, options.trackers
+        log_task(options.tracking, task.name, task.suite, folder, done.tables, args.reference, trackers=trackers)
     return done.code

@@ -10,28 +10,36 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..tracking import Tracking, guarded, where
+from ..tracking import Trackers, Tracking, where
 
 
 def log_task(
-    tracking: Tracking | None, task: str, suite: str, folder: Path, tables: list, reference=None, figures=None
+    tracking: Tracking | None,
+    task: str,
+    suite: str,
+    folder: Path,
+    tables: list,
+    reference=None,
+    figures=None,
+    trackers: Trackers | None = None,
 ) -> None:
     """Log the report of `task` (its `tables`, and the leaderboard figures of its records folder `folder`) to each
     of the run's trackers, and say on stderr where the entries are. `figures`: the task's figures where a
-    leaderboard already drew them (the nightly's); else they are drawn here."""
+    leaderboard already drew them (the nightly's); else they are drawn here. `trackers`: the command's (those that
+    failed while its cells ran in this process stay off); None: a fresh one."""
     if tracking is None or not tracking.kinds or not tables:
         return
-    logged = []
+    trackers, logged = trackers or Trackers(), []
     with tempfile.TemporaryDirectory(prefix="transferbench-figures-") as tmp:
         for kind in tracking.kinds:
-            args = (kind, tracking, task, suite, folder, tables, reference, Path(tmp), figures)
-            if guarded(kind, "logging the report", _report, *args):
+            args = (kind, tracking, task, suite, folder, tables, reference, Path(tmp), figures, trackers.finished)
+            if trackers.guarded(kind, "logging the report", _report, *args):
                 logged.append(kind)
     if logged:
         print(f"{task}: logged to {where(tracking, logged)}", file=sys.stderr)
 
 
-def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, figures) -> bool:
+def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, figures, finished: list) -> bool:
     from ..reporting.formats import to_markdown, to_rows
     from ..reporting.leaderboard import write_leaderboard
 
@@ -47,7 +55,7 @@ def _report(kind, tracking, task, suite, folder, tables, reference, tmp: Path, f
     else:
         from ..tracking.wandb import report
 
-        report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], figures)
+        report(tracking, task, suite, [(title, to_rows(t)) for title, t in zip(titles, tables)], figures, finished)
     return True
 
 
@@ -58,9 +66,11 @@ def _title(i: int, t) -> str:
     return (f"{i + 1:02d}_{t.task}" + (f"_{setting}" if setting else ""))[:64]
 
 
-def log_folder(tracking: Tracking | None, folder: Path, suite: str, figures: dict | None = None) -> None:
+def log_folder(
+    tracking: Tracking | None, folder: Path, suite: str, figures: dict | None = None, trackers: Trackers | None = None
+) -> None:
     """`log_task` for each task whose records lie in the records folder `folder` (the nightly's night); `figures`:
-    each task's, as the night's leaderboard drew them."""
+    each task's, as the night's leaderboard drew them; `trackers`: the command's."""
     if tracking is None or not tracking.kinds:
         return
     from ..records.store import load_records
@@ -70,4 +80,4 @@ def log_folder(tracking: Tracking | None, folder: Path, suite: str, figures: dic
     for task in sorted({r["task"] for r in records}):
         mine = [r for r in records if r["task"] == task]
         shown = figures.get(task, []) if figures is not None else None
-        log_task(tracking, task, suite, Path(folder) / task, report_tables(mine), figures=shown)
+        log_task(tracking, task, suite, Path(folder) / task, report_tables(mine), figures=shown, trackers=trackers)

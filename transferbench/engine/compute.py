@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .. import git
 from ..errors import UserError
-from ..paths.ledger import Ledger, held_ledger
+from ..paths.ledger import held_ledger
 from ..settings.choices import COMPILE
 
 
@@ -44,7 +44,10 @@ class CellContext:
     and whether per-example results are kept (`log_samples`: an adapter that can returns
     them under "samples", {split: bool array in the split's order}; the record's file beside it holds them) and
     whether the training steps run through torch.compile (`compile`: auto, the default, compiles them on CUDA;
-    `compiles` resolves it) and the experiment trackers each cell logs to (`tracking`: transferbench.tracking)."""
+    `compiles` resolves it) and the experiment trackers each cell logs to (`tracking`: transferbench.tracking; the
+    process's `trackers`, tracking.Trackers: those that failed stay off). While a cell computes, its context also
+    carries the cell's entry in those trackers (`log`, a tracking.CellLog or None: engine.train.fit sends its curves
+    there) and the cache ledger held for it (`ledger`, paths.ledger.Ledger); `compute_cell` sets both."""
 
     device: str | None = None
     show_progress: bool = True
@@ -56,6 +59,9 @@ class CellContext:
     # cell key -> the precision each of its `bf16: auto` steps takes, in order (nightly: the baseline's choices)
     pins: dict | None = None
     tracking: object = None  # tracking.Tracking: the trackers each cell logs to (--log-to), or None
+    trackers: object = None  # tracking.Trackers: this process's (None: the cell gets a fresh one)
+    log: object = None  # tracking.CellLog: the computing cell's entry (compute_cell sets it), or None
+    ledger: object = None  # paths.ledger.Ledger: the cache ledger held while the cell computes (compute_cell sets it)
 
     def progress(self, iterable: Iterable | None = None, total: int | None = None, desc: str = ""):
         return tqdm(
@@ -167,18 +173,20 @@ def compute_cell(adapter, cell, ctx: CellContext) -> dict:
     seconds, environment, traceback, the fingerprint of the code that computed it, the cache entries it read
     and computed): everything its record needs besides the cell. A UserError comes back as {"stop": message}:
     the runner stops the run with it. The cache entries are counted and checked in the ledger held in this process
-    (`paths.ledger`: the run's), or in the cell's own where none is (a Ray task, a cell computed alone)."""
-    from ..tracking import cell_entry
+    (`paths.ledger`: the run's), or in the cell's own where none is (a Ray task, a cell computed alone). The cell's
+    context carries that ledger and the cell's tracker entry (`CellContext.ledger`, `.log`) to the adapter."""
+    from ..tracking import Trackers
 
     ledger = held_ledger()
-    with ledger.held(), cell_entry(ctx.tracking, cell, adapter.settings) as entry:
-        outcome = _compute(adapter, cell, ctx, ledger)
+    trackers = ctx.trackers if ctx.trackers is not None else Trackers()
+    with ledger.held(), trackers.cell_entry(ctx.tracking, cell, adapter.settings) as entry:
+        outcome = _compute(adapter, cell, dataclasses.replace(ctx, trackers=trackers, log=entry, ledger=ledger))
         if entry is not None:  # the outcome to the cell's tracker entries (a failing tracker is a warning)
             entry.close(outcome if "stop" not in outcome else {"status": "stopped", "reason": outcome["stop"]})
         return outcome
 
 
-def _compute(adapter, cell, ctx: CellContext, ledger: Ledger) -> dict:
+def _compute(adapter, cell, ctx: CellContext) -> dict:
     from .. import arithmetic
 
     if ctx.device is None:
@@ -187,6 +195,7 @@ def _compute(adapter, cell, ctx: CellContext, ledger: Ledger) -> dict:
         code = cell_code(adapter, cell.backbone).record()  # the code as the cell starts
     except UserError as e:
         return {"stop": str(e)}
+    ledger = ctx.ledger
     before = ledger.snapshot()
     arithmetic.begin((ctx.pins or {}).get(cell.key))
     started = time.time()

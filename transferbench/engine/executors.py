@@ -143,9 +143,16 @@ def _init_worker(threads: int, gpu: str | None, pid, memory_fraction: float = 1.
     Ledger().hold()  # this worker's ledger for the run (paths.ledger): the pool and its workers live for one run
 
 
+# a pool worker's own for the run it serves (the pool lives for one run): its trackers (tracking.Trackers; a ctx
+# arrives pickled with each cell, as a fresh one), so that a tracker that failed stays off for its later cells
+_IN_WORKER: dict = {}
+
+
 def _compute_in_worker(adapter, cell, ctx) -> dict:
     from .compute import compute_cell
 
+    if ctx.trackers is not None:
+        ctx = dataclasses.replace(ctx, trackers=_IN_WORKER.setdefault("trackers", ctx.trackers))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return compute_cell(adapter, cell, ctx)

@@ -85,6 +85,7 @@ def fit(
     on_step: Callable[[int], None] | None = None,
     compile: bool = False,
     loss_at: tuple[int, ...] = (),
+    log=None,
 ) -> dict:
     """Train `steps` optimizer steps, each batch in micro-batches of at most `micro_batch` examples (the loss is the
     batch mean either way); running out of memory halves the micro-batch and retries the step. `schedule`: 'cosine'
@@ -96,65 +97,91 @@ def fit(
     the device: the host reads it every LOSS_EVERY steps and at the end (the loop's only synchronisations; the cell's
     trackers get the steps' losses there), and a non-finite loss raises Diverged there, naming its first step.
     `loss_at`: steps (from 1) whose batch loss the result's `loss_at` holds. `bf16`: True/False, or auto | on | off
-    resolved by engine.precision on the first batch's shape; the result's `bf16` and `bf16_choice` say what ran."""
+    resolved by engine.precision on the first batch's shape; the result's `bf16` and `bf16_choice` say what ran.
+    `log`: the cell's entry in its trackers (tracking.CellLog, from the cell's context), which gets this loop's
+    curve under `desc`; None: logged nowhere."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
     if micro_batch and not splittable:
         raise ValueError("micro_batch splits the batch, which this loss does not allow (splittable=False)")
     model.train()
     batches, bf16, choice = _resolve_bf16(model, batches, bf16, device, micro_batch, loss_fn)
-    steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
-    micro = micro_batch
-    setting, step_model = compile, model
-    at, bad_step, bad_loss, total = _on_device(device)
-    points, kept, curve = set(loss_at), {}, []
-    track = _tracked(desc)
     lr_at = partial(schedule_lr, schedule, base=base_lr, warmup=warmup, total=steps, power=power)  # lr_at(step)
-    for step in steps_iter:
-        x, y = next(batches)
-        if step == 0:  # compiled or not, decided on the loop's size (engine.compute.compiles)
-            compile, step_model = _step_model(model, setting, device, steps * len(x))
-            started = time.perf_counter()
-        _set_lr(optimizer, lr_at(step))
-        total, micro = _accumulate(step_model, optimizer, x, y, loss_fn, device, bf16, micro, splittable)
-        if step == 0 and compile:
-            total.item()  # the first step's work done: its time is the compilation's
-            compile_s = time.perf_counter() - started
-        first = (bad_step < 0) & ~torch.isfinite(total)
-        bad_step, bad_loss = torch.where(first, at, bad_step), torch.where(first, total, bad_loss)
-        at += 1
-        curve.append(total.detach())
-        if step + 1 in points:
-            kept[step + 1] = total
-        if on_step is not None:
-            on_step(step)
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
-            if track is not None:  # the steps' losses since the last read, to the cell's trackers
-                track.send(curve, lr_at)
-            _raise_if_diverged(bad_step, bad_loss)
+    losses = _Losses(device, set(loss_at), log.curve(desc) if log is not None else None, lr_at)
+    steps_iter = range(steps) if progress is None else progress(range(steps), desc=desc)
+    step = partial(_accumulate, loss_fn=loss_fn, device=device, bf16=bf16, splittable=splittable)
+    loop = (steps_iter, step, losses, compile, micro_batch, clip, on_step)
+    micro, compile, compile_s = _steps(model, batches, optimizer, steps, *loop)
     note_micro_batch(micro or 0)
-    output(desc, {"loss_curve": torch.stack(curve) if curve else torch.zeros(0), "weights": model.state_dict()})
+    curve = torch.stack(losses.curve) if losses.curve else torch.zeros(0)
+    output(desc, {"loss_curve": curve, "weights": model.state_dict()})
     return {
-        "final_loss": float(total),
-        **({"loss_at": {k: float(v) for k, v in sorted(kept.items())}} if loss_at else {}),
+        "final_loss": float(losses.last),
+        **({"loss_at": {k: float(v) for k, v in sorted(losses.kept.items())}} if loss_at else {}),
         **{"micro_batch": micro or 0, "bf16": bf16},
         **({"compiled": True, "compile_s": round(compile_s, 3)} if steps and compile else {}),
         **({"bf16_choice": choice.info} if choice else {}),
     }
 
 
+def _steps(model, batches, optimizer, steps: int, steps_iter, accumulate, losses, setting, micro, clip, on_step):
+    """`fit`'s loop: each step's batch through `accumulate` (`_accumulate`, its micro-batch halved where memory ran
+    out), `on_step`, clipping and the optimizer's step, its loss into `losses`; every LOSS_EVERY steps and at the
+    end the host reads the losses (to the trackers, and a non-finite one raises Diverged). Returns the micro-batch
+    it ended with, whether the steps were compiled (`setting`, decided on the loop's size) and the first step's
+    seconds where they were."""
+    compile, compile_s, step_model = False, 0.0, model
+    for step in steps_iter:
+        x, y = next(batches)
+        if step == 0:  # compiled or not, decided on the loop's size (engine.compute.compiles)
+            compile, step_model = _step_model(model, setting, losses.device, steps * len(x))
+            started = time.perf_counter()
+        _set_lr(optimizer, losses.lr_at(step))
+        total, micro = accumulate(step_model, optimizer, x, y, micro=micro)
+        if step == 0 and compile:
+            total.item()  # the first step's work done: its time is the compilation's
+            compile_s = time.perf_counter() - started
+        losses.add(step, total)
+        if on_step is not None:
+            on_step(step)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        if (step + 1) % LOSS_EVERY == 0 or step == steps - 1:
+            losses.read()
+    return micro, compile, compile_s
+
+
+class _Losses:
+    """What a training loop keeps of its losses, on the device (no host read but `read`): the step counter, the first
+    non-finite step and its loss, the last loss, each step's loss (the curve) and those of the steps in `points`;
+    `track` (a tracking.Curve, or None) gets the curve, with the rates of `lr_at(step)`, at each read."""
+
+    def __init__(self, device: str, points: set, track, lr_at):
+        self.device, self.points, self.track, self.lr_at = device, points, track, lr_at
+        self.at, self.bad_step, self.bad_loss, self.last = _on_device(device)
+        self.curve, self.kept = [], {}
+
+    def add(self, step: int, total) -> None:
+        """Step `step`'s (from 0) batch loss `total`."""
+        first = (self.bad_step < 0) & ~torch.isfinite(total)
+        self.bad_step = torch.where(first, self.at, self.bad_step)
+        self.bad_loss = torch.where(first, total, self.bad_loss)
+        self.at += 1
+        self.last = total
+        self.curve.append(total.detach())
+        if step + 1 in self.points:
+            self.kept[step + 1] = total
+
+    def read(self) -> None:
+        """The host reads the losses: the steps' losses since the last read to the cell's trackers, and Diverged
+        where one was not finite."""
+        if self.track is not None:
+            self.track.send(self.curve, self.lr_at)
+        _raise_if_diverged(self.bad_step, self.bad_loss)
+
+
 COMPILE_BACKEND = "inductor"  # torch.compile's backend for training steps (tests count compilations with their own)
-
-
-def _tracked(desc: str):
-    """The curve of this loop in the entries of the cell being computed, where the run logs to a tracker."""
-    from ..tracking import cell_log
-
-    entry = cell_log()
-    return entry.curve(desc) if entry is not None else None
 
 
 def _on_device(device: str):
@@ -271,7 +298,8 @@ def fit_protocol(
 
 def fit_settings(model, batches, optimizer, s, ctx, *, steps: int | None = None, **options) -> dict:
     """`fit` with a protocol's settings `s` (steps, lr, warmup_steps, clip, bf16) and a cell context's device,
-    micro-batch, progress display and compile flag (LiT's text tower trains on its own batches through it).
+    micro-batch, progress display, compile flag and tracker entry (LiT's text tower trains on its own batches
+    through it).
     `options`: fit's own (loss_fn, desc, schedule, on_step, ...)."""
     return fit(
         model,
@@ -286,5 +314,6 @@ def fit_settings(model, batches, optimizer, s, ctx, *, steps: int | None = None,
         micro_batch=ctx.micro_batch,
         progress=ctx.progress,
         compile=ctx.compile,
+        log=ctx.log,
         **options,
     )

@@ -8,7 +8,10 @@ which the front logs (`cli.tracked`: tracking draws no report).
 The tracker options are execution options: they enter no cell key, and logging never changes a number (the loop
 reads the losses at the host reads it makes anyway; each tracker call keeps the random generators' states).
 A tracker that fails (a full disk, a broken install) costs one warning and is off for the rest of that process;
-the cells go on. A worker process (`--jobs`, Ray) logs its own cells, each into an entry of its own.
+the cells go on. A worker process (`--jobs`, Ray) logs its own cells, each into an entry of its own. What a process
+knows of its trackers is one object, `Trackers`, handed in: the cell's context carries it and the cell's entry
+(engine.compute), and the training loop gets the entry from there (engine.train.fit's `log`); this package keeps no
+state of its own.
 
 This package is no part of any computation's fingerprint (`fingerprint.NOT_COMPUTING`): it reads what the
 training loop and the cell's outcome hold and writes it elsewhere."""
@@ -102,46 +105,118 @@ def _import(kind: str, folder: Path):
     return import_wandb(folder)
 
 
-# --- guarded calls ----------------------------------------------------------------------------------------------
-
-_OFF: set = set()  # trackers that failed in this process: off for its remaining cells
+# --- a process's trackers ---------------------------------------------------------------------------------------
 
 
-def guarded(kind: str, what: str, call: Callable, *args, **kwargs):
-    """`call(*args, **kwargs)` for tracker `kind`, with the random generators' states (Python's, numpy's, torch's
-    CPU one) as they were before it; a failure (the call's, or W&B's own log that it could not write) turns the
-    tracker off in this process and costs one warning (`_fail`). Returns the call's result, or None where it failed
-    or the tracker is off."""
-    result, error, what = _attempt(kind, what, call, *args, **kwargs)
-    if error is None:
-        return result
-    _fail(kind, what, error)
-    return None
+class Trackers:
+    """The run's trackers in one process: those that failed (each off for the process's remaining cells, after one
+    warning), the W&B runs it finished (named where a full disk lost one) and the cell entry open now (a failure
+    while it is open is warned of once it is finished). The front makes one per command and hands it to the cells it
+    computes itself and to the end-of-run report (`cli.tracked`); a pool worker makes its own (engine.executors), and
+    a Ray task or a cell computed alone gets a fresh one (engine.compute). Pickled, it travels as a fresh one: what
+    failed in one process is that process's."""
 
+    def __init__(self) -> None:
+        self.off: set = set()
+        self.finished: list = []  # (name, folder) of each W&B run this process finished, oldest first
+        self.open: CellLog | None = None
 
-def _attempt(kind: str, what: str, call: Callable, *args, **kwargs):
-    """(result, error or None, what failed) of `call` for tracker `kind`, the random generators' states kept; a call
-    that returned although W&B's own log could not be written returns its result and that error."""
-    if kind in _OFF:
-        return None, None, what
-    import numpy as np
-    import torch
+    def __reduce__(self):
+        return (Trackers, ())
 
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    logged = _own_log_failures(kind)
-    try:
-        result = call(*args, **kwargs)
-        failures = _own_log_failures(kind)[len(logged) :]
-        if not failures:
-            return result, None, what
-        error = failures[-1][1] or OSError(f"cannot write {failures[-1][0]}")
-        return result, error, f"{what}, writing its own log"
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - a tracker never costs a cell (an interrupt goes through)
-        return None, e, what
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
+    def guarded(self, kind: str, what: str, call: Callable, *args, **kwargs):
+        """`call(*args, **kwargs)` for tracker `kind`, with the random generators' states (Python's, numpy's, torch's
+        CPU one) as they were before it; a failure (the call's, or W&B's own log that it could not write) turns the
+        tracker off in this process and costs one warning (`fail`). Returns the call's result, or None where it
+        failed or the tracker is off."""
+        result, error, what = self.attempt(kind, what, call, *args, **kwargs)
+        if error is None:
+            return result
+        self.fail(kind, what, error)
+        return None
+
+    def attempt(self, kind: str, what: str, call: Callable, *args, **kwargs):
+        """(result, error or None, what failed) of `call` for tracker `kind`, the random generators' states kept; a
+        call that returned although W&B's own log could not be written returns its result and that error."""
+        if kind in self.off:
+            return None, None, what
+        import numpy as np
+        import torch
+
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        logged = _own_log_failures(kind)
+        try:
+            result = call(*args, **kwargs)
+            failures = _own_log_failures(kind)[len(logged) :]
+            if not failures:
+                return result, None, what
+            error = failures[-1][1] or OSError(f"cannot write {failures[-1][0]}")
+            return result, error, f"{what}, writing its own log"
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a tracker never costs a cell (an interrupt goes through)
+            return None, e, what
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+
+    def fail(self, kind: str, what: str, error: BaseException) -> None:
+        """The tracker off in this process, and its one warning: now, or, where a cell's entry in it is open, once the
+        entry has been finished, so that the warning can name a run that could not be finished."""
+        self.off.add(kind)
+        text = (
+            f"--log-to {kind} failed while {what} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''})"
+        )
+        if self.open is not None and not self.open.closed:
+            self.open.failures.setdefault(kind, text)
+        else:
+            self.warn(kind, text, getattr(error, "unfinished", ()))  # a report's run that could not be finished
+
+    def warn(self, kind: str, text: str, unfinished: list | tuple = ()) -> None:
+        """The tracker's one warning line: what failed, and each entry left unfinished (the one that could not be
+        finished, and for W&B the runs its inspector does not read as ended)."""
+        if kind == "wandb":
+            from .wandb import unfinished as lost
+
+            unfinished = list(dict.fromkeys([*unfinished, *lost(self.finished)]))
+        left = (
+            f"; not finished (they read as still running): {', '.join(unfinished)}"
+            if len(unfinished) > 1
+            else f"; entry {unfinished[0]} could not be finished (it reads as still running)"
+            if unfinished
+            else ""
+        )
+        log.warning(
+            "transferbench: warning: %s; it is off in this process for the rest of the run, and the cells go on%s",
+            text,
+            left,
+        )
+
+    @contextmanager
+    def cell_entry(self, tracking: Tracking | None, cell, settings_model=None):
+        """The cell's entry in each of the run's trackers while it computes; yields the CellLog (which the cell's
+        context carries to its training loops: engine.compute), or None where the run logs nowhere. The caller
+        closes it with the outcome; an entry left open (an interrupt, an error outside the cell's own) is finished as
+        it is on the way out."""
+        if tracking is None or not tracking.kinds:
+            yield None
+            return
+        entry = CellLog(tracking, cell, self)
+        settings = settings_table(cell, settings_model)
+        self.open = entry  # a failure from here on is warned of once the entry is finished (CellLog._end)
+        try:
+            for kind in tracking.kinds:
+                args = (kind, tracking, cell, settings, self.finished)
+                sink, error, what = self.attempt(kind, "opening a cell's entry", _open, *args)
+                if sink is not None:  # opened, even where W&B's own log failed: it is finished with the entry
+                    entry.sinks[kind] = sink
+                if error is not None:
+                    self.fail(kind, what, error)
+            yield entry
+        finally:
+            self.open = None
+            if not entry.closed:
+                entry.abandon()
 
 
 def _own_log_failures(kind: str) -> list:
@@ -149,42 +224,7 @@ def _own_log_failures(kind: str) -> list:
         return []
     from .wandb import log_failures
 
-    return list(log_failures)
-
-
-def _fail(kind: str, what: str, error: BaseException) -> None:
-    """The tracker off in this process, and its one warning: now, or, where a cell's entry in it is open, once the
-    entry has been finished, so that the warning can name a run that could not be finished."""
-    _OFF.add(kind)
-    text = (
-        f"--log-to {kind} failed while {what} ({type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else ''})"
-    )
-    if _CURRENT is not None and not _CURRENT.closed:
-        _CURRENT.failures.setdefault(kind, text)
-    else:
-        _warn(kind, text, getattr(error, "unfinished", ()))  # a report's run that could not be finished
-
-
-def _warn(kind: str, text: str, unfinished: list | tuple = ()) -> None:
-    """The tracker's one warning line: what failed, and each entry left unfinished (the one that could not be finished,
-    and for W&B the runs its inspector does not read as ended)."""
-    if kind == "wandb":
-        from .wandb import unfinished as lost
-
-        unfinished = list(dict.fromkeys([*unfinished, *lost()]))
-    left = (
-        f"; not finished (they read as still running): {', '.join(unfinished)}"
-        if len(unfinished) > 1
-        else f"; entry {unfinished[0]} could not be finished (it reads as still running)"
-        if unfinished
-        else ""
-    )
-    log.warning(
-        "transferbench: warning: %s; it is off in this process for the rest of the run, and the cells go on%s",
-        text,
-        left,
-    )
+    return list(log_failures())
 
 
 def _ended(sink) -> str | None:
@@ -202,11 +242,12 @@ def _ended(sink) -> str | None:
 
 @dataclass
 class CellLog:
-    """One cell's entry in each tracker of a run (`cell_entry`); the training loop sends its curves through
+    """One cell's entry in each tracker of a run (`Trackers.cell_entry`); the training loop sends its curves through
     `curve`, and `close` writes the outcome."""
 
     tracking: Tracking
     cell: object
+    trackers: Trackers = field(default_factory=Trackers)  # the process's trackers, whose failures it shares
     sinks: dict = field(default_factory=dict)  # kind -> its sink (tracking.tensorboard / tracking.wandb)
     loops: dict = field(default_factory=dict)  # a training loop's desc -> its tag
     failures: dict = field(default_factory=dict)  # kind -> its warning, given once the entry has been finished
@@ -222,8 +263,8 @@ class CellLog:
         """The outcome into each entry, which is then finished; a tracker that failed lets its entry go, finished as
         failed."""
         for kind, sink in self.sinks.items():
-            if kind not in _OFF:
-                guarded(kind, "closing a cell's entry", sink.close, outcome, dict(self.loops))
+            if kind not in self.trackers.off:
+                self.trackers.guarded(kind, "closing a cell's entry", sink.close, outcome, dict(self.loops))
         self.closed = True
         for kind in {**self.sinks, **self.failures}:
             self._end(kind, self.sinks.get(kind))
@@ -237,14 +278,14 @@ class CellLog:
     def _end(self, kind: str, sink, always: bool = False) -> None:
         """Where `kind` failed (now or before), or `always`, its entry finished as failed, and the tracker's one warning
         given where it failed, naming the entry if even that failed."""
-        if not always and kind not in _OFF and kind not in self.failures:
+        if not always and kind not in self.trackers.off and kind not in self.failures:
             return
         unfinished = _ended(sink) if sink is not None else None
         if unfinished:  # a tracker that fails only here (an interrupted cell's entry) has failed all the same
-            _OFF.add(kind)
+            self.trackers.off.add(kind)
             self.failures.setdefault(kind, f"--log-to {kind} failed while finishing an interrupted cell's entry")
         if kind in self.failures:
-            _warn(kind, self.failures.pop(kind), [unfinished] if unfinished else [])
+            self.trackers.warn(kind, self.failures.pop(kind), [unfinished] if unfinished else [])
 
 
 class Curve:
@@ -265,51 +306,17 @@ class Curve:
         lrs = [float(lr_of(s - 1)) for s in steps]
         self.sent = len(losses)
         for kind, sink in self.log.sinks.items():
-            guarded(kind, "logging a training curve", sink.curve, self.tag, list(steps), values, lrs)
+            self.log.trackers.guarded(kind, "logging a training curve", sink.curve, self.tag, list(steps), values, lrs)
 
 
-_CURRENT: CellLog | None = None
-
-
-def cell_log() -> CellLog | None:
-    """The entry of the cell this process computes, where the run logs to a tracker; else None."""
-    return _CURRENT
-
-
-@contextmanager
-def cell_entry(tracking: Tracking | None, cell, settings_model=None):
-    """The cell's entry in each of the run's trackers while it computes (`cell_log()` inside); yields the CellLog,
-    or None where the run logs nowhere. The caller closes it with the outcome; an entry left open (an interrupt, an
-    error outside the cell's own) is finished as it is on the way out."""
-    global _CURRENT
-    if tracking is None or not tracking.kinds:
-        yield None
-        return
-    entry = CellLog(tracking, cell)
-    settings = settings_table(cell, settings_model)
-    _CURRENT = entry  # a failure from here on is warned of once the entry is finished (CellLog._end)
-    try:
-        for kind in tracking.kinds:
-            sink, error, what = _attempt(kind, "opening a cell's entry", _open, kind, tracking, cell, settings)
-            if sink is not None:  # opened, even where W&B's own log failed: it is finished with the entry
-                entry.sinks[kind] = sink
-            if error is not None:
-                _fail(kind, what, error)
-        yield entry
-    finally:
-        _CURRENT = None
-        if not entry.closed:
-            entry.abandon()
-
-
-def _open(kind: str, tracking: Tracking, cell, settings: list[tuple]):
+def _open(kind: str, tracking: Tracking, cell, settings: list[tuple], finished: list):
     if kind == "tensorboard":
         from .tensorboard import CellBoard
 
         return CellBoard(tracking, cell, settings)
     from .wandb import CellRun
 
-    return CellRun(tracking, cell, settings)
+    return CellRun(tracking, cell, settings, finished)
 
 
 __all__ = [
@@ -320,13 +327,11 @@ __all__ = [
     "CellLog",
     "Curve",
     "Tracking",
-    "cell_entry",
+    "Trackers",
     "check",
-    "cell_log",
     "entry_parts",
     "wandb_name",
     "where",
-    "guarded",
 ]
 
 

@@ -21,16 +21,14 @@ def _writer(folder: Path):
     return SummaryWriter(log_dir=str(folder), flush_secs=30)
 
 
-_HOOKED: list = []
-
-
 def _quiet_writer_thread() -> None:
     """TensorBoard writes events in a thread of its own, whose failure (a full disk) would print a traceback; the
-    writer raises the same error at its next flush, where `tracking.guarded` turns it into the one warning. So a
-    failure of that thread is left to the flush, and any other thread's goes to the hook as before."""
+    writer raises the same error at its next flush, where `Trackers.guarded` turns it into the one warning. So a
+    failure of that thread is left to the flush, and any other thread's goes to the hook as before. The hook is
+    installed once per process: the one in place says whether it is this one (`quiets_writer_thread`)."""
     import threading
 
-    if _HOOKED:
+    if getattr(threading.excepthook, "quiets_writer_thread", False):
         return
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
@@ -40,8 +38,8 @@ def _quiet_writer_thread() -> None:
         if not isinstance(args.thread, _AsyncWriterThread):
             previous(args)
 
+    hook.quiets_writer_thread = True
     threading.excepthook = hook
-    _HOOKED.append(previous)
 
 
 class CellBoard:

@@ -9,7 +9,7 @@ W&B writes under the log folder alone (`confine`): its runs and their debug logs
 logs, cache, artifact staging and artifacts in LOG_DIR/wandb/state. The report's tables are media files of their run
 (bound before they are logged, so no artifact holds a copy by absolute path): the folder, copied elsewhere, holds
 everything. W&B's own logging writes each run's debug.log; where that fails (a full disk) Python's logging would print
-a traceback per line, so W&B's handlers report to `log_failures` instead, which `tracking.guarded` turns into the
+a traceback per line, so W&B's handlers report to `log_failures()` instead, which `Trackers.guarded` turns into the
 tracker's one warning."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _settings(wandb):
 MINIMUM = (0, 19, 10)  # wandb.init(reinit="create_new"): one run per cell in a long-lived worker
 
 
-def _finish(run, exit_code: int = 0) -> None:
+def _finish(run, finished: list, exit_code: int = 0) -> None:
     """Finish `run` and return once its file is whole. W&B's service process writes a run's file after `finish`
     returns; shutting the service down waits for it. So an entry is complete on disk when its cell's record is
     written, in the driver, in a pool worker (which ends through os._exit, where W&B's own exit hook never runs) and
@@ -39,13 +39,9 @@ def _finish(run, exit_code: int = 0) -> None:
     import wandb
 
     run.finish(exit_code=exit_code)
-    finished.append((run.name, _folder(run)))
+    finished.append((run.name, _folder(run)))  # the process's Trackers.finished
     if wandb.setup().most_recent_active_run is None:
         wandb.teardown()
-
-
-# (name, folder) of each run this process finished, oldest first
-finished: list = []
 
 
 def _folder(run) -> Path:
@@ -58,10 +54,11 @@ def _label(run) -> str:
     return f"{run.name} ({_folder(run)})"
 
 
-def unfinished(limit: int = 8) -> list[str]:
-    """The runs this process finished whose files do not read as ended in W&B's own inspector (`wandb leet inspect`),
-    newest first until one does (at most `limit`), as 'NAME (FOLDER)': on a full disk W&B's service can lose a run's
-    records although `finish` returned. Asked only once the tracker has failed (each look takes about a second)."""
+def unfinished(finished: list, limit: int = 8) -> list[str]:
+    """The runs this process finished (`finished`: (name, folder), oldest first) whose files do not read as ended in
+    W&B's own inspector (`wandb leet inspect`), newest first until one does (at most `limit`), as 'NAME (FOLDER)': on
+    a full disk W&B's service can lose a run's records although `finish` returned. Asked only once the tracker has
+    failed (each look takes about a second)."""
     out = []
     for name, folder in reversed(finished[-limit:]):
         if _run_state(folder) in ("finished", "failed"):
@@ -93,8 +90,14 @@ def _state_dir(folder: Path) -> Path:
     return Path(folder).absolute() / "wandb" / "state"
 
 
-# W&B's own log lines that could not be written (a full disk): (handler's file, error), newest last
-log_failures: list = []
+def log_failures() -> list:
+    """W&B's own log lines that could not be written in this process (a full disk): (handler's file, error), newest
+    last. They are kept on W&B's logger, whose handlers report them (`_quiet`) and which lives as long as the
+    process."""
+    logger = logging.getLogger("wandb")
+    if not hasattr(logger, "transferbench_failures"):
+        logger.transferbench_failures = []
+    return logger.transferbench_failures
 
 
 def import_wandb(folder: Path):
@@ -119,7 +122,7 @@ def import_wandb(folder: Path):
 
 def confine(folder: Path) -> None:
     """W&B's state folders under `folder`/wandb/state (set before W&B's service starts: it reads them then), and its
-    logger's file handlers quiet on failure (`log_failures`)."""
+    logger's file handlers quiet on failure (`log_failures()`)."""
     for variable, name in STATE.items():
         os.environ[variable] = str(_state_dir(folder) / name)
     logger = logging.getLogger("wandb")
@@ -136,13 +139,13 @@ def confine(folder: Path) -> None:
 
 
 def _quiet(handler: logging.Handler) -> logging.Handler:
-    """`handler` with its failures recorded in `log_failures` instead of printed (logging.Handler.handleError)."""
+    """`handler` with its failures recorded in `log_failures()` instead of printed (logging.Handler.handleError)."""
 
     def note(record):
         import sys
 
         error = sys.exc_info()[1]
-        log_failures.append((getattr(handler, "baseFilename", "?"), error))
+        log_failures().append((getattr(handler, "baseFilename", "?"), error))
 
     handler.handleError = note
     return handler
@@ -169,7 +172,7 @@ def _init(tracking: Tracking, **kwargs):
 class CellRun:
     """One cell's W&B run."""
 
-    def __init__(self, tracking: Tracking, cell, settings: list[tuple]):
+    def __init__(self, tracking: Tracking, cell, settings: list[tuple], finished: list):
         identity = {
             "task": cell.task,
             "suite": cell.suite,
@@ -192,6 +195,7 @@ class CellRun:
             },
         )
         self.tags: set = set()
+        self.finished = finished  # the process's Trackers.finished
         self.name = _label(self.run)  # for a warning
 
     def curve(self, tag: str, steps: list, losses: list, lrs: list) -> None:
@@ -203,7 +207,7 @@ class CellRun:
             self.run.log({f"{tag}/step": step, f"{tag}/loss": loss, f"{tag}/lr": lr})
 
     def abandon(self) -> None:
-        _finish(self.run, exit_code=1)  # W&B marks it failed
+        _finish(self.run, self.finished, exit_code=1)  # W&B marks it failed
 
     def close(self, outcome: dict, loops: dict) -> None:
         metrics = final_metrics(outcome)
@@ -216,12 +220,14 @@ class CellRun:
                 "loops": {t: d for d, t in loops.items()},
             }
         )
-        _finish(self.run, exit_code=0 if outcome.get("status") == "ok" else 1)
+        _finish(self.run, self.finished, exit_code=0 if outcome.get("status") == "ok" else 1)
 
 
-def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, list[dict]]], figures: list[Path]):
+def report(
+    tracking: Tracking, task: str, suite: str, tables: list[tuple[str, list[dict]]], figures: list[Path], finished: list
+):
     """The run's report of `task`: one run (job type report) in the task's group, each table a wandb.Table of its
-    rows, each figure a wandb.Image."""
+    rows, each figure a wandb.Image; the run is added to `finished` (the process's Trackers.finished)."""
     import wandb
 
     name, group = f"{task}/{suite or 'all'}/report", tracking.group_of(task, suite)
@@ -240,7 +246,7 @@ def report(tracking: Tracking, task: str, suite: str, tables: list[tuple[str, li
     except (Exception, SystemExit) as e:  # noqa: BLE001 - raised again below, once the run is finished as failed
         failed = e
     try:
-        _finish(run, exit_code=1 if failed else 0)
+        _finish(run, finished, exit_code=1 if failed else 0)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the tracker's warning names the run left unfinished
         failed = failed or e
         failed.unfinished = [_label(run)]

@@ -12,7 +12,8 @@ from scipy import stats
 
 from transferbench.errors import UserError
 from transferbench.gate import noise
-from transferbench.gate.comparisons import ALPHA, NOISE_TOLERANCE, family, poisson_binomial_test
+from transferbench.gate.broad import poisson_binomial_test
+from transferbench.gate.comparisons import ALPHA, NOISE_TOLERANCE, family
 from transferbench.gate.decide import decide, gate
 from transferbench.gate.noise import Model, Noise, code_digests, measure, resolution
 

@@ -19,10 +19,11 @@ from transferbench.cli import main
 from transferbench.gate.comparisons import ALPHA
 from transferbench.gate.decide import gate as _gate
 from transferbench.hashing import canon
-from transferbench.records.stats import holm, mcnemar, variance_ratio
+from transferbench.records.scatter import variance_ratio
+from transferbench.records.stats import holm, mcnemar
 from transferbench.records.store import RecordStore, load_records
 from transferbench.reporting.regress import decision_report as _verdict
-from transferbench.reporting.regress import words
+from transferbench.reporting.regress_text import words
 
 ENV = kit.ENV
 # the arithmetic noise model of these synthetic suites (the package's is of the nightly's own records): one

@@ -2,9 +2,9 @@
 store it reads. Its rules are written here once; docs/regression.md explains them with examples, and
 `reporting.regress` renders the decision.
 
-1. **Matching** (`gate.match`). Cells match on what they are: task, dataset, backbone, stage, seed and the report
-   axes (the hyper-parameters that vary between a dataset's cells on either side: shots, lr in the select stage,
-   ...). A final stage's selected values (its `select` keys) are an outcome, not an identity.
+1. **Matching** (`gate.match`, its keys in `gate.keys`). Cells match on what they are: task, dataset, backbone,
+   stage, seed and the report axes (the hyper-parameters that vary between a dataset's cells on either side: shots,
+   lr in the select stage, ...). A final stage's selected values (its `select` keys) are an outcome, not an identity.
 2. **Protocol changes** (`gate.match`). Every other setting of a matched cell (hyper-parameters, the dataset's
    configuration, the protocol version) must agree. A difference is listed by setting (`pool: gap → tok`) and fails
    the gate unless it is accepted by name (`--accept TASK:SETTING`); a changed cell's numbers are shown but not

@@ -1,9 +1,11 @@
-"""The regression gate's broad tests (gate.decide), each over one task, backbone and metric's runs.
+"""The regression gate's broad tests (gate.decide), each over one task, backbone and metric's runs, and the shift
+(`shift_comparisons`): per task and metric over every backbone, whether more runs went one way than the noise model
+allows.
 
 Against the arithmetic noise model (`model_comparisons`: the cells whose two sides ran the same code on the same
 weights, data and protocol in other arithmetic):
 - `pooled`: the mean change over all its runs, against the variance the model allows them;
-- `noise`: whether the runs moved beyond arithmetic (records.stats.noise_test);
+- `noise`: whether the runs moved beyond arithmetic (records.scatter.noise_test);
 - `spread`: whether the runs of one data set deviate from their mean over seeds beyond arithmetic (a seed-to-seed
   spread multiplied or removed, seeds that disagree).
 
@@ -11,7 +13,7 @@ Against seed variance (`suite_comparisons`, `moved_comparisons`: the cells of an
 other weights or data, where the change itself is the question):
 - `pooled`: the suite-mean test of the leaderboard (records.stats.suite_mean) on the per-(dataset, seed) changes;
 - `spread`: the F-test of the seed-to-seed spread (collapsed or exploded);
-- `moved`: the F-test that every group's true change is alike (records.stats.moved_test).
+- `moved`: the F-test that every group's true change is alike (records.scatter.moved_test).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..records.stats import MAX_DF, moved_test, noise_test, pooled_variance, suite_mean, t_estimate, variance_ratio
+from ..records.scatter import moved_test, noise_test, pooled_variance, variance_ratio
+from ..records.stats import MAX_DF, suite_mean, t_estimate
 from .comparisons import (
     NOISE_TOLERANCE,
     POOLED_FLOOR,
+    SHIFT_FLOOR,
+    SHIFT_MIN,
     SIGNAL_NOISE,
     SPREAD_FLOOR,
     Kind,
@@ -33,24 +38,14 @@ from .comparisons import (
     is_signal,
     quantum,
 )
-from .match import direction
+from .keys import direction
 
 
 def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
     """Per (task, backbone, metric), over the reported results: the pooled test of the suite mean and the test of
     the seed spread. Units are per (dataset, seed) means over the dataset's comparisons (per seed suite means
     where one run per seed serves every dataset)."""
-    units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    signs, quanta = {}, defaultdict(float)
-    for group, vals in paired.items():
-        if group.split == "val" or not vals:  # the reported results only: a select stage's val sweep is the cells'
-            continue
-        at = (group.task, group.backbone, group.metric)
-        first = next(iter(pairs[group].values()))[0]
-        sign = signs[at] = direction(first, group.metric)
-        quanta[at] = max(quanta[at], quantum(first, group.split, group.metric))
-        for s, (vb, vc) in vals.items():
-            units[at][group.dataset][s].append((sign * vb, sign * vc))
+    units, signs, quanta = _suite_units(pairs, paired)
     out = []
     for (task, backbone, metric), per_dataset in sorted(units.items()):
         at = (task, backbone, metric)
@@ -85,12 +80,7 @@ def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
                 null="seeds",
             )
         )
-        if shared(task):  # one run per seed: the spread is that of the per-seed suite means
-            seeds = sorted(set.intersection(*(set(v) for v in base.values())))
-            gb = [[np.mean([base[ds][s] for ds in base]) for s in seeds]]
-            gc = [[np.mean([cur[ds][s] for ds in cur]) for s in seeds]]
-        else:
-            gb, gc = [list(v.values()) for v in base.values()], [list(v.values()) for v in cur.values()]
+        gb, gc = _spread_groups(base, cur, shared(task))
         ratio, p = variance_ratio(gc, gb)
         if not math.isnan(ratio):
             out.append(
@@ -111,10 +101,38 @@ def suite_comparisons(pairs: dict, paired: dict, floor: float, shared) -> list:
     return out
 
 
+def _suite_units(pairs: dict, paired: dict):
+    """(units, signs, quanta) per (task, backbone, metric) of the reported results: {dataset: {seed: [(baseline,
+    current) signed, > 0 better]}}, the metric's direction and its largest resolution."""
+    units = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    signs, quanta = {}, defaultdict(float)
+    for group, vals in paired.items():
+        if group.split == "val" or not vals:  # the reported results only: a select stage's val sweep is the cells'
+            continue
+        at = (group.task, group.backbone, group.metric)
+        first = next(iter(pairs[group].values()))[0]
+        sign = signs[at] = direction(first, group.metric)
+        quanta[at] = max(quanta[at], quantum(first, group.split, group.metric))
+        for s, (vb, vc) in vals.items():
+            units[at][group.dataset][s].append((sign * vb, sign * vc))
+    return units, signs, quanta
+
+
+def _spread_groups(base: dict, cur: dict, shared: bool) -> tuple[list, list]:
+    """The groups whose spread the variance ratio compares: each data set's seeds, or, where one run per seed serves
+    every data set, the per-seed suite means."""
+    if not shared:
+        return [list(v.values()) for v in base.values()], [list(v.values()) for v in cur.values()]
+    seeds = sorted(set.intersection(*(set(v) for v in base.values())))
+    gb = [[np.mean([base[ds][s] for ds in base]) for s in seeds]]
+    gc = [[np.mean([cur[ds][s] for ds in cur]) for s in seeds]]
+    return gb, gc
+
+
 def moved_comparisons(pairs: dict, paired: dict, floor: float) -> list:
     """Per (task, backbone, metric) of the groups judged against seed variance: did its groups, each (data set,
     stage, axes, split) over its seeds (a corruption, a stage, a shot count or a fraction is a group of its own),
-    move differently from each other, more than their seeds vary (`records.stats.moved_test`)? Its `low` (signed,
+    move differently from each other, more than their seeds vary (`records.scatter.moved_test`)? Its `low` (signed,
     > 0 better) is the worst group's mean change: where none got worse by the floor, the move is an improvement."""
     sets = defaultdict(dict)  # at -> {(data set, stage, axes, split): {seed: signed change}}
     levels, quanta, first = defaultdict(list), defaultdict(float), {}
@@ -162,7 +180,7 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
     correlation), each on its own degrees of freedom; the test takes the one whose critical change is smaller, which
     the model and the night's design decide, never tonight's values. Then
     - `pooled`: the mean of the runs' changes, a t with variance sum V / R^2: a broad shift no single cell shows;
-    - `noise`: Q = sum u^2 / V against F(R, df) (`records.stats.noise_test`): runs that moved beyond arithmetic, both
+    - `noise`: Q = sum u^2 / V against F(R, df) (`records.scatter.noise_test`): runs that moved beyond arithmetic, both
       ways or with seeds that disagree;
     - `spread`: the runs' deviations from their data set's 1/V-weighted mean over seeds, sum (u - mean)^2 / V against
       F(sum (n - 1), df): seeds that disagree, a seed-to-seed spread multiplied or removed. Its size is the root mean
@@ -175,56 +193,41 @@ def model_comparisons(cells: list, floor: float, shared, model=None) -> list:
             continue
         for s in x.diffs:
             runs[(x.task, x.backbone, x.metric)][(s,) if shared(x.task) else (x.dataset, s)].append((x, s))
-    out = []
-    for at, units in sorted(runs.items()):
-        task, backbone, metric = at
-        xs = [x for v in units.values() for x, _ in v]
-        level = float(np.mean([x.baseline for x in xs]))
-        at_floor = floor_of(task, metric, level, floor)
-        raw = {k: float(np.mean([x.diffs[s] for x, s in v])) for k, v in units.items()}
-        u = {k: raw[k] - float(np.mean([x.bias for x, _ in v])) for k, v in units.items()}
-        var, df = _run_variances(
-            units,
-            xs,
-            model.run_entry(task, metric, frozenset().union(*(x.kinds for x in xs))) if model is not None else None,
-        )
-        model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
-        signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
-        change = float(np.mean(list(raw.values())))
-        est = t_estimate(float(np.mean(list(u.values()))), math.sqrt(sum(var.values())) / len(u), df, len(u))
-        shift = change - est.mean
-        out.append(
-            broad(
-                Kind.POOLED,
-                *at,
-                baseline=level,
-                current=level + xs[0].sign * change,  # in the metric's own units
-                change=change,
-                n=len(u),
-                p=est.p,
-                floor=POOLED_FLOOR * at_floor,
-                low=est.low + shift,
-                high=est.high + shift,
-                null="arithmetic",
-            )
-        )
-        tests = _scatter_tests(u, var, df)
-        for kind, size, n, p in tests:
-            out.append(
-                broad(
-                    kind,
-                    *at,
-                    baseline=model_rms,
-                    current=size,
-                    change=size,
-                    n=n,
-                    p=p,
-                    floor=signal_floor,
-                    low=min(raw.values()),
-                    null="arithmetic",
-                )
-            )
-    return out
+    return [x for at, units in sorted(runs.items()) for x in _model_tests(at, units, floor, model)]
+
+
+def _model_tests(at: tuple, units: dict, floor: float, model) -> list:
+    """`model_comparisons`' three tests of one (task, backbone, metric) over its runs (`units`: run -> [cell
+    comparison, seed])."""
+    task, _, metric = at
+    xs = [x for v in units.values() for x, _ in v]
+    level = float(np.mean([x.baseline for x in xs]))
+    at_floor = floor_of(task, metric, level, floor)
+    raw = {k: float(np.mean([x.diffs[s] for x, s in v])) for k, v in units.items()}
+    u = {k: raw[k] - float(np.mean([x.bias for x, _ in v])) for k, v in units.items()}
+    entry = model.run_entry(task, metric, frozenset().union(*(x.kinds for x in xs))) if model is not None else None
+    var, df = _run_variances(units, xs, entry)
+    model_rms = math.sqrt(float(np.mean(list(var.values())))) / NOISE_TOLERANCE
+    signal_floor = SIGNAL_NOISE * model_rms if is_signal(metric) else at_floor
+    change = float(np.mean(list(raw.values())))
+    est = t_estimate(float(np.mean(list(u.values()))), math.sqrt(sum(var.values())) / len(u), df, len(u))
+    shift = change - est.mean
+    pooled = broad(
+        Kind.POOLED,
+        *at,
+        baseline=level,
+        current=level + xs[0].sign * change,  # in the metric's own units
+        change=change,
+        n=len(u),
+        p=est.p,
+        floor=POOLED_FLOOR * at_floor,
+        low=est.low + shift,
+        high=est.high + shift,
+        null="arithmetic",
+    )
+    scatter = dict(baseline=model_rms, floor=signal_floor, low=min(raw.values()), null="arithmetic")
+    tests = _scatter_tests(u, var, df)
+    return [pooled] + [broad(kind, *at, current=size, change=size, n=n, p=p, **scatter) for kind, size, n, p in tests]
 
 
 def _scatter_tests(u: dict, var: dict, df: float) -> list:
@@ -281,3 +284,66 @@ def _f_sf(x: float, d1: float, d2: float) -> float:
 
 def _pooled_sd(groups) -> float:
     return float(math.sqrt(pooled_variance(groups)[0]))
+
+
+def shift_comparisons(cells: list, floor: float, shared) -> list:
+    """Per (task, metric), pooled over backbones: did its runs move one way more than the noise model allows? A run
+    (a data set's seed; a seed where one run serves every set, LiT's and ImageNet-C's) is the unit, its change the
+    mean over its comparisons of the reported splits, since the comparisons of one run share its arithmetic and are
+    not independent signs. The exact sign test over the runs that changed, with no regard to their size (a change of
+    0.24 points in each of 84 cells passes every cell test, yet all of them worse is no chance). Under the model a
+    run of one precision is as likely worse as better; one across precisions (bf16 against fp32) goes the worse way
+    with the share the model measured (`Noise.worse`, shrunk towards 1/2 by one pseudo-change each way), so its count
+    is tested against that expectation (a Poisson binomial) rather than left out. It is worse where more runs got
+    worse than expected; its magnitude floor is SHIFT_FLOOR of the usual one on the mean change, the model's sign
+    bias taken off. Each test carries the smallest p it can reach (`reach`), so that `judge` leaves out of the Holm
+    family a test that cannot fire."""
+    runs = defaultdict(lambda: defaultdict(list))  # (task, metric) -> run -> [(change, bias, share, baseline, sign)]
+    for x in cells:
+        if x.split == "val" or x.null != "arithmetic" or x.p is None:
+            continue
+        for seed, d in x.diffs.items():
+            run = (x.backbone, seed) if shared(x.task) else (x.backbone, x.dataset, seed)
+            runs[(x.task, x.metric)][run].append((d, x.bias, x.worse_share, x.baseline, x.sign))
+    out = []
+    for (task, metric), units in sorted(runs.items()):
+        u = {k: [float(np.mean([v[i] for v in vs])) for i in range(4)] for k, vs in units.items()}
+        moved = {k: x for k, x in u.items() if x[0] != 0}
+        if len(moved) < SHIFT_MIN:
+            continue
+        probs = [x[2] for x in moved.values()]
+        worse = sum(x[0] < 0 for x in moved.values())
+        p, reach = poisson_binomial_test(worse, probs)
+        size = abs(float(np.mean([x[0] - x[1] for x in moved.values()])))
+        change = -size if worse > sum(probs) else size  # worse: more runs got worse than the model expects
+        level = float(np.mean([x[3] for x in u.values()]))
+        sign = next(iter(units.values()))[0][4]
+        backbones = sorted({k[0] for k in moved})
+        out.append(
+            broad(
+                Kind.SHIFT,
+                task,
+                backbones[0] if len(backbones) == 1 else "(all)",
+                metric,
+                baseline=level,
+                current=level + sign * change,
+                change=change,
+                n=len(moved),
+                p=p,
+                floor=SHIFT_FLOOR * floor_of(task, metric, level, floor),
+                reach=reach,
+            )
+        )
+    return out
+
+
+def poisson_binomial_test(k: int, probs: list[float]) -> tuple[float, float]:
+    """(p, reach): the two-sided p of `k` successes of independent trials with success probabilities `probs` (twice
+    the smaller tail, at most 1), and the smallest p any outcome reaches. With every probability 1/2 it is the exact
+    sign test."""
+    pmf = np.array([1.0])
+    for q in probs:
+        pmf = np.convolve(pmf, [1 - q, q])
+    low, high = pmf[: k + 1].sum(), pmf[k:].sum()
+    tails = [min(1.0, 2 * min(pmf[: j + 1].sum(), pmf[j:].sum())) for j in (0, len(probs))]
+    return float(min(1.0, 2 * min(low, high))), float(min(tails))

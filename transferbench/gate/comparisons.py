@@ -6,10 +6,10 @@ test. Each test has the direction and floor gate.metrics declares for its metric
   (gate.noise, measured on benign arithmetic, never on tonight); against seed variance where the change is the
   question (an accepted protocol or code change, other weights or data): the plain paired t over the seeds, or
   McNemar's exact test for one seed with logged examples; untested where neither applies;
-- per (task, metric), over every backbone: `shift`, the sign test of whether its comparisons moved one way more
-  often than the model allows (a Poisson binomial where a step's precision differs);
-- the broad tests over a task and backbone's runs (gate.broad): pooled, noise and spread against the model;
-  pooled, spread and moved against seed variance.
+- in gate.broad: per (task, metric), over every backbone, `shift`, the sign test of whether its comparisons moved
+  one way more often than the model allows (a Poisson binomial where a step's precision differs); the broad tests
+  over a task and backbone's runs: pooled, noise and spread against the model; pooled, spread and moved against
+  seed variance.
 
 The cell tests are one family and the broad tests another, each Holm-corrected at alpha / 2 (a test that cannot
 reach its level left out: `family`), so that a night's family-wise error is at most alpha. A test fires when it is
@@ -22,7 +22,6 @@ way is a regression.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -30,7 +29,7 @@ import numpy as np
 
 from ..records.record import value
 from ..records.stats import MAX_DF, holm, mcnemar, paired_difference, t_estimate
-from .match import NonFinite, direction
+from .keys import NonFinite, direction
 from .metrics import EITHER, PER_EXAMPLE, SIGNAL_FLOOR, SIGNALS, declared
 
 ALPHA = 0.01  # family-wise error of one night's tests (Holm)
@@ -163,12 +162,11 @@ def cell_comparisons(
     pairs: dict,
     axes_of: dict,
     floor: float,
-    nonfinite: list | None = None,
     *,
     model=None,
     seed_null=frozenset(),
     code_accepted=frozenset(),
-) -> tuple[list, dict]:
+) -> tuple[list, dict, list]:
     """One test per matched group over its seeds. Against the arithmetic noise model (gate.noise) where the two
     sides ran the same code on the same weights, data and protocol: the mean change over the seeds, with the
     model's variance of one (cell, seed)'s change for the task, split, metric and the kinds of difference between
@@ -178,58 +176,70 @@ def cell_comparisons(
     weights or data differ or the group's cells are of an accepted protocol change (`seed_null`: CellKey): the plain
     paired t over the seeds (the spread floored at one example); one seed there, McNemar's test on the examples
     where both sides logged them. A group the model does not cover is untested (p None), and fails the night unless
-    allowed. Returns the comparisons and, per group, seed -> (baseline value, current value) where both sides have
-    a finite one; a value that is not finite (or `null`) is appended to `nonfinite` and fails the night."""
-    from .noise import PRECISION, judged, kinds_of
+    allowed. Returns the comparisons; per group, seed -> (baseline value, current value) where both sides have a
+    finite one; and each seed whose value is not finite (or `null`) on either side (NonFinite: it fails the night)."""
+    from .noise import judged
 
-    paired, comparisons = {}, []
+    paired, comparisons, nonfinite = {}, [], []
     for group, seeds in sorted(pairs.items()):
         if not judged(group.task, group.dataset, group.metric):
             continue
-        vals = {s: tuple(raw(r, group.split, group.metric) for r in pair) for s, pair in seeds.items()}
-        vals = {s: v for s, v in vals.items() if None not in v}
-        bad = [s for s, v in vals.items() if not all(math.isfinite(x) for x in v)]
-        if nonfinite is not None:
-            nonfinite += [NonFinite(group, s) for s in bad]
-        vals = paired[group] = {s: v for s, v in vals.items() if s not in bad}
+        vals, bad = _seed_values(group, seeds)
+        nonfinite += [NonFinite(group, s) for s in bad]
+        paired[group] = vals
         if not vals:
             continue
+        c = _cell(group, seeds, vals, axes_of[group], floor, by_seeds := _seed_null(group, seeds, seed_null))
+        c.accepted = any(_in(group, s, code_accepted) for s in seeds)
         first = next(iter(seeds.values()))[0]
-        sign = direction(first, group.metric)
-        diffs = {s: sign * (v[1] - v[0]) for s, v in vals.items()}
-        level = float(np.mean([v[0] for v in vals.values()]))
-        kind = frozenset().union(*(kinds_of(*seeds[s]) for s in vals))  # what differs, over the seeds
-        bf16 = PRECISION in kind
-        by_seeds = _seed_null(group, seeds, seed_null)
-        accepted = any(_in(group, s, code_accepted) for s in seeds)
-        c = Comparison(
-            kind=Kind.CELL,
-            task=group.task,
-            backbone=group.backbone,
-            dataset=group.dataset,
-            stage=group.stage,
-            axes=axes_of[group],
-            split=group.split,
-            metric=group.metric,
-            baseline=level,
-            current=float(np.mean([v[1] for v in vals.values()])),
-            change=float(np.mean(list(diffs.values()))),
-            n=len(diffs),
-            p=None,
-            floor=floor_of(group.task, group.metric, level, floor, first),
-            precision_changed=bf16,
-            sign=sign,
-            null="seeds" if by_seeds else "arithmetic",
-            diffs=diffs,
-            accepted=accepted,
-            kinds=kind,
-        )
         if by_seeds:
             _against_seeds(c, vals, seeds, first, group)
         elif model is not None:
-            _against_model(c, model.entry(group.task, group.split, group.metric, kind), first, group, level)
+            _against_model(c, model.entry(group.task, group.split, group.metric, c.kinds), first, group, c.baseline)
         comparisons.append(c)
-    return comparisons, paired
+    return comparisons, paired, nonfinite
+
+
+def _cell(group, seeds: dict, vals: dict, axes: dict, floor: float, by_seeds: bool) -> Comparison:
+    """A group's comparison before its test: the means over its seeds (`vals`), each seed's signed change, the
+    metric's floor, the kinds of difference between the two sides' arithmetic and its null."""
+    from .noise import PRECISION, kinds_of
+
+    first = next(iter(seeds.values()))[0]
+    sign = direction(first, group.metric)
+    diffs = {s: sign * (v[1] - v[0]) for s, v in vals.items()}
+    level = float(np.mean([v[0] for v in vals.values()]))
+    kind = frozenset().union(*(kinds_of(*seeds[s]) for s in vals))  # what differs, over the seeds
+    return Comparison(
+        kind=Kind.CELL,
+        task=group.task,
+        backbone=group.backbone,
+        dataset=group.dataset,
+        stage=group.stage,
+        axes=axes,
+        split=group.split,
+        metric=group.metric,
+        baseline=level,
+        current=float(np.mean([v[1] for v in vals.values()])),
+        change=float(np.mean(list(diffs.values()))),
+        n=len(diffs),
+        p=None,
+        floor=floor_of(group.task, group.metric, level, floor, first),
+        precision_changed=PRECISION in kind,
+        sign=sign,
+        null="seeds" if by_seeds else "arithmetic",
+        diffs=diffs,
+        kinds=kind,
+    )
+
+
+def _seed_values(group, seeds: dict) -> tuple[dict, list]:
+    """(seed -> (baseline value, current value) where both are finite, the seeds where one is not) of a group's
+    matched records (a missing value leaves its seed out)."""
+    vals = {s: tuple(raw(r, group.split, group.metric) for r in pair) for s, pair in seeds.items()}
+    vals = {s: v for s, v in vals.items() if None not in v}
+    bad = [s for s, v in vals.items() if not all(math.isfinite(x) for x in v)]
+    return {s: v for s, v in vals.items() if s not in bad}, bad
 
 
 def _against_seeds(c: Comparison, vals: dict, seeds: dict, first: dict, group) -> None:
@@ -263,7 +273,7 @@ def _against_model(c: Comparison, entry, first: dict, group, level: float) -> No
 
 
 def _in(group, seed: int, keys) -> bool:
-    from .match import CellKey
+    from .keys import CellKey
 
     return CellKey(group.task, group.dataset, group.backbone, group.stage, seed, group.axes) in keys
 
@@ -271,74 +281,11 @@ def _in(group, seed: int, keys) -> bool:
 def _seed_null(group, seeds: dict, seed_null) -> bool:
     """Whether a group is judged against seed variance: its cells are of an accepted protocol change, or a seed's
     two records read other weights or data (a comparison of two checkpoints: there the change is the question)."""
-    from .match import CellKey
+    from .keys import CellKey
 
     if any(CellKey(group.task, group.dataset, group.backbone, group.stage, s, group.axes) in seed_null for s in seeds):
         return True
     return any(rb.get(w) != rc.get(w) for rb, rc in seeds.values() for w in ("checkpoint_sha256", "data_version"))
-
-
-def shift_comparisons(cells: list, floor: float, shared) -> list:
-    """Per (task, metric), pooled over backbones: did its runs move one way more than the noise model allows? A run
-    (a data set's seed; a seed where one run serves every set, LiT's and ImageNet-C's) is the unit, its change the
-    mean over its comparisons of the reported splits, since the comparisons of one run share its arithmetic and are
-    not independent signs. The exact sign test over the runs that changed, with no regard to their size (a change of
-    0.24 points in each of 84 cells passes every cell test, yet all of them worse is no chance). Under the model a
-    run of one precision is as likely worse as better; one across precisions (bf16 against fp32) goes the worse way
-    with the share the model measured (`Noise.worse`, shrunk towards 1/2 by one pseudo-change each way), so its count
-    is tested against that expectation (a Poisson binomial) rather than left out. It is worse where more runs got
-    worse than expected; its magnitude floor is SHIFT_FLOOR of the usual one on the mean change, the model's sign
-    bias taken off. Each test carries the smallest p it can reach (`reach`), so that `judge` leaves out of the Holm
-    family a test that cannot fire."""
-    runs = defaultdict(lambda: defaultdict(list))  # (task, metric) -> run -> [(change, bias, share, baseline, sign)]
-    for x in cells:
-        if x.split == "val" or x.null != "arithmetic" or x.p is None:
-            continue
-        for seed, d in x.diffs.items():
-            run = (x.backbone, seed) if shared(x.task) else (x.backbone, x.dataset, seed)
-            runs[(x.task, x.metric)][run].append((d, x.bias, x.worse_share, x.baseline, x.sign))
-    out = []
-    for (task, metric), units in sorted(runs.items()):
-        u = {k: [float(np.mean([v[i] for v in vs])) for i in range(4)] for k, vs in units.items()}
-        moved = {k: x for k, x in u.items() if x[0] != 0}
-        if len(moved) < SHIFT_MIN:
-            continue
-        probs = [x[2] for x in moved.values()]
-        worse = sum(x[0] < 0 for x in moved.values())
-        p, reach = poisson_binomial_test(worse, probs)
-        size = abs(float(np.mean([x[0] - x[1] for x in moved.values()])))
-        change = -size if worse > sum(probs) else size  # worse: more runs got worse than the model expects
-        level = float(np.mean([x[3] for x in u.values()]))
-        sign = next(iter(units.values()))[0][4]
-        backbones = sorted({k[0] for k in moved})
-        out.append(
-            broad(
-                Kind.SHIFT,
-                task,
-                backbones[0] if len(backbones) == 1 else "(all)",
-                metric,
-                baseline=level,
-                current=level + sign * change,
-                change=change,
-                n=len(moved),
-                p=p,
-                floor=SHIFT_FLOOR * floor_of(task, metric, level, floor),
-                reach=reach,
-            )
-        )
-    return out
-
-
-def poisson_binomial_test(k: int, probs: list[float]) -> tuple[float, float]:
-    """(p, reach): the two-sided p of `k` successes of independent trials with success probabilities `probs` (twice
-    the smaller tail, at most 1), and the smallest p any outcome reaches. With every probability 1/2 it is the exact
-    sign test."""
-    pmf = np.array([1.0])
-    for q in probs:
-        pmf = np.convolve(pmf, [1 - q, q])
-    low, high = pmf[: k + 1].sum(), pmf[k:].sum()
-    tails = [min(1.0, 2 * min(pmf[: j + 1].sum(), pmf[j:].sum())) for j in (0, len(probs))]
-    return float(min(1.0, 2 * min(low, high))), float(min(tails))
 
 
 def broad(kind: Kind, task: str, backbone: str, metric: str, **values) -> Comparison:

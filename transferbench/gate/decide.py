@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from ..arithmetic import short
 from ..errors import UserError
-from ..records.stats import sign_test
-from .broad import model_comparisons, moved_comparisons, suite_comparisons
+from ..records.scatter import sign_test
+from .broad import model_comparisons, moved_comparisons, shift_comparisons, suite_comparisons
 from .comparisons import (
     ALPHA,
     FAILING,
@@ -20,9 +20,9 @@ from .comparisons import (
     Verdict,
     cell_comparisons,
     judge,
-    shift_comparisons,
 )
-from .match import Exact, ProtocolChange, TaskBackbone, axes, index, match, other_code
+from .keys import TaskBackbone
+from .match import Exact, ProtocolChange, axes, index, match, other_code
 
 
 @dataclass(kw_only=True)
@@ -76,7 +76,7 @@ class Gate:
 
     def direction(self) -> tuple[int, int, float] | None:
         """(cells that got worse, cells that moved, p) when the cell changes point one way more than chance allows
-        (`records.stats.sign_test` at alpha over the comparisons that changed, at least 10); else None."""
+        (`records.scatter.sign_test` at alpha over the comparisons that changed, at least 10); else None."""
         cells = [c for c in self.of(Kind.CELL) if c.change != 0]
         if len(cells) < 10:
             return None
@@ -102,15 +102,12 @@ def gate(baseline: list[dict], current: list[dict], options: GateOptions | None 
     ax = axes(baseline, current)
     b, c = index(baseline, ax), index(current, ax)
     stale = other_code(c)
-    tier = Exact(enabled=o.exact)
-    found = match(b, c, ax, tier, o.accept_code, o.accept, stale)
+    found = match(b, c, ax, o.exact, o.accept_code, o.accept, stale)
     model = packaged() if noise is None else noise if isinstance(noise, Model) else Model.of({"tasks": noise})
-    nonfinite: list = []
-    cells, paired = cell_comparisons(
+    cells, paired, nonfinite = cell_comparisons(
         found.pairs,
         found.axes_of,
         floor,
-        nonfinite,
         model=model,
         seed_null=found.declared,
         code_accepted=found.code_accepted,
@@ -118,18 +115,7 @@ def gate(baseline: list[dict], current: list[dict], options: GateOptions | None 
     modelled = {x.task for x in cells if x.null == "arithmetic"}
     if modelled:  # the model is the null of these tasks' comparisons: it must be of the anchor's (the baseline's) code
         model.check(code_of if code_of is not None else [r for r, _ in b.values()], modelled)
-    by_seeds = {_group(x) for x in cells if x.null == "seeds"}
-    seeds_only = {g: v for g, v in paired.items() if g in by_seeds}
-    comparisons = list(cells)
-    comparisons += shift_comparisons(cells, floor, shared)
-    comparisons += model_comparisons(cells, floor, shared, model)
-    comparisons += suite_comparisons(found.pairs, seeds_only, floor, shared)
-    comparisons += moved_comparisons(found.pairs, seeds_only, floor)
-    meant = {(x.task, x.backbone) for x in cells if x.accepted}
-    meant -= {(x.task, x.backbone) for x in cells if x.null == "seeds" and not x.accepted}
-    for x in comparisons:  # a broad test over seed variance whose every cell is a meant code change
-        if x.kind != Kind.CELL and x.null == "seeds" and (x.task, x.backbone) in meant:
-            x.accepted = True
+    comparisons = cells + _broad(cells, paired, found.pairs, floor, shared, model)
     judge(comparisons, alpha)
     groups = lambda side: {TaskBackbone(k.task, k.backbone) for k in side}  # noqa: E731
     both = sorted(set(b) & set(c))
@@ -138,7 +124,7 @@ def gate(baseline: list[dict], current: list[dict], options: GateOptions | None 
         protocol=sorted(found.changes.values(), key=lambda p: (p.task, p.setting)),
         missing=sorted(k for k in b if k not in c),
         new=sorted(k for k in c if k not in b),
-        exact=tier,
+        exact=found.exact,
         selection=found.selection,
         alpha=alpha,
         floor=floor,
@@ -153,8 +139,26 @@ def gate(baseline: list[dict], current: list[dict], options: GateOptions | None 
     )
 
 
+def _broad(cells: list, paired: dict, pairs: dict, floor: float, shared, model) -> list:
+    """The broad tests beside the cells' own (gate.broad): the shift of each (task, backbone), the model's pooled
+    test, and over seed variance the suite's and the moved cells'. A broad test over seed variance whose every cell
+    is a meant code change is accepted with them."""
+    by_seeds = {_group(x) for x in cells if x.null == "seeds"}
+    seeds_only = {g: v for g, v in paired.items() if g in by_seeds}
+    broad = shift_comparisons(cells, floor, shared)
+    broad += model_comparisons(cells, floor, shared, model)
+    broad += suite_comparisons(pairs, seeds_only, floor, shared)
+    broad += moved_comparisons(pairs, seeds_only, floor)
+    meant = {(x.task, x.backbone) for x in cells if x.accepted}
+    meant -= {(x.task, x.backbone) for x in cells if x.null == "seeds" and not x.accepted}
+    for x in broad:
+        if x.null == "seeds" and (x.task, x.backbone) in meant:
+            x.accepted = True
+    return broad
+
+
 def _group(x: Comparison):
-    from .match import GroupKey
+    from .keys import GroupKey
 
     return GroupKey(x.task, x.dataset, x.backbone, x.stage, _axes_text(x.axes), x.split, x.metric)
 

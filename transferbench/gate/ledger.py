@@ -154,7 +154,7 @@ def _protocol(value, where: str) -> list:
     for name, v in value.items():
         if not isinstance(name, str) or name.count(":") != 1 or not all(name.split(":")):
             raise UserError(f"{where}: protocol {name!r}: name a setting as TASK:SETTING")
-        from .match import value_text
+        from .keys import value_text
 
         out.append((name.strip(), value_text(v)))
     return out

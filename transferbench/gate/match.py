@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -20,66 +19,11 @@ from ..fingerprint import changed_modules
 from ..hashing import canon
 from ..paths.entries import ARITHMETIC_CACHES
 from ..records.record import latest, value
-from .metrics import declared
+from .keys import CellKey, GroupKey, Selection, TaskBackbone, Vanished, direction, main_split, value_text
 
 ACCEPTED_PROTOCOL = "an accepted protocol change"  # why a cell of equal arithmetic went to the statistical tier
 # ... and why one whose cell arithmetic differs only because one side read from a cache what the other computed
 CACHE_STATE = "a cache entry computed on one side and read on the other"
-
-
-class CellKey(NamedTuple):
-    """What a cell is, on either side: its axes are the canonical text of the report axes' values."""
-
-    task: str
-    dataset: str
-    backbone: str
-    stage: str
-    seed: int
-    axes: str
-
-
-class GroupKey(NamedTuple):
-    """One comparison of the statistical tier: a cell's seeds, on one split and metric."""
-
-    task: str
-    dataset: str
-    backbone: str
-    stage: str
-    axes: str
-    split: str
-    metric: str
-
-
-class TaskBackbone(NamedTuple):
-    task: str
-    backbone: str
-
-
-class Vanished(NamedTuple):
-    """A split and metric the baseline's cell holds and current's lacks."""
-
-    cell: CellKey
-    split: str
-    metric: str
-
-
-class NonFinite(NamedTuple):
-    """A comparison's seed whose value is NaN or infinite on either side."""
-
-    group: GroupKey
-    seed: int
-
-
-class Selection(NamedTuple):
-    """A final stage that selected other values: the cell's axes, its selection before and after."""
-
-    task: str
-    dataset: str
-    backbone: str
-    axes: dict
-    seed: int
-    before: dict
-    after: dict
 
 
 @dataclass
@@ -177,15 +121,7 @@ class Matched:
     code_accepted: set = field(default_factory=set)  # CellKey judged statistically whose code changed as accepted
     accepted_modules: set = field(default_factory=set)  # the modules whose accepted change those cells carry
     baseline_failed: list = field(default_factory=list)  # CellKey whose baseline record failed or diverged
-
-
-def value_text(v) -> str:
-    """A setting's value as canonical text: strings as they are, whole floats as `2.0`, the rest as JSON."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return str(v)
-    return canon({"v": v})[5:-1] if not isinstance(v, (int, float)) else repr(v)
+    exact: Exact = field(default_factory=Exact)  # the exact tier: the cells of equal arithmetic, judged to the bit
 
 
 def axes(*sides: list[dict]) -> dict:
@@ -235,21 +171,6 @@ def metrics_of(rb: dict, rc: dict, split: str) -> list[str]:
     return sorted(have)
 
 
-def direction(r: dict, metric: str) -> float:
-    """+1 where higher is better (or either way counts), -1 where lower is (gate.metrics)."""
-    return declared(r["task"], metric, r).sign
-
-
-def precision(r: dict):
-    """The precision each step of a cell ran in, as its record's arithmetic says."""
-    return ((r.get("arithmetic") or {}).get("cell") or {}).get("precision")
-
-
-def main_split(r: dict) -> str:
-    metrics = r.get("metrics") or {}
-    return "test" if "test" in metrics else next(iter(metrics), "test")
-
-
 def accepts_code(accept_code, cause: str, modules: dict | None = None) -> bool:
     """Whether `accept_code` names this cause of a changed cell: a module name (with or without the leading
     `transferbench.`; a package names every module under it), as `--accept-code` takes them for one run, or
@@ -287,13 +208,15 @@ def other_code(c: dict) -> set:
     return {key for key, fp in code.items() if fp and fp != newest[TaskBackbone(key.task, key.backbone)]}
 
 
-def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=frozenset()) -> Matched:
+def match(b: dict, c: dict, axes, exact: bool = True, accept_code=(), accept=(), stale=frozenset()) -> Matched:
     """The records both sides hold, matched: protocol changes (a setting that differs), changed selections of a
-    final stage, the cells of equal arithmetic judged exactly (into `tier`), and for the statistical tier the pairs
-    of every other (task, dataset, backbone, stage, axes, split, metric) per seed. The cells of an accepted protocol
-    change go to the statistical tier: accepting a setting accepts no regression. Current records of other code
-    (`stale`) are not matched; a judged split or metric that current lacks is listed as vanished."""
-    out = Matched()
+    final stage, the cells of equal arithmetic judged exactly (`Matched.exact`; `exact` False: every cell goes to the
+    statistical tier, as against a fixed anchor), and for the statistical tier the pairs of every other (task,
+    dataset, backbone, stage, axes, split, metric) per seed. The cells of an accepted protocol change go to the
+    statistical tier: accepting a setting accepts no regression. Current records of other code (`stale`) are not
+    matched; a judged split or metric that current lacks is listed as vanished."""
+    out = Matched(exact=Exact(enabled=exact))
+    tier = out.exact
     for key in sorted(set(b) & set(c) - set(stale)):
         (rb, ax), (rc, _) = b[key], c[key]
         differs = _protocol(out.changes, key, rb, rc, axes, accept)
@@ -302,10 +225,7 @@ def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=
         if rb["status"] != "ok" and rc["status"] == "ok":  # nothing to compare tonight's numbers with: named, fails
             out.baseline_failed.append(key)
         if rb["status"] == "ok" and rc["status"] == "ok":
-            for split in rb.get("metrics") or {}:
-                for metric in metrics_of(rb, rb, split):
-                    if metric not in (rc.get("metrics") or {}).get(split, {}):
-                        out.vanished.append(Vanished(key, split, metric))
+            out.vanished += _vanished(key, rb, rc)
         if key.stage == "final":
             chosen = {k: rb["hparams"].get(k) for k in rb.get("select", [])}
             now = {k: rc["hparams"].get(k) for k in rb.get("select", [])}
@@ -326,6 +246,17 @@ def match(b: dict, c: dict, axes, tier: Exact, accept_code=(), accept=(), stale=
                 out.pairs[group][key.seed] = (rb, rc)
                 out.axes_of[group] = ax
     return out
+
+
+def _vanished(key: CellKey, rb: dict, rc: dict) -> list[Vanished]:
+    """Each split and metric the baseline's record holds and current's lacks."""
+    have = rc.get("metrics") or {}
+    return [
+        Vanished(key, split, metric)
+        for split in rb.get("metrics") or {}
+        for metric in metrics_of(rb, rb, split)
+        if metric not in have.get(split, {})
+    ]
 
 
 def _protocol(changes: dict, key: CellKey, rb: dict, rc: dict, axes, accept) -> list | None:

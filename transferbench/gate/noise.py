@@ -180,7 +180,7 @@ UNKNOWN = "unknown"  # what differs is unrecorded or was never measured: the mod
 
 def kind_of(rb: dict, rc: dict) -> str:
     """bf16 against fp32 (`precision`), the same precision (`same`), or UNKNOWN where a side recorded none."""
-    from .match import precision
+    from .keys import precision
 
     a, b = precision(rb), precision(rc)
     if a is None or b is None:
@@ -233,10 +233,11 @@ def changes(baseline: list[dict], current: list[dict], kind: str = CPU, runs: di
     where both ran a step in one precision (the variant's kind of difference), `precision` where not. `runs`, where
     given, gathers {(task, metric, kind): {run: [changes of its reported splits]}}."""
     from ..records.record import value
-    from .match import Exact, axes, direction, index, match
+    from .keys import direction
+    from .match import axes, index, match
 
     ax = axes(baseline, current)
-    found = match(index(baseline, ax), index(current, ax), ax, Exact(enabled=False))
+    found = match(index(baseline, ax), index(current, ax), ax, exact=False)
     out = defaultdict(list)
     for group, seeds in found.pairs.items():
         if not judged(group.task, group.dataset, group.metric):

@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
-from tabulate import tabulate
-
-from ..gate.comparisons import LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Comparison, Kind
+from ..gate.comparisons import LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Kind
 from ..gate.comparisons import Verdict as V
 from ..gate.decide import Gate, GateOptions, decide
-from ..gate.match import CellKey, ExactCell, value_text
-
-
-def words(axes: dict) -> str:
-    """Axes in words: `shots=25, lr=0.01`."""
-    return ", ".join(f"{k}={value_text(v)}" for k, v in axes.items())
-
-
-def setting(x: Comparison) -> str:
-    """A cell comparison's stage and axes in words: `final lr=0.01`."""
-    return " ".join(y for y in (x.stage, words(x.axes)) if y)
-
-
-def cell_name(x: ExactCell) -> str:
-    """`task / dataset / backbone stage axes seed N`."""
-    k = x.key
-    axes = f" {words(x.axes)}" if x.axes else ""
-    return f"{k.task} / {k.dataset} / {k.backbone} {k.stage}{axes} seed {k.seed}".replace("  ", " ")
-
-
-def _key(k: CellKey) -> str:
-    return f"{k.task} / {k.dataset} / {k.backbone} {k.stage} seed {k.seed}"
+from .regress_text import (
+    cell_list,
+    failed_section,
+    md_table,
+    missing_sections,
+    num,
+    p_text,
+    selection_text,
+    setting,
+)
 
 
 def decision_report(
@@ -46,26 +30,14 @@ def decision_report(
     return report(v.gate, failed=v.failed, title=title, reasons=v.reasons), v.code
 
 
-def _md(rows, head) -> str:
-    return tabulate(rows, head, tablefmt="github", disable_numparse=True)
-
-
-def _num(x: float | None, fmt: str = "+.2f") -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def _p(p: float | None) -> str:
-    return "untested" if p is None else f"{p:.2g}"
-
-
 def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) -> str:
     sections = (_exact_section, _protocol_section, _pooled_section, _moved_section, _spread_section, _cell_sections)
     lines = _summary(g, failed, title, reasons)
     for section in sections:
         lines += section(g)
     if g.selection:
-        lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {_selection(g.selection[0])}).", ""]
-    return "\n".join(lines + _failed_section(failed) + _missing_sections(g))
+        lines += [f"Selection changed in {len(g.selection)} final cells (e.g. {selection_text(g.selection[0])}).", ""]
+    return "\n".join(lines + failed_section(failed) + missing_sections(g))
 
 
 def headline(g: Gate, reasons=()) -> str:
@@ -127,14 +99,14 @@ def _protocol_section(g: Gate) -> list[str]:
             "A setting of matched cells differs. Accept a change on purpose with `--accept TASK:SETTING`: the cells "
             "of an accepted change are still compared by the statistical tier (a change for the worse fails).",
             "",
-            _md(
+            md_table(
                 [
                     [
                         p.task,
                         f"{p.setting}: {p.before} → {p.after}",
                         p.cells,
                         ", ".join(sorted(p.backbones)),
-                        _num(p.mean_change),
+                        num(p.mean_change),
                         "accepted" if p.accepted else "FAILS",
                     ]
                     for p in g.protocol
@@ -154,7 +126,7 @@ def _pooled_section(g: Gate) -> list[str]:
         lines += [
             "## Pooled over each task and backbone",
             "",
-            _md(
+            md_table(
                 [
                     [
                         x.task,
@@ -163,9 +135,9 @@ def _pooled_section(g: Gate) -> list[str]:
                         x.n,
                         f"{x.baseline:.2f}",
                         f"{x.current:.2f}",
-                        _num(x.change),
-                        f"[{_num(x.low)}, {_num(x.high)}]" if x.low is not None else "",
-                        _p(x.p),
+                        num(x.change),
+                        f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
+                        p_text(x.p),
                         x.verdict,
                     ]
                     for x in pooled
@@ -201,7 +173,7 @@ def _moved_section(g: Gate) -> list[str]:
             "accepted protocol change or other weights, how their seeds vary (`moved`: an F-test of the per-set mean "
             "changes); docs/regression.md. Both fail the night.",
             "",
-            _md(
+            md_table(
                 [
                     [
                         x.task,
@@ -211,7 +183,7 @@ def _moved_section(g: Gate) -> list[str]:
                         x.n,
                         f"{x.current:.3g}",
                         f"{x.baseline:.3g}" if x.kind == Kind.NOISE else "",
-                        _p(x.p),
+                        p_text(x.p),
                         x.verdict,
                     ]
                     for x in either
@@ -231,7 +203,7 @@ def _spread_section(g: Gate) -> list[str]:
         lines += [
             "## Seed spread",
             "",
-            _md(
+            md_table(
                 [
                     [
                         x.task,
@@ -240,9 +212,9 @@ def _spread_section(g: Gate) -> list[str]:
                         "seed spread ratio" if x.null == "seeds" else "rms deviation over seeds",
                         f"{x.baseline:.3g}",
                         f"{x.current:.3g}",
-                        _num(x.change, ".3g"),
+                        num(x.change, ".3g"),
                         x.n,
-                        _p(x.p),
+                        p_text(x.p),
                         x.verdict,
                     ]
                     for x in spreads
@@ -276,7 +248,7 @@ def _cell_sections(g: Gate) -> list[str]:
             lines += [
                 f"## {heading}",
                 "",
-                _md(
+                md_table(
                     [
                         [
                             x.task,
@@ -286,9 +258,9 @@ def _cell_sections(g: Gate) -> list[str]:
                             x.metric,
                             f"{x.baseline:.2f}",
                             f"{x.current:.2f}",
-                            _num(x.change),
-                            f"[{_num(x.low)}, {_num(x.high)}]" if x.low is not None else "",
-                            _p(x.p),
+                            num(x.change),
+                            f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
+                            p_text(x.p),
                             x.n,
                             setting(x),
                         ]
@@ -331,7 +303,7 @@ def _exact_section(g: Gate) -> list[str]:
             moved = [abs(x.change) for x in cells if x.change is not None]
             verdict = "accepted" if all(x.accepted for x in cells) else "FAILS"
             rows.append(
-                [cause, n, ", ".join(sorted({x.task for x in cells})), _num(max(moved, default=0), ".3g"), verdict]
+                [cause, n, ", ".join(sorted({x.task for x in cells})), num(max(moved, default=0), ".3g"), verdict]
             )
         lines += [
             "## Changed by code",
@@ -342,13 +314,13 @@ def _exact_section(g: Gate) -> list[str]:
             "code chose it. Declare an intended change in the anchor's ledger (`ACCEPTED.yaml`), or accept it for "
             "one comparison with `--accept-code MODULE`.",
             "",
-            _md(rows, ["changed", "cells", "tasks", "max |Δ| of the metric", "verdict"]),
+            md_table(rows, ["changed", "cells", "tasks", "max |Δ| of the metric", "verdict"]),
             "",
         ]
-        lines += _cell_list(
+        lines += cell_list(
             t.changed,
             lambda x: (
-                f" (Δ {_num(x.change, '+.4g')})"
+                f" (Δ {num(x.change, '+.4g')})"
                 + (f" arithmetic changed by code: {', '.join(x.arithmetic)}" if x.arithmetic else "")
                 + (" accepted" if x.accepted else "")
             ),
@@ -361,157 +333,17 @@ def _exact_section(g: Gate) -> list[str]:
             "in these cells (docs/regression.md#irreproducible).",
             "",
         ]
-        lines += _cell_list(t.irreproducible, lambda x: f" (Δ {_num(x.change, '+.4g')})")
+        lines += cell_list(t.irreproducible, lambda x: f" (Δ {num(x.change, '+.4g')})")
     if t.enabled and t.why:
         lines += [
             "## Judged statistically",
             "",
             "Cells whose arithmetic, weights or data differ between the two sides (the first difference each shows):",
             "",
-            _md(sorted(([k, v] for k, v in t.why.items()), key=lambda r: -r[1]), ["arithmetic", "cells"]),
+            md_table(sorted(([k, v] for k, v in t.why.items()), key=lambda r: -r[1]), ["arithmetic", "cells"]),
             "",
         ]
     return lines
-
-
-def _first_50(lines: list[str]) -> list[str]:
-    """A listing's first 50 lines, then how many more; a blank line ends it."""
-    return lines[:50] + ([f"- ... and {len(lines) - 50} more"] if len(lines) > 50 else []) + [""]
-
-
-def _cell_list(cells, tail) -> list[str]:
-    return _first_50([f"- {cell_name(x)}{tail(x)}" for x in cells])
-
-
-def _failed_section(failed) -> list[str]:
-    """The cells of current that failed, or diverged where the baseline did not."""
-    lines: list[str] = []
-    if failed:
-        lines += [
-            "## Failed in current (or diverged where the baseline's cell did not)",
-            "",
-            _md(
-                [
-                    [
-                        *(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]),
-                        *(r["status"], r.get("reason", "")),
-                    ]
-                    for r in failed
-                ],
-                ["task", "dataset", "backbone", "stage", "seed", "status", "reason"],
-            ),
-            "",
-        ]
-    return lines
-
-
-def _dropped_sections(g: Gate) -> list[str]:
-    """The baseline's failed cells and the comparisons no test could judge: each fails the night, listed."""
-    lines: list[str] = []
-    if g.baseline_failed:
-        lines += [
-            "## Failed in the baseline",
-            "",
-            "The baseline's latest record of these cells failed or diverged, so tonight's numbers have nothing to be "
-            "compared with: each fails the night (rerun the baseline's cell, or re-anchor):",
-            "",
-        ]
-        lines += _first_50([f"- {_key(k)}" for k in g.baseline_failed])
-    untested = g.untested
-    if untested:
-        lines += [
-            "## Untested",
-            "",
-            "No test could judge these comparisons (no noise model entry for their task, split, metric and kind; or "
-            "one seed against seed variance without logged examples). Each fails the night unless "
-            "`--allow-untested` is given:",
-            "",
-        ]
-        lines += _first_50(
-            [
-                f"- {x.task} / {x.dataset} / {x.backbone} {x.stage} {words(x.axes)}: {x.split} {x.metric}"
-                + (" (bf16 against fp32)" if x.precision_changed else "")
-                for x in untested
-            ]
-        )
-    return lines
-
-
-def _missing_sections(g: Gate) -> list[str]:
-    """Cells only one side holds (the first 50 of each), tasks and backbones absent, metrics vanished, and records
-    kept from other code."""
-    lines: list[str] = []
-    if g.absent:
-        lines += [
-            "## Absent from current",
-            "",
-            "Every cell of these tasks and backbones of the baseline is missing "
-            "(name one with `--allow-missing TASK[:BACKBONE]` to pass without it):",
-            "",
-        ]
-        lines += [f"- {t} / {b}" for t, b in g.absent] + [""]
-    lines += _dropped_sections(g)
-    if g.nonfinite:
-        lines += [
-            "## Non-finite values",
-            "",
-            "A metric that is NaN, infinite or `null` on either side fails the night:",
-            "",
-        ]
-        lines += _first_50(
-            [
-                f"- {k.task} / {k.dataset} / {k.backbone} {k.stage} seed {seed}: {k.split} {k.metric}"
-                for k, seed in g.nonfinite
-            ]
-        )
-    shifts = [
-        x for x in g.of(Kind.SHIFT) if x.verdict in (V.SHIFT, V.SEE_POOLED) or (x.p is not None and x.p < g.alpha)
-    ]
-    if shifts:
-        lines += [
-            "## Consistent shifts",
-            "",
-            "Comparisons of one task and metric, over every backbone, that moved one way more often than the noise "
-            "model allows (the exact sign test, Holm with the broad tests), each change perhaps too small for its own "
-            "test; it fails where their mean change passes a fifth of the floor. A comparison whose precision differs "
-            "between the sides is expected to get worse as often as the model measured bf16 against fp32 doing so.",
-            "",
-            _md(
-                [[x.task, x.backbone, x.metric, x.n, _num(x.change), _p(x.p), x.verdict] for x in shifts],
-                ["task", "backbone", "metric", "comparisons", "mean change", "p", "verdict"],
-            ),
-            "",
-        ]
-    if g.vanished:
-        lines += ["## Vanished metrics", ""]
-        lines += _first_50([f"- {_key(v.cell)}: {v.split} {v.metric}" for v in g.vanished])
-    if g.stale:
-        lines += [
-            "## Kept from other code",
-            "",
-            "Records of current computed by other code than the rest of their task "
-            "and backbone (`--stale keep`): not judged, counted as missing.",
-            "",
-        ]
-        lines += _first_50([f"- {_key(k)}" for k in g.stale])
-    for heading, keys in (("Missing from current", g.missing), ("New in current", g.new)):
-        if keys:
-            axes = lambda k: f" ({_axes_text(k.axes)})" if k.axes != "{}" else ""  # noqa: E731
-            lines += [f"## {heading}", ""]
-            lines += _first_50([f"- {_key(k)}{axes(k)}" for k in keys])
-    return lines
-
-
-def _axes_text(key: str) -> str:
-    import json
-
-    return words(json.loads(key))
-
-
-def _selection(s) -> str:
-    ax = words(s.axes)
-    cell = f"{s.task} / {s.dataset} / {s.backbone}{f' {ax}' if ax else ''} seed {s.seed}"
-    return f"{cell}: {words(s.before)} → {words(s.after)}"
 
 
 def _direction(g: Gate) -> str:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from kit import cli, embedded_home
 
-from transferbench import arithmetic
+from transferbench import arithmetic, machine
 from transferbench.engine import precision
 from transferbench.records.store import load_records
 
@@ -198,7 +198,7 @@ def test_a_library_the_task_never_imports_parts_no_two_runs(monkeypatch):
     digests = []
     for corrupt in ("1.1.5", None):
         libraries = {"torch": "2.14.1", "imagecorruptions-imaug": corrupt}
-        monkeypatch.setattr(arithmetic, "_libraries", lambda c=libraries: c)
+        monkeypatch.setattr(machine, "_libraries", lambda c=libraries: c)
         arithmetic.begin()
         record, _ = arithmetic.finish({}, device="cpu", workers=0, compile=False, micro_batch=0, libraries=("torch",))
         digests.append((record["digest"], record["machine"]["digest"]))

@@ -276,7 +276,7 @@ def test_gram_kernel_gradients_equal_the_two_products(monkeypatch):
 def test_kron_operator_passes_torch_opcheck_and_gradcheck():
     # the custom operator torch.compile sees: its fake (meta) kernel, autograd registration and schema agree
     # with its eager kernel (torch.library.opcheck), and its backward is the true derivative (gradcheck)
-    from transferbench.backbones.dtn import dtn_kron
+    from transferbench.backbones.dtn_ops import dtn_kron
 
     gen = torch.Generator().manual_seed(0)
     p_rows = torch.rand(2, 3, 3, generator=gen, dtype=torch.float64).softmax(-1).requires_grad_()

@@ -234,7 +234,7 @@ def fresh(d: Path) -> tuple[Path, Path]:
 
 @pytest.mark.xdist_group("ray")  # one worker starts the module's Ray instance once
 def test_ray_gives_the_local_records(ray_cluster, tmp_path):
-    from transferbench.engine.executors import RayExecutor
+    from transferbench.engine.ray_executor import RayExecutor
 
     d, _ = ray_cluster
     log, _ = fresh(d)
@@ -252,7 +252,7 @@ def test_ray_gives_the_local_records(ray_cluster, tmp_path):
 @pytest.mark.xdist_group("ray")  # one worker starts the module's Ray instance once
 @pytest.mark.parametrize("retries", [1, 0])
 def test_ray_worker_killed_mid_cell_is_retried_or_recorded_failed(ray_cluster, tmp_path, retries):
-    from transferbench.engine.executors import RayExecutor
+    from transferbench.engine.ray_executor import RayExecutor
 
     log, pids = fresh(ray_cluster[0])
     s, key, pid, records = run_killing_one(tmp_path / "out", RayExecutor(), retries, log, pids)
@@ -268,7 +268,7 @@ def test_ray_workers_log_each_cell_to_its_own_tracker_entries(ray_cluster, tmp_p
     import numpy as np
     from test_tracking import board, cell_of, wandb_runs
 
-    from transferbench.engine.executors import RayExecutor
+    from transferbench.engine.ray_executor import RayExecutor
     from transferbench.tracking import Tracking, entry_parts, wandb_name
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -304,7 +304,7 @@ def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_
     import ray
 
     from transferbench.cell import Cell
-    from transferbench.engine.executors import local_checkpoint
+    from transferbench.engine.ray_executor import local_checkpoint
 
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(tmp_path / "home"))
     blob = os.urandom(4096)
@@ -323,7 +323,7 @@ def test_ray_checkpoint_from_the_object_store_where_the_node_lacks_the_file(ray_
 
 @pytest.mark.xdist_group("ray")  # one worker starts the module's Ray instance once
 def test_ray_refuses_a_cell_no_node_can_hold(ray_cluster, tmp_path):
-    from transferbench.engine.executors import RayExecutor
+    from transferbench.engine.ray_executor import RayExecutor
 
     with pytest.raises(
         UserError,

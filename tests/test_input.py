@@ -15,7 +15,7 @@ from transferbench.cell import RANDOM_INIT, BackboneRef, make_cell
 from transferbench.cli import main
 from transferbench.errors import UserError
 from transferbench.records.store import load_records
-from transferbench.spec import parse_override
+from transferbench.overrides import parse_override
 
 # --- --set values typed by the spec ------------------------------------------------------------------
 

@@ -12,8 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent / "transferbench"
 
 # lowest first; a module belongs to the first entry that is its name or a package above it
 LAYERS = [
-    ("ground floor", ("errors", "hashing", "names", "git", "fingerprint", "arithmetic", "paths", "plugins", "weights")),
-    ("contracts", ("cell", "spec", "records", "settings")),
+    (
+        "ground floor",
+        ("errors", "hashing", "names", "git", "fingerprint", "machine", "arithmetic", "paths", "plugins", "weights"),
+    ),
+    ("contracts", ("cell", "overrides", "spec", "records", "settings")),
     ("gate", ("gate",)),
     ("models and data", ("backbones", "data")),
     ("reporting", ("reporting",)),

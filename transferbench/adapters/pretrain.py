@@ -172,24 +172,25 @@ class PretrainAdapter(Adapter):
             pixels=px,
         )
         log_file = write_training_log(path, log.to_dict())
-        return {
-            **metrics,
-            "info": {
-                **out,
-                **data_path,
-                **{k: v for k, v in r.items() if k != "randaug"},
-                "randaug": list(r["randaug"]) if r["randaug"] else None,
-                "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1])
-                if r["randaug"]
-                else None,
-                "adamw_weight_decay": augreg.decoupled_wd(hp.wd, hp.lr),
-                "checkpoint": portable(path),
-                "checkpoint_sha256": file_sha256(path),
-                "training_log": portable(log_file),
-                "train_seconds": round(train_seconds, 1),
-                "images_per_second": round(hp.steps * hp.batch / max(train_seconds, 1e-9), 1),
-            },
-        }
+        return {**metrics, "info": _info(out, data_path, r, hp, path, log_file, train_seconds)}
+
+
+def _info(out: dict, data_path: dict, r: dict, hp, path, log_file, train_seconds: float) -> dict:
+    """A pretraining cell's info: the loop's and the data path's, App. C's recipe as it ran, the checkpoint and its
+    training log, and the training's pace."""
+    return {
+        **out,
+        **data_path,
+        **{k: v for k, v in r.items() if k != "randaug"},
+        "randaug": list(r["randaug"]) if r["randaug"] else None,
+        "randaug_torchvision_magnitude": augreg.torchvision_magnitude(r["randaug"][1]) if r["randaug"] else None,
+        "adamw_weight_decay": augreg.decoupled_wd(hp.wd, hp.lr),
+        "checkpoint": portable(path),
+        "checkpoint_sha256": file_sha256(path),
+        "training_log": portable(log_file),
+        "train_seconds": round(train_seconds, 1),
+        "images_per_second": round(hp.steps * hp.batch / max(train_seconds, 1e-9), 1),
+    }
 
 
 def evaluate(model, cell, hp, test, how, ctx, targets) -> dict:

@@ -279,22 +279,10 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
         sd["patch_embed.proj.weight"] = w.reshape(w.shape[0], -1, p, p).permute(0, 2, 3, 1).flatten(1)
     model.posemb_resample = None
     if "pos_embed" in sd and sd["pos_embed"].shape != own["pos_embed"].shape and ckpt.img_size:
-        old_grid = [s // model.patch_size for s in ckpt.img_size]
         method = posemb or ("timm" if ckpt.source == "timm" else "big_vision")
-        log.info("resizing pos_embed from grid %s to %s (%s)", old_grid, list(model.grid_size), method)
-        if method == "timm":
-            sd["pos_embed"] = resample_abs_pos_embed(
-                sd["pos_embed"].float(),
-                list(model.grid_size),
-                old_grid,
-                num_prefix_tokens=model.num_prefix_tokens,
-                interpolation="bicubic",
-                antialias=True,
-            )
-        else:
-            sd["pos_embed"] = resample_posemb(
-                sd["pos_embed"].float(), model.grid_size, old_grid, model.num_prefix_tokens, method=method
-            )
+        sd["pos_embed"] = _resized_pos_embed(
+            model, sd["pos_embed"], [s // model.patch_size for s in ckpt.img_size], method
+        )
         model.posemb_resample = method
     head = [k for k in sd if k.startswith("head.")]
     drop_head = bool(head) and any(k not in own or own[k].shape != sd[k].shape for k in head)
@@ -307,24 +295,46 @@ def load_checkpoint(model: nn.Module, path, posemb: str | None = None) -> Checkp
         for k in head:
             del sd[k]
         own = {k: v for k, v in own.items() if not k.startswith("head.")}
+    _check_keys(sd, own, f"{where} does not fit backbone {model.name!r}")
+    model.load_state_dict(sd, strict=not drop_head)  # keys checked above; only a dropped head may be absent
+    return ckpt
+
+
+def _resized_pos_embed(model, pe, old_grid: list, method: str):
+    """A checkpoint's position embedding `pe` of grid `old_grid` resampled to `model`'s grid by `method` (timm's
+    bicubic with antialias, or `resample_posemb`'s big_vision or scenic bilinear)."""
+    log.info("resizing pos_embed from grid %s to %s (%s)", old_grid, list(model.grid_size), method)
+    if method == "timm":
+        return resample_abs_pos_embed(
+            pe.float(),
+            list(model.grid_size),
+            old_grid,
+            num_prefix_tokens=model.num_prefix_tokens,
+            interpolation="bicubic",
+            antialias=True,
+        )
+    return resample_posemb(pe.float(), model.grid_size, old_grid, model.num_prefix_tokens, method=method)
+
+
+def _check_keys(sd: dict, own: dict, problem: str) -> None:
+    """A CheckpointError, `problem` and what differs, where the state dict `sd` lacks a key of `own`, has one more,
+    or a shape differs."""
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
     shapes = [
         f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape
     ]
-    if missing or unexpected or shapes:
-        parts = [
-            f"{label} [{_few(items)}]"
-            for label, items in (
-                ("missing", missing),
-                ("unexpected", unexpected),
-                ("shape checkpoint vs backbone", shapes),
-            )
-            if items
-        ]
-        raise CheckpointError(f"{where} does not fit backbone {model.name!r}: {'; '.join(parts)}")
-    model.load_state_dict(sd, strict=not drop_head)  # keys checked above; only a dropped head may be absent
-    return ckpt
+    parts = [
+        f"{label} [{_few(items)}]"
+        for label, items in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("shape checkpoint vs backbone", shapes),
+        )
+        if items
+    ]
+    if parts:
+        raise CheckpointError(f"{problem}: {'; '.join(parts)}")
 
 
 def _few(items: list[str], n: int = 6) -> str:

@@ -100,36 +100,11 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     take = rest.pop
     sd: dict[str, torch.Tensor] = {}
 
-    kernel = take("embedding/kernel")
-    if kernel.ndim == 4:  # conv (p, p, C, D): its HWC flattening is our (p1 p2 c)
-        patch, in_chans = kernel.shape[0], kernel.shape[2]
-    else:  # naflex Dense over flattened (p p 3) patches
-        in_chans = 3
-        patch = int(round((kernel.shape[0] / in_chans) ** 0.5))
-    width = kernel.shape[-1]
-    sd["patch_embed.proj.weight"] = t(kernel.reshape(-1, width).T)
-    sd["patch_embed.proj.bias"] = t(take("embedding/bias"))
-    for flax_name, ours in (("patchln_pre", "patch_embed.norm_pre"), ("patchln_post", "patch_embed.norm")):
-        if f"{flax_name}/scale" in rest:
-            sd[f"{ours}.weight"], sd[f"{ours}.bias"] = t(take(f"{flax_name}/scale")), t(take(f"{flax_name}/bias"))
-    stem = {(True, True): "dpn", (True, False): "pre", (False, True): "post", (False, False): ""}[
-        ("patch_embed.norm_pre.weight" in sd, "patch_embed.norm.weight" in sd)
-    ]
-
+    patch, in_chans, width, stem = _big_vision_stem(rest, sd, t)
     cls = "cls" in rest
     if cls:
         sd["cls_token"] = t(take("cls")).reshape(1, 1, width)
-    pe = next((take(k) for k in ("pos_embedding", "Transformer/posembed_input/pos_embedding") if k in rest), None)
-    if pe is None:
-        raise CheckpointError("big_vision .npz has no learnt pos_embedding (sincos2d models are not supported)")
-    pe = t(pe).reshape(1, -1, width)  # naflex stores a (G, G, D) grid
-    grid = _square_grid(pe.shape[1], cls)
-    if grid is None:
-        raise CheckpointError(f"cannot infer a square patch grid from pos_embedding {tuple(pe.shape)}")
-    if cls and grid * grid == pe.shape[1]:  # big_vision adds posemb before concatenating cls
-        pe = torch.cat([pe.new_zeros(1, 1, width), pe], dim=1)
-    sd["pos_embed"] = pe
-
+    sd["pos_embed"], grid = _big_vision_pos_embed(rest, t, width, cls)
     depth, num_heads = _big_vision_blocks(rest, sd, t, width)
     sd["norm.weight"], sd["norm.bias"] = (
         t(take("Transformer/encoder_norm/scale")),
@@ -159,6 +134,45 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     if "pre_logits.fc.weight" in sd:
         config["rep_size"] = int(sd["pre_logits.fc.weight"].shape[0])
     return Checkpoint(sd, "big_vision", config=config, img_size=(grid * patch,) * 2, pixels="inception")
+
+
+def _big_vision_stem(rest: dict, sd: dict, t) -> tuple[int, int, int, str]:
+    """The patch embedding (conv, or naflex's Dense over flattened patches) and Dual PatchNorm's LayerNorms of a
+    big_vision .npz (`rest`, flax names, taken from it) into `sd`: (patch size, input channels, width, stem)."""
+    kernel = rest.pop("embedding/kernel")
+    if kernel.ndim == 4:  # conv (p, p, C, D): its HWC flattening is our (p1 p2 c)
+        patch, in_chans = kernel.shape[0], kernel.shape[2]
+    else:  # naflex Dense over flattened (p p 3) patches
+        in_chans = 3
+        patch = int(round((kernel.shape[0] / in_chans) ** 0.5))
+    width = kernel.shape[-1]
+    sd["patch_embed.proj.weight"] = t(kernel.reshape(-1, width).T)
+    sd["patch_embed.proj.bias"] = t(rest.pop("embedding/bias"))
+    for flax_name, ours in (("patchln_pre", "patch_embed.norm_pre"), ("patchln_post", "patch_embed.norm")):
+        if f"{flax_name}/scale" in rest:
+            sd[f"{ours}.weight"], sd[f"{ours}.bias"] = (
+                t(rest.pop(f"{flax_name}/scale")),
+                t(rest.pop(f"{flax_name}/bias")),
+            )
+    stem = {(True, True): "dpn", (True, False): "pre", (False, True): "post", (False, False): ""}[
+        ("patch_embed.norm_pre.weight" in sd, "patch_embed.norm.weight" in sd)
+    ]
+    return patch, in_chans, width, stem
+
+
+def _big_vision_pos_embed(rest: dict, t, width: int, cls: bool):
+    """(our pos_embed, the patch grid's side) from a big_vision .npz's learnt position embedding (taken from
+    `rest`): big_vision adds it before concatenating the class token, so the class token's row is zeros."""
+    pe = next((rest.pop(k) for k in ("pos_embedding", "Transformer/posembed_input/pos_embedding") if k in rest), None)
+    if pe is None:
+        raise CheckpointError("big_vision .npz has no learnt pos_embedding (sincos2d models are not supported)")
+    pe = t(pe).reshape(1, -1, width)  # naflex stores a (G, G, D) grid
+    grid = _square_grid(pe.shape[1], cls)
+    if grid is None:
+        raise CheckpointError(f"cannot infer a square patch grid from pos_embedding {tuple(pe.shape)}")
+    if cls and grid * grid == pe.shape[1]:  # big_vision adds posemb before concatenating cls
+        pe = torch.cat([pe.new_zeros(1, 1, width), pe], dim=1)
+    return pe, grid
 
 
 def _big_vision_blocks(rest: dict, sd: dict, t, width: int) -> tuple[int, int | None]:

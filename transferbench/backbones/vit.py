@@ -108,6 +108,24 @@ def _check_config(img_size, patch_size, stem, pool, class_token, dtn_layers, dep
         raise ValueError(f"unknown act {act!r}; choose one of {sorted(ACTIVATIONS)}")
 
 
+# the constructor's arguments that make up a model's `config`, in its order
+CONFIG = (
+    "patch_size",
+    "in_chans",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_dim",
+    "stem",
+    "dtn_layers",
+    "pool",
+    "class_token",
+    "act",
+    "dtn_eps",
+    "rep_size",
+)
+
+
 class VisionTransformer(nn.Module):
     """ViT (Dosovitskiy et al.) whose stem and normaliser are the subject of the benchmark.
 
@@ -145,28 +163,15 @@ class VisionTransformer(nn.Module):
         super().__init__()
         img_size = to_2tuple(img_size)
         _check_config(img_size, patch_size, stem, pool, class_token, dtn_layers, depth, act)
-        mlp_dim = mlp_dim or 4 * embed_dim
+        mlp_dim, rep_size = mlp_dim or 4 * embed_dim, int(rep_size)
         self.name = name
-        self.config = dict(
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_dim=mlp_dim,
-            stem=stem,
-            dtn_layers=dtn_layers,
-            pool=pool,
-            class_token=class_token,
-            act=act,
-            dtn_eps=dtn_eps,
-            rep_size=int(rep_size),
-        )
+        given = locals()
+        self.config = {k: given[k] for k in CONFIG}  # what rebuilds this model (its architecture)
         self.img_size, self.patch_size = img_size, patch_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_classes, self.pool, self.dtn_layers = num_classes, pool, dtn_layers
         self.embed_dim = embed_dim
-        self.num_features = int(rep_size) or embed_dim  # what the head sees
+        self.num_features = rep_size or embed_dim  # what the head sees
         self.num_prefix_tokens = 1 if class_token else 0
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -183,9 +188,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.Sequential(*[block(norms[i], drop_path=dpr[i]) for i in range(depth)])
         self.norm = ln(embed_dim)
         self.pre_logits = (
-            nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, int(rep_size)), act=nn.Tanh()))
-            if rep_size
-            else nn.Identity()
+            nn.Sequential(OrderedDict(fc=nn.Linear(embed_dim, rep_size), act=nn.Tanh())) if rep_size else nn.Identity()
         )
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()

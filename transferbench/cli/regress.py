@@ -11,12 +11,10 @@ from ..errors import UserError
 from .options import (
     backbone_option,
     check_execution_options,
-    check_gate_options,
     check_output,
     csv_list,
     deprecated,
     execution_options,
-    gate_options,
     output_option,
     seeds_option,
     strict_option,
@@ -314,3 +312,76 @@ def reanchor(args) -> int:
     )
     print(text)
     return 0
+
+
+def gate_options(p) -> None:
+    from ..gate.comparisons import ALPHA, FLOOR
+
+    p.add_argument(
+        "--allow-improvement",
+        nargs="?",
+        const=["*"],
+        default=[],
+        type=csv_list,
+        metavar="TASK[:BACKBONE[:METRIC]],...",
+        help="pass a significant improvement where named (alone: anywhere). By default it fails: numbers that move "
+        "without a declared change are a change of the code or the data, whichever way they move",
+    )
+    p.add_argument(
+        "--allow-untested",
+        action="store_true",
+        help="pass comparisons no test can judge (a task, split, metric or kind of difference the noise model does "
+        "not cover; one seed of other weights without logged examples). By default each fails the night, listed",
+    )
+    p.add_argument(
+        "--noise-model",
+        type=Path,
+        metavar="FILE",
+        help="the statistical tier's null across arithmetic: a noise model measured by `python -m "
+        "benchmarks.noise_model` on the baseline's code (default: the package's, measured on the anchor's code; "
+        "refused where the baseline was computed by other code)",
+    )
+    p.add_argument(
+        "--floor",
+        "--threshold",
+        dest="floor",
+        type=float,
+        default=FLOOR,
+        help=f"smallest change of one comparison that counts, in metric units ({FLOOR}; half of it for a pooled mean)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=ALPHA,
+        help=f"family-wise error rate of the tests of one run of the gate, Holm-corrected ({ALPHA})",
+    )
+    p.add_argument(
+        "--accept",
+        type=csv_list,
+        default=[],
+        metavar="TASK[:SETTING]",
+        help="protocol changes made on purpose: TASK (every setting of it), TASK:SETTING or :SETTING "
+        "(e.g. fewshot:pool, vtab:protocol_version)",
+    )
+    p.add_argument(
+        "--accept-code",
+        type=csv_list,
+        default=[],
+        metavar="MODULE",
+        help="code changes meant to move numbers, for this run only: a module (backbones.vit or "
+        "transferbench.backbones.vit) or a package (every module under it). A cell computed in the same arithmetic "
+        "from the same weights and data on both sides whose outputs changed passes when every module that changed "
+        "in its fingerprint is accepted; the report lists it as accepted",
+    )
+
+
+def check_gate_options(args) -> None:
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha {args.alpha}: give a family-wise error rate between 0 and 1, e.g. 0.01")
+    if args.floor < 0:
+        raise UserError(f"--floor {args.floor}: give a change in metric units, 0 or more, e.g. 0.5")
+    if getattr(args, "noise_model", None) is not None and not args.noise_model.is_file():
+        raise UserError(
+            f"--noise-model {args.noise_model}: no such file (measure one: python -m benchmarks.noise_model --work W "
+            "--out FILE)"
+        )

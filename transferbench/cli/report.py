@@ -53,7 +53,10 @@ def add_parsers(sub, fmt) -> None:
     rep.add_argument("--task", "-t", type=csv_list, help="only these tasks")
     output_option(rep, "write to a file instead of stdout")
     strict_option(rep)
+    _leaderboard_parser(sub, fmt)
 
+
+def _leaderboard_parser(sub, fmt) -> None:
     lb = sub.add_parser(
         "leaderboard",
         help="write the markdown leaderboard and its figures",

@@ -147,7 +147,7 @@ def run_task(
     `executor` (engine.executors; default: this process, one cell at a time) computes the cells; this
     function alone plans, locks and writes records. The plan is asked again whenever cells finish, so a
     second stage (VTAB's final cells) starts as soon as its first stage is done while other datasets still
-    run. A cell whose worker process died (engine.executors.WorkerLost) is submitted again up to `retries`
+    run. A cell whose worker process died (engine.futures.WorkerLost) is submitted again up to `retries`
     times, then recorded failed.
 
     A finished cell is skipped only when its record's fingerprint is the code's at hand (`cell_code`); for finished
@@ -267,7 +267,7 @@ class _TaskRun:
         return True
 
     def finish(self, future) -> None:
-        from .executors import WorkerLost
+        from .futures import WorkerLost
 
         cell, lock, attempt = self.inflight.pop(future)
         try:

@@ -65,12 +65,9 @@ def tables(records: list[dict], reference: str | None = None) -> list[TaskTable]
             tally=[f"{d} {p}" for d in datasets for p in ("base", "high")],
         )  # gain: not a measurement
         for b in backbones:
-            row, mine = {}, t["rows"][b]
-            for d in datasets:
-                for p in PARTS:
-                    vals = mine.get(d, {}).get(p)
-                    if vals:
-                        row[f"{d} {p}"] = Cellv(mean_ci(list(vals.values())), seeds=dict(vals))
+            mine = t["rows"][b]
+            parts = ((d, p, mine.get(d, {}).get(p)) for d in datasets for p in PARTS)
+            row = {f"{d} {p}": Cellv(mean_ci(list(vals.values())), seeds=dict(vals)) for d, p, vals in parts if vals}
             for p, col in zip(PARTS, means):
                 if not all(mine.get(d, {}).get(p) for d in datasets):
                     continue  # a backbone missing a dataset has no comparable mean

@@ -220,6 +220,27 @@ def _newest_first(version: str) -> tuple:
         return (1, 0.0, version)
 
 
+def _row(t: TaskTable, b: str, columns: list, cell_of: dict) -> tuple[dict, set]:
+    """Backbone `b`'s row of dataset columns (its entries' estimates, seeds, selections and samples; each note into
+    `t.notes`) and the seed counts its estimates rest on."""
+    row, ns = {}, set()
+    for col in columns:
+        e = cell_of.get((b, col))
+        if e is None:
+            continue
+        row[col] = Cellv(
+            e.estimate,
+            seeds=dict(e.per_seed),
+            selected=dict(e.selected),
+            samples=dict(e.samples) if e.samples else None,
+        )
+        if e.estimate:
+            ns.add(e.estimate.n)
+        if e.note:
+            t.notes.append(f"{b} / {col}: {e.note}")
+    return row, ns
+
+
 def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = None) -> TaskTable:
     """The values of `ents`: a column per dataset (per dataset and axis setting when settings are mixed), then
     group means; rows are backbones (paired afterwards by `pair`)."""
@@ -263,22 +284,7 @@ def _table(task: str, ents: list[Entry], setting: str = "", axes: dict | None = 
             t.pixels.setdefault(e.backbone, set()).add(e.pixels)
         t.changed.update(e.changed)
     for b in backbones:
-        row = {}
-        ns = set()
-        for col in columns:
-            e = cell_of.get((b, col))
-            if e is None:
-                continue
-            row[col] = Cellv(
-                e.estimate,
-                seeds=dict(e.per_seed),
-                selected=dict(e.selected),
-                samples=dict(e.samples) if e.samples else None,
-            )
-            if e.estimate:
-                ns.add(e.estimate.n)
-            if e.note:
-                t.notes.append(f"{b} / {col}: {e.note}")
+        row, ns = _row(t, b, columns, cell_of)
         for g in group_columns:
             members_g = t.members[g]
             if not all(col in row and row[col].estimate for col in members_g):

@@ -75,6 +75,29 @@ def view_batches(tokens: torch.Tensor, views: list[torch.Tensor], *, batch: int,
         yield t, f[torch.arange(len(t)), pick]
 
 
+def _train_tower(model, captions, views: list, s: LitSettings, seed: int, ctx) -> dict:
+    """Train `model`'s text tower on the caption and image-feature pairs (data order from `seed`) with LiT's AdamW;
+    its training info."""
+    tokens = tokenizer(s.context_length)(list(captions))
+    batches = view_batches(tokens, views, batch=s.batch, steps=s.steps, seed=seed)
+    groups = parameter_groups(model, s.weight_decay, lr=s.lr, decay=s.decay)
+    opt = torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **optimizer_options(ctx.device))
+    started = time.time()
+    loss = contrastive_loss(model)
+    out = fit_settings(model, batches, opt, s, ctx, loss_fn=loss, desc=f"text tower seed={seed}", splittable=False)
+    return {
+        "final_loss": out["final_loss"],
+        "steps": s.steps,
+        "text_bf16": out["bf16"],
+        "adamw_weight_decay": groups[0]["weight_decay"],
+        "decayed_tensors": len(groups[0]["params"]),
+        **({"text_bf16_choice": out["bf16_choice"]} if "bf16_choice" in out else {}),
+        "train_seconds": round(time.time() - started, 2),
+        "temperature": round(float(model.scale().detach()), 4),
+        **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {}),
+    }
+
+
 def text_tower(features: list, captions, s: LitSettings, seed: int, pairs_key: str, ctx):
     """The trained LitModel for these pairs, settings and seed: from the tower cache, or trained (text-tower
     init and data order from `seed`) and stored. `features`: one (N, D) array of image features per view of
@@ -107,32 +130,7 @@ def text_tower(features: list, captions, s: LitSettings, seed: int, pairs_key: s
                 info = json.loads(f.metadata()["info"])
             return model, {**info, "tower_cache_hit": True}
         model = build().to(ctx.device)
-        tokens = tokenizer(s.context_length)(list(captions))
-        batches = view_batches(tokens, views, batch=s.batch, steps=s.steps, seed=seed)
-        groups = parameter_groups(model, s.weight_decay, lr=s.lr, decay=s.decay)
-        opt = torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **optimizer_options(ctx.device))
-        started = time.time()
-        out = fit_settings(
-            model,
-            batches,
-            opt,
-            s,
-            ctx,
-            loss_fn=contrastive_loss(model),
-            desc=f"text tower seed={seed}",
-            splittable=False,
-        )
-        info = {
-            "final_loss": out["final_loss"],
-            "steps": s.steps,
-            "text_bf16": out["bf16"],
-            "adamw_weight_decay": groups[0]["weight_decay"],
-            "decayed_tensors": len(groups[0]["params"]),
-            **({"text_bf16_choice": out["bf16_choice"]} if "bf16_choice" in out else {}),
-            "train_seconds": round(time.time() - started, 2),
-            "temperature": round(float(model.scale().detach()), 4),
-            **({"logit_bias": round(float(model.logit_bias.detach()), 4)} if model.logit_bias is not None else {}),
-        }
+        info = _train_tower(model, captions, views, s, seed, ctx)
         model = model.cpu()
         with sealed(path) as tmp:
             save_file(

@@ -76,6 +76,20 @@ def segmentation_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
 
 
+def _segmenter(cell, s: SegSettings, classes: int, device):
+    """(the backbone, App. G's linear segmenter on it) for a cell, on `device`: its checkpoint at the crop size,
+    stochastic depth and position-embedding resampling as the settings say, no classifier."""
+    backbone = create_backbone(
+        cell.backbone_name,
+        img_size=s.crop,
+        checkpoint=cell.checkpoint,
+        drop_path_rate=s.drop_path,
+        **({"posemb": s.posemb} if s.posemb else {}),
+    )
+    backbone.reset_classifier(0)
+    return backbone, LinearSegmenter(backbone, classes, tokens=s.decoder_tokens).to(device)
+
+
 def train_steps(hp: SegSettings, subset_size: int, pool_size: int) -> int:
     """The fine-tuning steps of a cell. `steps` when set; else `epochs` x steps per epoch, where an epoch is
     `pool_size // batch` steps whatever the fraction (`epoch: pool`, App. G: `steps_per_epoch = 20210 //
@@ -216,15 +230,7 @@ class SegAdapter(Adapter):
         steps = train_steps(s, len(train), len(full))
 
         torch.manual_seed(cell.seed)
-        backbone = create_backbone(
-            cell.backbone_name,
-            img_size=s.crop,
-            checkpoint=cell.checkpoint,
-            drop_path_rate=s.drop_path,
-            **({"posemb": s.posemb} if s.posemb else {}),
-        )
-        backbone.reset_classifier(0)
-        model = LinearSegmenter(backbone, ds["classes"], tokens=s.decoder_tokens).to(ctx.device)
+        backbone, model = _segmenter(cell, s, ds["classes"], ctx.device)
         opt = augreg.scenic_adamw(
             model,
             lr=s.lr,

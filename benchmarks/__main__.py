@@ -93,6 +93,37 @@ def end_to_end(task: str = "vtab") -> str:
 E2E_HEAD = "| command | wall | peak RSS | rerun (all cells skipped) | status |\n|---|---|---|---|---|\n"
 
 
+def _backbone_rows(seconds: float) -> str:
+    """The backbone throughput section: ours against timm, DPN and DTN's overhead, in fp32 and, where the CPU has bf16
+    units, in bf16."""
+    rows = [
+        backbone_overhead.run(size, batch, False, backward, seconds)
+        for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8))
+        for backward in (False, True)
+    ]
+    # a training-size batch, where DTN's cache-sized slices matter; timm and DPN are left out for time
+    rows.append(backbone_overhead.run("s16", 32, False, True, seconds, models=("ours", "dtn")))
+    if not gemm_peak.cpu_bf16_units():
+        return backbone_overhead.markdown(rows) + (
+            "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower than fp32)."
+        )
+    rows += [
+        backbone_overhead.run(size, batch, True, backward, seconds)
+        for size, batch in (("s16", 8), ("b32", 8))
+        for backward in (False, True)
+    ]
+    return backbone_overhead.markdown(rows)
+
+
+def _head(started: float) -> str:
+    return (
+        f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
+        "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a "
+        "warm-up).\n\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip-e2e", action="store_true", help="skip the 16 minutes of end-to-end runs")
@@ -111,29 +142,7 @@ def main() -> None:
     # the DTN layer first: its temporaries are sensitive to what the allocator has been through, and the
     # backbone rows churn through gigabytes
     section("DTN layer vs the official algorithm", dtn_layer.markdown(dtn_layer.run(seconds=args.seconds)))
-    rows = [
-        backbone_overhead.run(size, batch, False, backward, args.seconds)
-        for size, batch in (("mu4", 32), ("s16", 8), ("b32", 8))
-        for backward in (False, True)
-    ]
-    # a training-size batch, where DTN's cache-sized slices matter; timm and DPN are left out for time
-    rows.append(backbone_overhead.run("s16", 32, False, True, args.seconds, models=("ours", "dtn")))
-    if gemm_peak.cpu_bf16_units():
-        rows += [
-            backbone_overhead.run(size, batch, True, backward, args.seconds)
-            for size, batch in (("s16", 8), ("b32", 8))
-            for backward in (False, True)
-        ]
-    section(
-        "Backbone throughput vs timm, DPN and DTN overhead",
-        backbone_overhead.markdown(rows)
-        + (
-            ""
-            if gemm_peak.cpu_bf16_units()
-            else "\n\nbf16 rows are skipped: this CPU has no bf16 units (bf16 matmuls are emulated, ~9x slower "
-            "than fp32)."
-        ),
-    )
+    section("Backbone throughput vs timm, DPN and DTN overhead", _backbone_rows(args.seconds))
     section(
         "bf16 auto vs off vs on on an embedded cell, and the batched data path",
         precision_choice.markdown(precision_choice.run()),
@@ -171,13 +180,7 @@ def main() -> None:
             "Embedded suites end to end",
             E2E_HEAD + "\n".join(end_to_end(t) for t in ("vtab", "seg", "lit", "imagenet_c", "hires", "diagnose")),
         )
-    head = (
-        f"# Benchmark results\n\nWritten by `python -m benchmarks` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"({(time.time() - started) / 60:.1f} min). Machine: {machine()}.\n"
-        "Every figure is a ratio against a peer measured in the same run (medians over rotating rounds after a "
-        "warm-up).\n\n"
-    )
-    args.output.write_text(head + "\n".join(sections))
+    args.output.write_text(_head(started) + "\n".join(sections))
     print(f"wrote {args.output}")
 
 

@@ -27,72 +27,82 @@ import numpy as np
 from benchmarks import interleaved_medians
 
 
-def run(mb: float = 200, seconds: float = 2.0) -> list[dict]:
+def _verify(path, directory=False):
+    from transferbench.paths.entries import damage
+    from transferbench.paths.ledger import Ledger
+
+    with Ledger().held():  # as a new run: the first verification hashes every byte
+        assert damage(path, directory=directory) is None
+
+
+def _features(d: str, mb: float, seconds: float) -> list[dict]:
+    """A features entry of `mb` MB: reading it against verifying it and hashing it; then verifying it again in the
+    same run."""
+    from transferbench.hashing import sha256_file
     from transferbench.paths.entries import damage, sealed
     from transferbench.paths.ledger import Ledger
 
-    rows = []
+    n = max(1, int(mb * 1e6 / (768 * 4)))
+    feats = np.random.default_rng(0).normal(size=(n, 768)).astype(np.float32)
+    entry = Path(d) / "features" / "k.npz"
+    with sealed(entry, suffix=".npz") as tmp:
+        np.savez(tmp, features=feats, labels=np.arange(n))
+    del feats
+
+    def load():
+        with np.load(entry) as z:
+            return z["features"], z["labels"]
+
+    t = interleaved_medians(
+        {"read": load, "verify": lambda: _verify(entry), "sha256": lambda: sha256_file(entry)}, seconds
+    )
+    first = {
+        "entry": f"features .npz, {entry.stat().st_size / 1e6:.0f} MB",
+        "read_ms": 1e3 * t["read"],
+        "verify_ms": 1e3 * t["verify"],
+        "sha256_ms": 1e3 * t["sha256"],
+    }
+    with Ledger().held():  # one run: the entry is hashed once, then each check is a stat of its files
+        damage(entry)
+        t = interleaved_medians({"again": lambda: damage(entry)}, seconds / 4)
+    again = {"entry": "the features entry again, same process", "read_ms": float("nan"), "verify_ms": 1e3 * t["again"]}
+    return [first, again]
+
+
+def _images(d: str, mb: float, seconds: float) -> dict:
+    """A corruption images entry of `mb` MB read as a robustness cell reads it, against verifying it."""
+    from transferbench.paths.entries import sealed
+
+    folder = Path(d) / "corruptions" / "k"
+    images = np.random.default_rng(1).integers(
+        0, 256, (max(1, int(mb * 1e6 / (224 * 224 * 3))), 224, 224, 3), dtype=np.uint8
+    )
+    with sealed(folder, directory=True) as tmp:
+        np.save(tmp / "images.npy", images)
+        np.save(tmp / "labels.npy", np.arange(len(images)))
+    del images
+
+    def read_images():  # what a robustness cell does before its model: each batch as [-1, 1] float tensors
+        import torch
+
+        mm = np.load(folder / "images.npy", mmap_mode="r")
+        for i in range(0, len(mm), 256):
+            torch.from_numpy(np.array(mm[i : i + 256])).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+
+    t = interleaved_medians({"read": read_images, "verify": lambda: _verify(folder, True)}, seconds)
+    size = (folder / "images.npy").stat().st_size / 1e6
+    return {
+        "entry": f"corruption images .npy (mmap) to float batches, {size:.0f} MB",
+        "read_ms": 1e3 * t["read"],
+        "verify_ms": 1e3 * t["verify"],
+    }
+
+
+def run(mb: float = 200, seconds: float = 2.0) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         os.environ["TRANSFERBENCH_HOME"] = d
-        n = max(1, int(mb * 1e6 / (768 * 4)))
-        feats = np.random.default_rng(0).normal(size=(n, 768)).astype(np.float32)
-        entry = Path(d) / "features" / "k.npz"
-        with sealed(entry, suffix=".npz") as tmp:
-            np.savez(tmp, features=feats, labels=np.arange(n))
-        del feats
-
-        def load():
-            with np.load(entry) as z:
-                return z["features"], z["labels"]
-
-        def verify(path=entry, directory=False):
-            with Ledger().held():  # as a new run: the first verification hashes every byte
-                assert damage(path, directory=directory) is None
-
-        from transferbench.hashing import sha256_file
-
-        t = interleaved_medians({"read": load, "verify": verify, "sha256": lambda: sha256_file(entry)}, seconds)
-        rows.append(
-            {
-                "entry": f"features .npz, {entry.stat().st_size / 1e6:.0f} MB",
-                "read_ms": 1e3 * t["read"],
-                "verify_ms": 1e3 * t["verify"],
-                "sha256_ms": 1e3 * t["sha256"],
-            }
-        )
-
-        folder = Path(d) / "corruptions" / "k"
-        images = np.random.default_rng(1).integers(
-            0, 256, (max(1, int(mb * 1e6 / (224 * 224 * 3))), 224, 224, 3), dtype=np.uint8
-        )
-        with sealed(folder, directory=True) as tmp:
-            np.save(tmp / "images.npy", images)
-            np.save(tmp / "labels.npy", np.arange(len(images)))
-        del images
-
-        def read_images():  # what a robustness cell does before its model: each batch as [-1, 1] float tensors
-            import torch
-
-            mm = np.load(folder / "images.npy", mmap_mode="r")
-            for i in range(0, len(mm), 256):
-                torch.from_numpy(np.array(mm[i : i + 256])).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
-
-        t = interleaved_medians({"read": read_images, "verify": lambda: verify(folder, True)}, seconds)
-        rows.append(
-            {
-                "entry": f"corruption images .npy (mmap) to float batches, "
-                f"{(folder / 'images.npy').stat().st_size / 1e6:.0f} MB",
-                "read_ms": 1e3 * t["read"],
-                "verify_ms": 1e3 * t["verify"],
-            }
-        )
-        with Ledger().held():  # one run: the entry is hashed once, then each check is a stat of its files
-            damage(entry)
-            t = interleaved_medians({"again": lambda: damage(entry)}, seconds / 4)
-        rows.append(
-            {"entry": "the features entry again, same process", "read_ms": float("nan"), "verify_ms": 1e3 * t["again"]}
-        )
-    return rows
+        first, again = _features(d, mb, seconds)
+        return [first, _images(d, mb, seconds), again]
 
 
 def markdown(rows: list[dict]) -> str:

@@ -185,17 +185,21 @@ def table(model: dict) -> str:
     """The model as a markdown table: per task, split and metric, each kind's rms over its changes."""
     from transferbench.gate.noise import KINDS
 
+    entries = [
+        (task, split, metric, kinds)
+        for task, splits in sorted(model["tasks"].items())
+        for split, metrics in sorted(splits.items())
+        for metric, kinds in sorted(metrics.items())
+    ]
     rows = []
-    for task, splits in sorted(model["tasks"].items()):
-        for split, metrics in sorted(splits.items()):
-            for metric, kinds in sorted(metrics.items()):
-                row = [task, split, metric]
-                for kind in KINDS:
-                    e = kinds.get(kind)
-                    row.append(f"{e['ms'] ** 0.5:.3g} ({e['df']})" if e else "-")
-                    if kind == "precision" and e:
-                        row[-1] += f", mean {e['mean']:+.2g}"
-                rows.append(row)
+    for task, split, metric, kinds in entries:
+        row = [task, split, metric]
+        for kind in KINDS:
+            e = kinds.get(kind)
+            row.append(f"{e['ms'] ** 0.5:.3g} ({e['df']})" if e else "-")
+            if kind == "precision" and e:
+                row[-1] += f", mean {e['mean']:+.2g}"
+        rows.append(row)
     return tabulate(rows, ["task", "split", "metric", *KINDS], tablefmt="github", disable_numparse=True)
 
 
@@ -224,7 +228,7 @@ def judge(work: Path, anchor: Path, model: dict) -> str:
     return tabulate(rows, head, tablefmt="github", disable_numparse=True)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, help="the worktree, homes and records of every variant (kept for --reuse)")
     ap.add_argument(
@@ -261,6 +265,11 @@ def main(argv=None) -> int:
         help="also a measured pair of folders of the same code in two arithmetics (the committed anchor and its "
         "rerun on another runner, ROLLING/anchors/<commit>-<arithmetic>); repeatable",
     )
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.list:
         print(tabulate([[v.name, v.what] for v in VARIANTS], ["variant", "what"]))

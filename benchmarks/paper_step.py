@@ -33,16 +33,16 @@ import itertools
 import time
 import types
 
-import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import interleaved_medians
+from benchmarks.paper_step_data import Synthetic, data_share, embedded, sync
+from benchmarks.paper_step_report import STUDY_CELLS, markdown, versions
 from transferbench import create_backbone
 
-STUDY_CELLS = 19 * 3 * 3  # VTAB-1k: 19 tasks x 3 learning rates x 3 seeds, each 2,500 steps of 512
 # dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets, by the name torch reports
 PEAKS = {
     "H100 80GB HBM3": (989.4e12, "H100 SXM5 datasheet, dense BF16 (1,979 TFLOPS with sparsity)"),
@@ -53,12 +53,6 @@ PEAKS = {
     "A100-PCIE": (312e12, "A100 datasheet, dense BF16"),
 }
 TIMM_SHAPES = {"b32": "vit_base_patch32_224", "b16": "vit_base_patch16_224", "mu4": None}
-NO_GPU = "no GPU"
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def peak(device: str) -> tuple[float, str] | None:
@@ -111,7 +105,7 @@ def step_vs_timm(
             kw = dict(base_lr=1e-3, warmup=1, clip=1.0, loss_fn=cross_entropy, device=device, bf16=bf16)
             with _sdpa(sdpa):
                 fit(ours, itertools.repeat((x, y)), opt_ours, steps=steps, compile="on" if compile else "off", **kw)
-            _sync(device)
+            sync(device)
 
         return go
 
@@ -123,7 +117,7 @@ def step_vs_timm(
             F.cross_entropy(out.float(), y).backward()
             torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
             opt_ref.step()
-        _sync(device)
+        sync(device)
 
     fns = {"compiled": run_ours(compile=True)} if compiled_only else {"ours": run_ours(), "timm": run_ref}
     if variants and bf16 and not compiled_only:
@@ -153,94 +147,6 @@ def _step_flops(model, res: int, device: str, bf16: bool) -> float:
     return counter.get_total_flops() / 2
 
 
-class _Synthetic(torch.utils.data.Dataset):
-    """n random uint8 images of `size` px: `array()` (the resident path's in-memory set) or, with `per_example`,
-    only PIL images one at a time (the worker pipeline's view of a decoded source)."""
-
-    def __init__(self, n: int, size: int, classes: int, per_example: bool = False, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self._array = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
-        self.labels = rng.integers(0, classes, n)
-        self.num_classes = classes
-        if not per_example:
-            self.array = lambda: self._array
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        return Image.fromarray(self._array[i]), int(self.labels[i])
-
-
-def data_share(
-    device: str,
-    seconds: float,
-    *,
-    size="b32",
-    batch=512,
-    n=1000,
-    res=224,
-    workers=0,
-    fed_steps: bool = True,
-    paths=("resident", "workers"),
-) -> dict:
-    """The data path as a cell trains: `fit` (the default path: compiled on CUDA) for `steps` steps fed by the
-    resident path with the cell's DataLoader workers (`workers`: a VTAB cell's default, 0), against the same loop
-    on one ready batch; the loop synchronises only where fit does (its loss reads), so the share is what the data
-    costs a real cell: (fed - ready) / fed. Also each path's batches alone (`data_resident`, `data_workers`: the
-    per-example pipeline in 8 workers), over runs longer than the pipeline's prefetch buffer."""
-    from transferbench.data.transforms import train_transform
-    from transferbench.engine.batches import train_batches
-    from transferbench.engine.losses import cross_entropy
-    from transferbench.engine.train import fit, optimizer_options
-
-    bf16 = device.startswith("cuda")
-    tf = train_transform(res, "crop_flip")
-    model = create_backbone(size, img_size=res, num_classes=100).to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, **optimizer_options(device))
-    steps = 20 if bf16 else 2
-
-    def stream(path: str, w: int):
-        per_example = path == "workers"
-        data = _Synthetic(n, res * 8 // 7, 100, per_example=per_example)
-        return train_batches(
-            data, tf, batch=batch, steps=10**6, seed=0, workers=w, device=device, per_example=per_example
-        )
-
-    def loop(batches):
-        def go():
-            kw = dict(base_lr=1e-3, warmup=1, clip=1.0, loss_fn=cross_entropy, device=device, bf16=bf16)
-            fit(model, batches, opt, steps=steps, **kw)
-            _sync(device)
-
-        return go
-
-    def timed(fn) -> float:
-        for _ in range(2):  # warm-up: workers started, kernels chosen, the step compiled
-            fn()
-        times, start = [], time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < seconds:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
-
-    out = {"size": size, "batch": batch, "workers": workers, "n": n, "res": res, "steps": steps}
-    for path, w in (p for p in (("resident", workers), ("workers", 8)) if p[0] in paths):
-        batches = stream(path, w)
-        assert batches.info()["data_path"] == path
-        run = 1 if path == "resident" else 8 * w + 1  # longer than the pipeline's prefetch buffer (4 a worker)
-        out[f"data_{path}"] = timed(lambda: [next(batches) for _ in range(run)] and _sync(device)) / run
-        if fed_steps and path == "resident":
-            ready = next(batches)
-            out["step_ready"] = timed(loop(itertools.repeat(ready))) / steps
-            out["step_resident"] = timed(loop(batches)) / steps
-        batches = None  # the worker pipeline's processes end here, before the next path is timed
-    return out
-
-
 def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, workers=0, res=None) -> dict:
     """One VTAB-1k cell at the protocol's hyper-parameters on synthetic images, timed end to end."""
     from transferbench.adapters import prepare_task
@@ -260,10 +166,10 @@ def paper_cell(device: str, *, size="b32", steps=2500, batch=512, n=1000, worker
     ctx = CellContext(device=device, workers=workers)
     started = time.time()
     source = hp["resolution"] * 8 // 7
-    model, info = finetune(cell, VtabSettings.of(hp), _Synthetic(n, source, 100), 100, "crop_flip", ctx)
+    model, info = finetune(cell, VtabSettings.of(hp), Synthetic(n, source, 100), 100, "crop_flip", ctx)
     trained = time.time() - started
     evaluation = Evaluation(device, info["bf16"])
-    acc = accuracy(model, _Synthetic(n, source, 100, seed=1), eval_transform(hp["resolution"]), evaluation)
+    acc = accuracy(model, Synthetic(n, source, 100, seed=1), eval_transform(hp["resolution"]), evaluation)
     wall = time.time() - started
     compile_s = float(info.get("compile_s", 0.0))  # the first step's time, which compiles (once per run)
     step_s = (trained - compile_s) / max(1, steps - 1)
@@ -303,7 +209,7 @@ def dtn_overhead(size: str, batch: int, device: str, seconds: float, res: int = 
                 with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
                     out = model(x)
                 out.float().square().mean().backward()
-                _sync(device)
+                sync(device)
             finally:
                 dtn.KERNELS = "auto"
 
@@ -360,75 +266,6 @@ def lever(size: str, batch: int, mode: str | None, device: str, seconds: float, 
     with compile_mode(mode):
         r = step_vs_timm(size, batch, device, seconds, res=res, variants=False, compiled_only=True)
     return {**r, "mode": mode or "default", "row_s": round(time.time() - started, 1)}
-
-
-def embedded(out_dir: str, timeout: float = 240.0) -> dict:
-    """The README's main command on this machine as a user types it (its default --jobs: several cells on a GPU),
-    timed, then `regress` of its records against the committed CPU records of the same command (results/runs/vtab:
-    other arithmetic, so judged statistically). Where the time goes: `breakdown`."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRANSFERBENCH_HOME": os.path.join(out_dir, "home")}
-    records = os.path.join(out_dir, "vtab")
-    cli = [sys.executable, "-m", "transferbench.cli"]
-    started = time.time()
-    subprocess.run([*cli, "--help"], env=env, capture_output=True, timeout=120)
-    import_s = time.time() - started
-    started = time.time()
-    run = subprocess.run([*cli, "run", "vtab", "--suite", "embedded", "--out", records], env=env, capture_output=True,
-                         text=True, timeout=timeout)  # fmt: skip
-    wall = time.time() - started
-    gate = subprocess.run(
-        [*cli, "regress", "--baseline", "results/runs/vtab", "--current", records],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return {
-        "wall_s": wall,
-        "exit": run.returncode,
-        "tail": run.stderr[-600:],
-        "regress_exit": gate.returncode,
-        "regress_head": gate.stdout[:1500],
-        "breakdown": breakdown(records, started, wall, import_s),
-    }
-
-
-def breakdown(records: str, started: float, wall: float, import_s: float) -> dict:
-    """Where a run's wall time went, from its records: the process's start-up (Python and the imports, timed on
-    `--help`), the time before the first cell began (start-up, data, workers), each cell's set-up (its seconds less
-    its training) and its training steps (`info.train_seconds`), summed over cells and divided by the cells run at
-    once (the records' own overlap: the cell-seconds per second of the span from first start to last finish)."""
-    import json
-    from pathlib import Path
-
-    cells = []
-    for f in Path(records).rglob("*.json"):
-        r = json.loads(f.read_text())
-        if "seconds" in r:
-            cells.append((f.stat().st_mtime, float(r["seconds"]), float((r.get("info") or {}).get("train_seconds", 0))))
-    if not cells:
-        return {"cells": 0}
-    first_start = min(end - sec for end, sec, _ in cells)
-    last_end = max(end for end, _, _ in cells)
-    cell_s = sum(sec for _, sec, _ in cells)
-    train_s = sum(t for _, _, t in cells)
-    overlap = cell_s / max(last_end - first_start, 1e-9)
-    return {
-        "cells": len(cells),
-        "import_s": import_s,
-        "before_first_cell_s": first_start - started,
-        "cells_span_s": last_end - first_start,
-        "after_last_cell_s": started + wall - last_end,
-        "cells_at_once": overlap,
-        "setup_s": (cell_s - train_s) / overlap,
-        "train_s": train_s / overlap,
-        "setup_per_cell_s": (cell_s - train_s) / len(cells),
-        "train_per_cell_s": train_s / len(cells),
-    }
 
 
 class Budget:
@@ -492,31 +329,6 @@ def run(
     return out
 
 
-def versions(device: str) -> dict:
-    """The device, driver and libraries the figures were measured with."""
-    import platform
-    import subprocess
-
-    v = {"torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version()}
-    try:
-        import triton
-
-        v["triton"] = triton.__version__
-    except ImportError:
-        v["triton"] = None
-    if device.startswith("cuda"):
-        v["cuda"] = torch.version.cuda
-        v["cudnn"] = torch.backends.cudnn.version()
-        v["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        v["memory_mib"] = torch.cuda.get_device_properties(device).total_memory // 2**20
-        try:
-            q = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-            v["driver"] = subprocess.run(q, capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            v["driver"] = None
-    return v
-
-
 # the step rows on a GPU: VTAB's b32 cell batch, and b16 at the DTN rows' batch (one compilation serves both)
 STEP_ROWS = (("b32", 512), ("b16", 128))
 
@@ -546,179 +358,6 @@ def _shown(row: str, value: dict) -> dict:
 
     print(f"{row}: {json.dumps(value, default=str)}", file=sys.stderr, flush=True)
     return value
-
-
-def _ms(v) -> str:
-    return "-" if v is None else f"{1e3 * v:.1f}"
-
-
-def _failed(row: str, value: dict) -> str | None:
-    """A row's one line where it failed or was skipped, else None."""
-    if "error" in value:
-        return f"{row} failed: {value['error']}"
-    if "skipped" in value:
-        return f"{row} skipped: {value['skipped']}"
-    return None
-
-
-def _mfu(r: dict):
-    pk = r.get("peak")
-    return lambda s, k: f"{100 * s['flops'] / s[k] / pk[0]:.0f}%" if pk and s.get(k) else "-"
-
-
-def markdown(r: dict) -> str:
-    v = r.get("versions", {})
-    lines = [
-        f"Device: {r['device']}" + (" (--small: toy shapes, the figures mean nothing)" if r["small"] else ""),
-        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-    ]
-    if "used_s" in r:
-        lines.append(f"All rows: {r['used_s']:.0f} s of a {r['budget_s']:.0f} s budget.")
-    lines += _dtn_lines(r.get("dtn", []))
-    lines += _step_lines(r)
-    lines += _data_lines(r["data"])
-    if "cell" not in r:
-        lines += [
-            "",
-            f"Paper-scale VTAB-1k cell and DTN block overhead in bf16: {NO_GPU} (on a machine with one: "
-            "`python -m benchmarks.paper_step`, under 8 minutes on one H200).",
-        ]
-        return "\n".join(lines)
-    lines += _cell_lines(r["cell"])
-    lines += _embedded_lines(r.get("embedded"))
-    lines += _lever_lines(r)
-    return "\n".join(lines)
-
-
-def _step_lines(r: dict) -> list[str]:
-    mfu, pk = _mfu(r), r.get("peak")
-    lines = [
-        "",
-        "| model | batch | ours eager ms | ours compiled ms (default) | eager, cuDNN SDPA ms | timm eager ms | "
-        "compiled vs timm | MFU eager / compiled (b16 >= 40%, b32 >= 35%) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for s in r["step"]:
-        if _failed("step row", s):
-            lines.append(f"| {_failed('step row', s)} |")
-            continue
-        best = s.get("compiled") or s["ours"]
-        lines.append(
-            f"| {s['size']} | {s['batch']} | {_ms(s['ours'])} | {_ms(s.get('compiled'))} | {_ms(s.get('cudnn'))} | "
-            f"{_ms(s['timm'])} | {s['timm'] / best:.2f}x | {mfu(s, 'ours')} / {mfu(s, 'compiled')} |"
-        )
-    if pk:
-        lines.append(f"\nMFU: the step's FLOPs per second over {pk[0] / 1e12:.1f} TFLOP/s ({pk[1]}).")
-    return lines
-
-
-def _dtn_lines(rows: list) -> list[str]:
-    lines = [
-        "",
-        "| DTN block, fwd+bwd, bf16 | batch | plain compiled ms | DTN compiled ms, fused kernels (default) | "
-        "default-path overhead (<= 1.35x) | DTN compiled ms, torch formulation | its overhead | plain eager ms | "
-        "DTN eager ms (fused) | DTN eager ms (torch) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for t in rows:
-        if _failed("DTN row", t):
-            lines.append(f"| {_failed('DTN row', t)} |")
-            continue
-        over = lambda k: f"{t[k] / t['plain_compiled']:.2f}x" if t.get(k) else "-"  # noqa: E731
-        lines.append(
-            f"| {t['size']} | {t['batch']} | {_ms(t.get('plain_compiled'))} | {_ms(t.get('dtn_compiled'))} | "
-            f"**{over('dtn_compiled')}** | {_ms(t.get('torch_compiled'))} | {over('torch_compiled')} | "
-            f"{_ms(t['plain'])} | {_ms(t['dtn'])} | {_ms(t.get('torch_eager'))} |"
-        )
-    return lines
-
-
-def _cell_lines(c: dict) -> list[str]:
-    if _failed("Paper-scale cell", c):
-        return ["", _failed("Paper-scale cell", c)]
-    return [
-        "",
-        f"Paper-scale VTAB-1k cell ({c['size']}, {c['steps']} steps of {c['batch']}, synthetic images, data path "
-        f"{c['info'].get('data_path')}, bf16 {c['info'].get('bf16')}, compiled "
-        f"{c['info'].get('compiled', False)}): compilation {c['compile_s']:.0f} s (once per run), then "
-        f"{1e3 * c['step_s']:.1f} ms a step ({c['images_per_s']:.0f} training images/s); a 2,500-step cell "
-        f"{c['cell_s'] / 60:.1f} min; the full study ({STUDY_CELLS} cells) projects to "
-        f"**{c['study_hours']:.1f} GPU-hours** (target <= 4.5).",
-    ]
-
-
-def _embedded_lines(e: dict | None) -> list[str]:
-    if not e:
-        return []
-    head = "The README's main command (`transferbench run vtab --suite embedded`, default --jobs): "
-    if _failed("", e):
-        return ["", head + _failed("it", e)]
-    lines = [
-        "",
-        head + f"**{e['wall_s']:.0f} s**, exit {e['exit']} (target <= 60 s); `regress` against the committed CPU "
-        f"records: exit {e['regress_exit']}.",
-    ]
-    b = e.get("breakdown") or {}
-    if b.get("cells"):
-        lines += [
-            "",
-            "| where the time went | s |",
-            "|---|---|",
-            f"| Python and imports (`--help`) | {b['import_s']:.1f} |",
-            f"| before the first cell began | {b['before_first_cell_s']:.1f} |",
-            f"| cells' set-up ({b['cells']} cells, {b['setup_per_cell_s']:.2f} s each, {b['cells_at_once']:.1f} at "
-            f"once) | {b['setup_s']:.1f} |",
-            f"| cells' training steps ({b['train_per_cell_s']:.2f} s a cell) | {b['train_s']:.1f} |",
-            f"| after the last cell (tables, summary) | {b['after_last_cell_s']:.1f} |",
-        ]
-    return lines
-
-
-def _lever_lines(r: dict) -> list[str]:
-    rows, mfu = r.get("levers") or [], _mfu(r)
-    lines = [] if not rows else ["", "| MFU lever: compiled step | batch | mode | ms | MFU | compile + timing s |"]
-    lines += ["|---|---|---|---|---|---|"] if rows else []
-    for t in rows:
-        if _failed("lever", t):
-            lines.append(f"| {_failed('lever', t)} |")
-            continue
-        lines.append(
-            f"| {t['size']} | {t['batch']} | {t['mode']} | {_ms(t['compiled'])} | {mfu(t, 'compiled')} | {t['row_s']} |"
-        )
-    for d in r.get("data_levers") or []:
-        if _failed("data lever", d):
-            lines.append(f"\n{_failed('data lever', d)}")
-        elif "step_ready" in d:
-            share = (d["step_resident"] - d["step_ready"]) / d["step_resident"]
-            lines.append(
-                f"\nData lever, {d['workers']} DataLoader workers for the resident path's draws: the step "
-                f"{_ms(d['step_ready'])} ms ready, {_ms(d['step_resident'])} ms fed, share {100 * share:.1f}% (<= 3%)"
-            )
-    return lines
-
-
-def _data_lines(d: dict) -> list[str]:
-    if _failed("Data row", d):
-        return ["", _failed("Data row", d)]
-    lines = [
-        "",
-        f"Data path, batches of {d['batch']} at {d['res']} px from {d['n']:,} images of {d['res'] * 8 // 7} px "
-        f"(random crop and flip), `fit`'s own loop, {d['workers']} DataLoader workers (a cell's default):",
-    ]
-    if "step_ready" in d:
-        share = (d["step_resident"] - d["step_ready"]) / d["step_resident"]
-        lines += [
-            f"- the {d['size']} step on a ready batch: {1e3 * d['step_ready']:.1f} ms",
-            f"- fed by the resident path: {1e3 * d['step_resident']:.1f} ms, share {100 * share:.1f}% (<= 3%)",
-        ]
-    else:
-        lines.append(f"- the share of a step: {NO_GPU}")
-    if "data_workers" in d:
-        lines.append(
-            f"- batches alone: resident {1e3 * d['data_resident']:.1f} ms, the per-example worker pipeline "
-            f"(8 workers) {1e3 * d['data_workers']:.1f} ms ({d['data_workers'] / d['data_resident']:.1f}x)"
-        )
-    return lines
 
 
 def main() -> None:

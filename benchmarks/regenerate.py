@@ -117,6 +117,16 @@ def check_shipped() -> None:
             )
 
 
+def _home(given: Path | None) -> Path:
+    """The home the phase runs in: `given`, which must be empty (a fresh home is part of what is timed), else a new
+    temporary folder."""
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="transferbench-home-"))
+    empty_folder(given, "files (a fresh home is part of what is timed)")
+    given.mkdir(parents=True, exist_ok=True)
+    return given
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.regenerate",
@@ -146,12 +156,7 @@ def main(argv=None) -> None:
         check_shipped()
         for t in names:
             empty_folder(out / t, "records")
-    if args.home is not None:
-        empty_folder(args.home, "files (a fresh home is part of what is timed)")
-        home = args.home
-        home.mkdir(parents=True, exist_ok=True)
-    else:
-        home = Path(tempfile.mkdtemp(prefix="transferbench-home-"))
+    home = _home(args.home)
     env = {**os.environ, "TRANSFERBENCH_HOME": str(home)}
     times_path = args.times or Path(f"regenerate-{args.phase}.md")
     rows: list[tuple[str, float]] = []

@@ -4,7 +4,7 @@ its time (from its records), and the time budget that keeps the device run under
 import json
 import os
 
-from benchmarks import paper_step
+from benchmarks import paper_step, paper_step_data, paper_step_report
 
 
 def _record(folder, name, end, seconds, train):
@@ -23,7 +23,7 @@ def test_breakdown_of_the_main_command_by_hand(tmp_path):
     _record(tmp_path / "set", "c", 125, 10, 7)
     _record(tmp_path / "set", "d", 127, 14, 10)
     (tmp_path / "results.json").write_text(json.dumps({"results": {}}))  # a summary file is not a cell
-    b = paper_step.breakdown(str(tmp_path), started=100.0, wall=30.0, import_s=2.5)
+    b = paper_step_data.breakdown(str(tmp_path), started=100.0, wall=30.0, import_s=2.5)
     assert b["cells"] == 4
     assert b["import_s"] == 2.5
     assert abs(b["before_first_cell_s"] - 5.0) < 1e-6
@@ -39,7 +39,9 @@ def test_a_row_past_the_budget_is_named_not_run():
     ran = []
     skipped = paper_step._row("cell", lambda: ran.append(1) or {}, clock=clock, need=60)
     assert ran == [] and skipped["skipped"].startswith("over the time budget")
-    assert paper_step._failed("Paper-scale cell", skipped).startswith("Paper-scale cell skipped: over the time budget")
+    assert paper_step_report._failed("Paper-scale cell", skipped).startswith(
+        "Paper-scale cell skipped: over the time budget"
+    )
     done = paper_step._row("cell", lambda: {"x": 1}, clock=clock, need=1)
     assert done["x"] == 1 and "skipped" not in done
 
@@ -50,4 +52,4 @@ def test_a_failing_row_is_its_error_and_the_run_goes_on():
 
     row = paper_step._row("dtn", broken, clock=paper_step.Budget(100), need=1)
     assert row["error"] == "ValueError: no such kernel"
-    assert paper_step._dtn_lines([row])[-1] == "| DTN row failed: ValueError: no such kernel |"
+    assert paper_step_report._dtn_lines([row])[-1] == "| DTN row failed: ValueError: no such kernel |"

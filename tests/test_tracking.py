@@ -381,6 +381,19 @@ def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, monkeypatch, cap
         subprocess.run(["umount", str(small)], check=True)
 
 
+def test_the_warning_names_every_run_a_full_disk_left_running(monkeypatch):
+    """On a full disk W&B can lose an early run's records while a later, smaller run still ends whole: the warning
+    names each of the process's last runs that W&B's inspector does not read as ended, not only those after the
+    newest whole one (a run was once left reading as running, unnamed, behind a finished one)."""
+    from transferbench.tracking import wandb as tracked
+
+    states = {"/a": "running", "/b": "finished", "/c": "unknown", "/d": "failed"}
+    monkeypatch.setattr(tracked, "_run_state", lambda folder: states[str(folder)])
+    finished = [("a", Path("/a")), ("b", Path("/b")), ("c", Path("/c")), ("d", Path("/d"))]
+    assert tracked.unfinished(finished) == ["a (/a)", "c (/c)"]
+    assert tracked.unfinished(finished, limit=2) == ["c (/c)"]  # the last `limit` runs only
+
+
 def test_tracker_calls_leave_the_random_generators_as_they_were(monkeypatch):
     """What a tracker draws (W&B's run ids, say) never moves a cell's random streams."""
     import random

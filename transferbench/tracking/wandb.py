@@ -55,16 +55,12 @@ def _label(run) -> str:
 
 
 def unfinished(finished: list, limit: int = 8) -> list[str]:
-    """The runs this process finished (`finished`: (name, folder), oldest first) whose files do not read as ended in
-    W&B's own inspector (`wandb leet inspect`), newest first until one does (at most `limit`), as 'NAME (FOLDER)': on
-    a full disk W&B's service can lose a run's records although `finish` returned. Asked only once the tracker has
-    failed (each look takes about a second)."""
-    out = []
-    for name, folder in reversed(finished[-limit:]):
-        if _run_state(folder) in ("finished", "failed"):
-            break
-        out.append(f"{name} ({folder})")
-    return out[::-1]
+    """The last `limit` runs this process finished (`finished`: (name, folder), oldest first) whose files do not read
+    as ended in W&B's own inspector (`wandb leet inspect`), oldest first, as 'NAME (FOLDER)': on a full disk W&B's
+    service can lose a run's records although `finish` returned, and a later run can still end whole (a small one),
+    so each is looked at. Asked only once the tracker has failed (each look takes about a second)."""
+    ended = ("finished", "failed")
+    return [f"{name} ({folder})" for name, folder in finished[-limit:] if _run_state(folder) not in ended]
 
 
 def _run_state(folder: Path) -> str:

@@ -33,24 +33,23 @@ def rms(x, w):
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS) * w
 
 
+def _norms(g: dict, name: str, own: str) -> dict:
+    """Each stem's norm at `patch_embed.NAME` (`own`: the stem with this norm alone), per Table 6."""
+    w, b = g.get(f"patch_embed.{name}.weight"), g.get(f"patch_embed.{name}.bias")
+    return {
+        "dpn": lambda x: ln(x, w, b),
+        own: lambda x: ln(x, w, b),
+        "rms": lambda x: rms(x, w),
+        "nolearn": ln,
+        "onlylearn": lambda x: x * w + b,
+    }
+
+
 def numpy_stem(stem, sd, img, p, pos):
     """Tokens after the stem (+ position embedding) for patch tokens, per Table 6."""
     g = {k: v.double().numpy() for k, v in sd.items()}
     x = patches_by_hand(img, p)
-    pre = {
-        "dpn": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
-        "pre": lambda x: ln(x, g["patch_embed.norm_pre.weight"], g["patch_embed.norm_pre.bias"]),
-        "rms": lambda x: rms(x, g["patch_embed.norm_pre.weight"]),
-        "nolearn": ln,
-        "onlylearn": lambda x: x * g["patch_embed.norm_pre.weight"] + g["patch_embed.norm_pre.bias"],
-    }
-    post = {
-        "dpn": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
-        "post": lambda x: ln(x, g["patch_embed.norm.weight"], g["patch_embed.norm.bias"]),
-        "rms": lambda x: rms(x, g["patch_embed.norm.weight"]),
-        "nolearn": ln,
-        "onlylearn": lambda x: x * g["patch_embed.norm.weight"] + g["patch_embed.norm.bias"],
-    }
+    pre, post = _norms(g, "norm_pre", "pre"), _norms(g, "norm", "post")
     x = pre.get(stem, lambda x: x)(x)
     x = x @ g["patch_embed.proj.weight"].T + g["patch_embed.proj.bias"]
     x = post.get(stem, lambda x: x)(x)

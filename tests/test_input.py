@@ -14,8 +14,8 @@ from transferbench.backbones import CheckpointError, check_checkpoint_file, crea
 from transferbench.cell import RANDOM_INIT, BackboneRef, make_cell
 from transferbench.cli import main
 from transferbench.errors import UserError
-from transferbench.records.store import load_records
 from transferbench.overrides import parse_override
+from transferbench.records.store import load_records
 
 # --- --set values typed by the spec ------------------------------------------------------------------
 

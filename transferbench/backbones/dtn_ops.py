@@ -6,6 +6,7 @@ operators (`dtn_fused`, `dtn_fused_backward`: `dtn_kernels`) behind `dtn_fused_l
 from __future__ import annotations
 
 from contextlib import contextmanager
+
 import torch
 
 from . import dtn_kernels

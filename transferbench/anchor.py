@@ -260,16 +260,14 @@ def _seal(night: Path, dest: Path, anchor: Path, suite: str, tasks: list, info: 
     from .gate.decide import decide
     from .paths.writes import move_folder
     from .records.store import load_records
-    from .reporting.regress import headline, report
+    from .reporting.regress import decision_text, headline
 
     for name in ("REGRESSION.md", "LEADERBOARD.md"):
         (night / name).unlink(missing_ok=True)
     committed = [r for r in load_records([anchor]) if (r.get("suite") or "") == suite and r["task"] in tasks]
     decision = decide(committed, load_records([night]), allow_missing=True)
     title = f"The anchor rebuilt on this runner vs {anchor}"
-    (night / ARITHMETIC_REPORT).write_text(
-        report(decision.gate, failed=decision.failed, title=title, reasons=decision.reasons)
-    )
+    (night / ARITHMETIC_REPORT).write_text(decision_text(decision, title))
     info["headline"] = headline(decision.gate, decision.reasons)
     (night / ANCHOR_INFO).write_text(yaml.safe_dump(info, sort_keys=False))
     move_folder(night, dest)

@@ -218,7 +218,7 @@ def regress(args) -> int:
     from ..gate import ledger
     from ..gate.decide import decide
     from ..records.store import check_folder, load_records
-    from ..reporting.regress import report
+    from ..reporting.regress import decision_text
 
     check_gate_options(args)
     for flag, folder in (("--baseline", args.baseline), ("--current", args.current)):
@@ -237,7 +237,7 @@ def regress(args) -> int:
         allow_missing=args.allow_missing,
     )
     decision = decide(baseline, load_records([args.current], strict=args.strict), options)
-    text, code = report(decision.gate, failed=decision.failed, reasons=decision.reasons), decision.code
+    text, code = decision_text(decision), decision.code
     unused = book.unused(decision.gate)
     if unused:
         lines += ["- matching nothing in this comparison:", *(f"  {x}" for x in unused)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..gate.comparisons import LOSS_FLOOR, POOLED_FLOOR, SIGNAL_NOISE, Kind
 from ..gate.comparisons import Verdict as V
-from ..gate.decide import Gate, GateOptions, decide
+from ..gate.decide import Decision, Gate, GateOptions, decide
 from .regress_text import (
     cell_list,
     failed_section,
@@ -27,7 +27,12 @@ def decision_report(
 ) -> tuple[str, int]:
     """(markdown report, exit code) of `gate.decide(baseline, current, options, **changes)`."""
     v = decide(baseline, current, options, **changes)
-    return report(v.gate, failed=v.failed, title=title, reasons=v.reasons), v.code
+    return decision_text(v, title), v.code
+
+
+def decision_text(decision: Decision, title: str = "Regression report") -> str:
+    """The markdown report of a decision (gate.decide.Decision): its gate, the cells that failed and why it fails."""
+    return report(decision.gate, failed=decision.failed, title=title, reasons=decision.reasons)
 
 
 def report(g: Gate, *, failed=(), title: str = "Regression report", reasons=()) -> str:

@@ -184,25 +184,25 @@ def test_every_embedded_set_reads_through_the_folder_reader(suite_home):
         x, _ = ds[0]
         assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and -1 <= x.min() and x.max() <= 1
     up = FolderDataset(root, "upstream", "train", verify=False)
-    assert len(up) == embedded.N_UPSTREAM and up.num_classes == embedded.N_UPSTREAM_CLASSES == 32 + 32 + 64 + 16
+    assert len(up) == embedded.common.N_UPSTREAM and up.num_classes == embedded.N_UPSTREAM_CLASSES == 32 + 32 + 64 + 16
     images, labels = up.array().astype(np.float64), up.labels
     assert set(labels.tolist()) == set(range(embedded.N_UPSTREAM_CLASSES))
     # glyphs: light strokes on a dark ground (the corners are ground: at most 60 + stroke bleed)
-    glyph = images[labels < embedded.N_GLYPHS]
+    glyph = images[labels < embedded.common.N_GLYPHS]
     assert np.median(glyph[:, 0, 0].max(-1)) <= 60
     # textures: each image's mean colour lies between its class's two palette colours (+- the 20 of
     # colour jitter and a little noise), so colour identifies a texture class as the generator says
-    palettes = embedded.texture_classes(embedded.N_TEXTURES, seed=0)
+    palettes = embedded.texture_classes(embedded.common.N_TEXTURES, seed=0)
     for k in (0, 1, 2, 3, 17):
-        mean_colour = images[labels == embedded.N_GLYPHS + k].mean((1, 2))
+        mean_colour = images[labels == embedded.common.N_GLYPHS + k].mean((1, 2))
         lo, hi = palettes[k]["colours"].min(0) - 22, palettes[k]["colours"].max(0) + 22
         assert len(mean_colour) > 60 and ((mean_colour >= lo) & (mean_colour <= hi)).all()
     # photographs: classes 4k..4k+3 come from photograph k's four column quarters, so the grey photographs give
     # grey patches only
-    first_photo = embedded.N_GLYPHS + embedded.N_TEXTURES
-    for k, source in enumerate(embedded.UPSTREAM_PHOTOS):
-        for q in range(embedded.N_QUARTERS):
-            j = embedded.N_QUARTERS * k + q
+    first_photo = embedded.common.N_GLYPHS + embedded.common.N_TEXTURES
+    for k, source in enumerate(embedded.common.UPSTREAM_PHOTOS):
+        for q in range(embedded.common.N_QUARTERS):
+            j = embedded.common.N_QUARTERS * k + q
             assert embedded.photo_class_region(j) == (k, (q / 4, (q + 1) / 4), (0.0, 0.65))
             patches = images[labels == first_photo + j]
             grey = np.abs(patches - patches[..., :1]).max() == 0

@@ -391,7 +391,7 @@ def test_scene_stuff_comes_from_the_rows_the_upstream_set_leaves_out():
     fake = np.zeros((200, 320, 3), np.uint8)
     fake[130:, 80:160] = 200
     photos = [np.full((100, 100, 3), 50, np.uint8)]
-    glyphs = embedded.upstream.glyph_strokes(embedded.N_GLYPHS, 0)[: scenes.N_THINGS]
+    glyphs = embedded.upstream.glyph_strokes(embedded.common.N_GLYPHS, 0)[: scenes.N_THINGS]
     rng = np.random.default_rng(0)
     seen = set()
     for _ in range(40):

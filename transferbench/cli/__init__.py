@@ -47,12 +47,11 @@ conventions: -o always names an output file (report, leaderboard, regress); --ou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.RawDescriptionHelpFormatter
     from .. import __version__
 
     p = argparse.ArgumentParser(
         prog="transferbench",
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES + "\n" + ENVIRONMENT + "\n" + CONVENTIONS,
         description="Does a change to a ViT's stem or normaliser transfer? Runs task adapters over "
         "backbones into resumable records and reports means with 95% confidence intervals.",
@@ -72,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="less output: no progress bars or per-cell lines, and no warnings (errors still show)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    ls.add_parser(sub, fmt)
-    run_parser = run.add_parser(sub, fmt)
-    pretrain_parser = pretrain.add_parser(sub, fmt)
-    data.add_parser(sub, fmt)
-    report.add_parsers(sub, fmt)
-    nightly_parser = regress.add_parsers(sub, fmt)
+    ls.add_parser(sub)
+    run_parser = run.add_parser(sub)
+    pretrain_parser = pretrain.add_parser(sub)
+    data.add_parser(sub)
+    report.add_parsers(sub)
+    nightly_parser = regress.add_parsers(sub)
     for sp in (run_parser, pretrain_parser, nightly_parser):
         sp.epilog = (sp.epilog or "") + "\n\n" + ENVIRONMENT
     p.run_parser = run_parser  # main() reads --config against run's options

@@ -7,21 +7,29 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .options import csv_list, deprecated
+from .options import csv_list, deprecated, subcommand
+
+DATA_HELP = """\
+prepare data: export VTAB to image folders
+"""
 
 
-def add_parser(sub, fmt) -> argparse.ArgumentParser:
-    data = sub.add_parser("data", help="prepare data: export VTAB to image folders", formatter_class=fmt)
+EXPORT_VTAB_HELP = """\
+write VTAB-1k from prepared tfds data as image folders
+
+Write each VTAB task's train800 / val200 / test (and train800val200) from prepared tfds data into the image-folder
+format: PNG (lossless), split lists, sha256 manifest, info.json.
+
+examples:
+  transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k
+  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k
+"""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    data = subcommand(sub, "data", DATA_HELP)
     data_sub = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    ex = data_sub.add_parser(
-        "export-vtab",
-        formatter_class=fmt,
-        help="write VTAB-1k from prepared tfds data as image folders",
-        description="Write each VTAB task's train800 / val200 / test (and train800val200) from prepared tfds data "
-        "into the image-folder format: PNG (lossless), split lists, sha256 manifest, info.json.",
-        epilog="examples:\n  transferbench data export-vtab --data-dir ~/tensorflow_datasets --out ~/vtab-1k\n"
-        "  transferbench data export-vtab --tasks cifar100,dtd --out ~/vtab-1k",
-    )
+    ex = subcommand(data_sub, "export-vtab", EXPORT_VTAB_HELP)
     ex.add_argument("--data-dir", help="tfds data dir (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets)")
     ex.add_argument("--out", type=Path, help="folder to write <task>/ into (required)")
     deprecated(ex, "-o", type=Path)

@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
+from .options import subcommand
+
+LIST_HELP = """\
+list backbones, tasks, suites or adapters
+
+examples:
+  transferbench list backbones
+  transferbench list suites
+  transferbench list tasks --show vtab              # every setting: default, each suite's, source
+  transferbench list tasks --show fewshot --suite embedded --format markdown
+  transferbench list references --task vtab         # published numbers, each with its source
+"""
 
 
-def add_parser(sub, fmt) -> argparse.ArgumentParser:
-    ls = sub.add_parser(
-        "list",
-        help="list backbones, tasks, suites or adapters",
-        formatter_class=fmt,
-        epilog="examples:\n  transferbench list backbones\n  transferbench list suites\n"
-        "  transferbench list tasks --show vtab              # every setting: default, each suite's, source\n"
-        "  transferbench list tasks --show fewshot --suite embedded --format markdown\n"
-        "  transferbench list references --task vtab         # published numbers, each with its source",
-    )
+def add_parser(sub) -> argparse.ArgumentParser:
+    ls = subcommand(sub, "list", LIST_HELP)
     ls.add_argument("what", choices=["backbones", "tasks", "suites", "adapters", "references"])
     ls.add_argument(
         "--show",

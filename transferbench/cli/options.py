@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,27 @@ def int_list(text: str) -> list[int]:
         return [int(t) for t in csv_list(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def subcommand(sub, name: str, text: str) -> argparse.ArgumentParser:
+    """Subcommand `name` of `sub` (an add_subparsers action), its help laid out in `text` as a docstring is: a
+    summary line (the list of commands in the parent's --help), then the description's paragraphs (each printed as
+    one line, for the terminal to wrap), then, from a line `examples:` or `example:` on, the epilog as written."""
+    head, *examples = re.split(r"^(?=examples?:$)", text.strip("\n"), maxsplit=1, flags=re.M)
+    summary, _, about = head.strip("\n").partition("\n\n")
+    paragraphs = [" ".join(p.split()) for p in about.split("\n\n") if p.strip()]
+    return sub.add_parser(
+        name,
+        help=summary,
+        description="\n\n".join(paragraphs) or None,
+        epilog=examples[0].rstrip("\n") if examples else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def patterns_option(p: argparse.ArgumentParser, flag: str, metavar: str, help: str) -> None:
+    """An option of comma-separated patterns; given alone, with no value, it names every one ('*')."""
+    p.add_argument(flag, nargs="?", const=["*"], default=[], type=csv_list, metavar=metavar, help=help)
 
 
 DEPRECATED = {"_old_o": ("-o", "--out"), "_old_b": ("-b", "--backbone"), "_old_j": ("-j", "--jobs")}

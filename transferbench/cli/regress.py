@@ -16,34 +16,40 @@ from .options import (
     deprecated,
     execution_options,
     output_option,
+    patterns_option,
     seeds_option,
     strict_option,
+    subcommand,
     tracking_options,
 )
 
 
-def add_parsers(sub, fmt) -> argparse.ArgumentParser:
+def add_parsers(sub) -> argparse.ArgumentParser:
     """The regress, nightly and reanchor parsers; returns nightly's."""
-    _regress_parser(sub, fmt)
-    nightly_parser = _nightly_parser(sub, fmt)
-    _reanchor_parser(sub, fmt)
-    _accept_parser(sub, fmt)
+    _regress_parser(sub)
+    nightly_parser = _nightly_parser(sub)
+    _reanchor_parser(sub)
+    _accept_parser(sub)
     return nightly_parser
 
 
-def _accept_parser(sub, fmt) -> None:
-    ac = sub.add_parser(
-        "accept",
-        help="declare a change that moves the nightly's numbers on purpose, in the anchor's ledger",
-        formatter_class=fmt,
-        description="Append an entry to the acceptance ledger beside the anchor (ANCHOR/ACCEPTED.yaml): modules at "
-        "their current code fingerprint (--code), or settings at their new value (--protocol), and why. `nightly` "
-        "and `regress` then pass the cells whose outputs changed only in those modules, at exactly those "
-        "fingerprints: a later change of the same module has another fingerprint and fails, against the anchor and "
-        "any rolling baseline. Run it in the commit that makes the change; `reanchor` empties the ledger.",
-        epilog='examples:\n  transferbench accept --code backbones.dtn --why "DTN\'s backward as one Gram product"\n'
-        '  transferbench accept --protocol fewshot:pool=tok --why "the paper pools the class token"',
-    )
+ACCEPT_HELP = """\
+declare a change that moves the nightly's numbers on purpose, in the anchor's ledger
+
+Append an entry to the acceptance ledger beside the anchor (ANCHOR/ACCEPTED.yaml): modules at their current code
+fingerprint (--code), or settings at their new value (--protocol), and why. `nightly` and `regress` then pass the
+cells whose outputs changed only in those modules, at exactly those fingerprints: a later change of the same module
+has another fingerprint and fails, against the anchor and any rolling baseline. Run it in the commit that makes the
+change; `reanchor` empties the ledger.
+
+examples:
+  transferbench accept --code backbones.dtn --why "DTN's backward as one Gram product"
+  transferbench accept --protocol fewshot:pool=tok --why "the paper pools the class token"
+"""
+
+
+def _accept_parser(sub) -> None:
+    ac = subcommand(sub, "accept", ACCEPT_HELP)
     ac.add_argument(
         "--code", type=csv_list, default=[], metavar="MODULE", help="modules (a package: each module in it)"
     )
@@ -69,20 +75,24 @@ def accept(args) -> int:
     return 0
 
 
-def _reanchor_parser(sub, fmt) -> None:
-    ra = sub.add_parser(
-        "reanchor",
-        help="regenerate the nightly's anchor from this commit; compare, and empty its ledger",
-        formatter_class=fmt,
-        description="Regenerate the anchor (the committed results/nightly) from the code of this clean checkout: run "
-        "its tasks' --suite here (each `bf16: auto` step pinned to the old anchor's choice), write the comparison of "
-        "the old anchor with the new one to ANCHOR/REANCHOR.md (exact where both were computed in this arithmetic, "
-        "with the ledger's entries marked accepted), replace the old records and empty the acceptance ledger "
-        "ANCHOR/ACCEPTED.yaml. Commit the folder: every later night rebuilds the anchor from the commit its records "
-        "name. Exit 2 on a checkout with uncommitted changes (a later night could not rebuild that code).",
-        epilog="examples:\n  transferbench reanchor --anchor results/nightly --jobs 2\n"
-        "  git add results/nightly && git commit -m 'Re-anchor the nightly'",
-    )
+REANCHOR_HELP = """\
+regenerate the nightly's anchor from this commit; compare, and empty its ledger
+
+Regenerate the anchor (the committed results/nightly) from the code of this clean checkout: run its tasks' --suite
+here (each `bf16: auto` step pinned to the old anchor's choice), write the comparison of the old anchor with the new
+one to ANCHOR/REANCHOR.md (exact where both were computed in this arithmetic, with the ledger's entries marked
+accepted), replace the old records and empty the acceptance ledger ANCHOR/ACCEPTED.yaml. Commit the folder: every
+later night rebuilds the anchor from the commit its records name. Exit 2 on a checkout with uncommitted changes (a
+later night could not rebuild that code).
+
+examples:
+  transferbench reanchor --anchor results/nightly --jobs 2
+  git add results/nightly && git commit -m 'Re-anchor the nightly'
+"""
+
+
+def _reanchor_parser(sub) -> None:
+    ra = subcommand(sub, "reanchor", REANCHOR_HELP)
     ra.add_argument(
         "--anchor", type=Path, default=Path("results/nightly"), help="the anchor (default: results/nightly)"
     )
@@ -93,29 +103,31 @@ def _reanchor_parser(sub, fmt) -> None:
     execution_options(ra)
 
 
-def _regress_parser(sub, fmt) -> None:
-    rg = sub.add_parser(
-        "regress",
-        help="compare two records folders; exit 1 on regression",
-        formatter_class=fmt,
-        description="Match the cells of --current with those of --baseline on what they are (task, dataset, "
-        "backbone, stage, seed, report axes) and gate the change. Cells that both sides computed in the same "
-        "arithmetic (the records' arithmetic digest: kernels, threads, libraries, precision) are judged to the bit: "
-        "equal outputs pass, outputs changed by code fail naming the modules (--accept-code accepts them), outputs "
-        "changed with nothing else changed are irreproducible and fail. The other cells are judged statistically: "
-        "a setting that differs is a protocol change "
-        "and fails unless accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on "
-        "the examples with one seed and --log-samples), each task and backbone a pooled test over all its "
-        "datasets and a test of its seed spread, Holm-corrected over the night at --alpha; a test fires when "
-        "significant and larger than --floor. Prints a markdown report; exits 1 on a regression, an improvement "
-        "(unless --allow-improvement), a consistent shift, a changed seed spread, a non-finite value, an "
-        "unaccepted protocol change, a failed or diverged cell, missing cells or metrics, nothing compared, or a "
-        "task or backbone of the baseline absent from current (--allow-missing names those that may be), 0 "
-        "otherwise; 2 on an empty or unreadable folder (docs/regression.md).",
-        epilog="examples:\n  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23\n"
-        "  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose\n"
-        "  transferbench regress --baseline old --current new --accept-code backbones.dtn   # a meant numeric change",
-    )
+REGRESS_HELP = """\
+compare two records folders; exit 1 on regression
+
+Match the cells of --current with those of --baseline on what they are (task, dataset, backbone, stage, seed, report
+axes) and gate the change. Cells that both sides computed in the same arithmetic (the records' arithmetic digest:
+kernels, threads, libraries, precision) are judged to the bit: equal outputs pass, outputs changed by code fail
+naming the modules (--accept-code accepts them), outputs changed with nothing else changed are irreproducible and
+fail. The other cells are judged statistically: a setting that differs is a protocol change and fails unless
+accepted (--accept); each comparison gets a paired t-test over its seeds (McNemar on the examples with one seed and
+--log-samples), each task and backbone a pooled test over all its datasets and a test of its seed spread,
+Holm-corrected over the night at --alpha; a test fires when significant and larger than --floor. Prints a markdown
+report; exits 1 on a regression, an improvement (unless --allow-improvement), a consistent shift, a changed seed
+spread, a non-finite value, an unaccepted protocol change, a failed or diverged cell, missing cells or metrics,
+nothing compared, or a task or backbone of the baseline absent from current (--allow-missing names those that may
+be), 0 otherwise; 2 on an empty or unreadable folder (docs/regression.md).
+
+examples:
+  transferbench regress --baseline nightly/2026-11-22 --current nightly/2026-11-23
+  transferbench regress --baseline old --current new --accept fewshot:pool   # a changed default, on purpose
+  transferbench regress --baseline old --current new --accept-code backbones.dtn   # a meant numeric change
+"""
+
+
+def _regress_parser(sub) -> None:
+    rg = subcommand(sub, "regress", REGRESS_HELP)
     rg.add_argument("--baseline", required=True, type=Path)
     rg.add_argument("--current", required=True, type=Path)
     rg.add_argument(
@@ -138,21 +150,24 @@ def _regress_parser(sub, fmt) -> None:
     strict_option(rg)
 
 
-def _nightly_parser(sub, fmt) -> argparse.ArgumentParser:
-    nt = sub.add_parser(
-        "nightly",
-        help="run a suite into a dated folder and gate it against a baseline; exit 1 on regression",
-        formatter_class=fmt,
-        description="The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the "
-        "same date skips finished cells), compare it with the --baseline records as `regress` does, and "
-        "write OUT/DATE/REGRESSION.md and OUT/DATE/LEADERBOARD.md. Exits 1 on a regression, a changed seed "
-        "spread, an unaccepted protocol change, a failed cell or a baseline cell the run lacks (--allow-missing "
-        "to let that pass), 2 on bad input, else 0.",
-        epilog="examples:\n  transferbench nightly --baseline results/nightly --out nightly\n"
-        "  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23\n"
-        "  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds "
-        "--executor ray --address auto",
-    )
+NIGHTLY_HELP = """\
+run a suite into a dated folder and gate it against a baseline; exit 1 on regression
+
+The nightly regression run: run each task's --suite into OUT/DATE (resumable: a rerun of the same date skips
+finished cells), compare it with the --baseline records as `regress` does, and write OUT/DATE/REGRESSION.md and
+OUT/DATE/LEADERBOARD.md. Exits 1 on a regression, a changed seed spread, an unaccepted protocol change, a failed
+cell or a baseline cell the run lacks (--allow-missing to let that pass), 2 on bad input, else 0.
+
+examples:
+  transferbench nightly --baseline results/nightly --out nightly
+  transferbench nightly --baseline nightly/2026-11-22 --tasks vtab,fewshot --date 2026-11-23
+  transferbench nightly --baseline runs/main --backbone b32,b32_dpn --data-dir /shared/tfds \\
+      --executor ray --address auto
+"""
+
+
+def _nightly_parser(sub) -> argparse.ArgumentParser:
+    nt = subcommand(sub, "nightly", NIGHTLY_HELP)
     nt.add_argument(
         "--baseline",
         required=True,
@@ -201,13 +216,10 @@ def _nightly_parser(sub, fmt) -> argparse.ArgumentParser:
 
 
 def allow_missing_option(p) -> None:
-    p.add_argument(
+    patterns_option(
+        p,
         "--allow-missing",
-        nargs="?",
-        const=["*"],
-        default=[],
-        type=csv_list,
-        metavar="TASK[:BACKBONE],...",
+        "TASK[:BACKBONE],...",
         help="pass although current lacks these tasks or backbones of the baseline (alone: any task or backbone). "
         "Inside a task that ran, a missing cell (a dropped seed, a cell kept from other code) passes only where named "
         "as cells:TASK[:BACKBONE], and a vanished metric as metric:TASK:METRIC. By default each of them fails",
@@ -317,13 +329,10 @@ def reanchor(args) -> int:
 def gate_options(p) -> None:
     from ..gate.comparisons import ALPHA, FLOOR
 
-    p.add_argument(
+    patterns_option(
+        p,
         "--allow-improvement",
-        nargs="?",
-        const=["*"],
-        default=[],
-        type=csv_list,
-        metavar="TASK[:BACKBONE[:METRIC]],...",
+        "TASK[:BACKBONE[:METRIC]],...",
         help="pass a significant improvement where named (alone: anywhere). By default it fails: numbers that move "
         "without a declared change are a change of the code or the data, whichever way they move",
     )

@@ -7,26 +7,27 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .options import check_output, csv_list, output_option, reference_option, strict_option
+from .options import check_output, csv_list, output_option, reference_option, strict_option, subcommand
+
+REPORT_HELP = """\
+tables from records folders
+
+One table per task: rows are backbones, columns datasets and group means, cells mean ± 95% CI over seeds. Each
+backbone is paired with the plain backbone of the same weights source (mu4_dpn@embedded with mu4@embedded,
+random-init mu4_dpn with mu4), or with --reference: paired differences, significantly better cells in bold, worse in
+italic, and for the rest the minimum detectable effect (MDE) of the seeds.
+
+examples:
+  transferbench report runs/ --overview
+  transferbench report runs/vtab --reference b32
+  transferbench report runs/ --format csv -o table.csv
+  transferbench report runs/fewshot --format long -o seeds.csv   # a row per seed
+  transferbench report runs/vtab --format latex -o vtab.tex      # booktabs
+"""
 
 
-def add_parsers(sub, fmt) -> None:
-    rep = sub.add_parser(
-        "report",
-        help="tables from records folders",
-        formatter_class=fmt,
-        description="One table per task: rows are backbones, columns datasets and group means, "
-        "cells mean ± 95% CI over seeds. Each backbone is paired with the plain "
-        "backbone of the same weights source (mu4_dpn@embedded with mu4@embedded, "
-        "random-init mu4_dpn with mu4), or with --reference: paired differences, "
-        "significantly better cells in bold, worse in italic, and for the rest the "
-        "minimum detectable effect (MDE) of the seeds.",
-        epilog="examples:\n  transferbench report runs/ --overview\n"
-        "  transferbench report runs/vtab --reference b32\n"
-        "  transferbench report runs/ --format csv -o table.csv\n"
-        "  transferbench report runs/fewshot --format long -o seeds.csv   # a row per seed\n"
-        "  transferbench report runs/vtab --format latex -o vtab.tex      # booktabs",
-    )
+def add_parsers(sub) -> None:
+    rep = subcommand(sub, "report", REPORT_HELP)
     rep.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     reference_option(rep)
     rep.add_argument(
@@ -53,20 +54,23 @@ def add_parsers(sub, fmt) -> None:
     rep.add_argument("--task", "-t", type=csv_list, help="only these tasks")
     output_option(rep, "write to a file instead of stdout")
     strict_option(rep)
-    _leaderboard_parser(sub, fmt)
+    _leaderboard_parser(sub)
 
 
-def _leaderboard_parser(sub, fmt) -> None:
-    lb = sub.add_parser(
-        "leaderboard",
-        help="write the markdown leaderboard and its figures",
-        formatter_class=fmt,
-        description="A table of contents, the overview (every task's headline per backbone against "
-        "its reference; wins / ties / losses), then the tasks in the DPN paper's order "
-        "with their tables, sanity tables (each checkpoint against random init of its "
-        "own architecture) and figures (PNG and SVG beside the markdown).",
-        epilog="example:\n  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md",
-    )
+LEADERBOARD_HELP = """\
+write the markdown leaderboard and its figures
+
+A table of contents, the overview (every task's headline per backbone against its reference; wins / ties / losses),
+then the tasks in the DPN paper's order with their tables, sanity tables (each checkpoint against random init of its
+own architecture) and figures (PNG and SVG beside the markdown).
+
+example:
+  transferbench leaderboard runs/vtab runs/fewshot -o results/LEADERBOARD.md
+"""
+
+
+def _leaderboard_parser(sub) -> None:
+    lb = subcommand(sub, "leaderboard", LEADERBOARD_HELP)
     lb.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     output_option(
         lb,

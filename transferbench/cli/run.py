@@ -14,40 +14,41 @@ from .options import (
     execution_options,
     seeds_option,
     set_option,
+    subcommand,
     tracking_options,
 )
 
-EPILOG = (
-    "examples:\n  transferbench run vtab --backbone b32,b32_dpn\n"
-    "  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100\n"
-    "  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0\n"
-    "  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input\n"
-    "  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val\n\n"
-    "  transferbench run vtab --backbone timm:vit_base_patch16_224.augreg_in21k,b16_dpn@mine.safetensors \\\n"
-    "      --reference timm:vit_base_patch16_224.augreg_in21k   # a tag from the local Hugging Face cache\n"
-    "  transferbench run fewshot --backbone py:mypkg.models:make_model@weights.safetensors\n\n"
-    "backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz);\n"
-    "  timm:MODEL[.TAG][@FILE] (any timm ViT); py:MODULE:FACTORY[@FILE] (a factory returning a module with\n"
-    "  timm's API: docs/backbones.md#the-backbone-api)\n"
-    "config: a YAML mapping such as {task: vtab, suite: embedded, backbone: [mu4, mu4_dpn], jobs: 2,\n"
-    "  set: {steps: 100}}\n"
-    "pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;\n"
-    "  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so"
-)
+RUN_HELP = """\
+run a task's cells (skips finished ones)
+
+Plan and run every cell of TASK for each backbone. Each finished cell writes one record under --out; a rerun skips
+finished cells (ok or diverged) and retries failed ones, so an interrupted run resumes where it stopped. Bad input
+(a name, a --set value of the wrong type, an unreadable checkpoint, an unwritable --out) stops it with one line
+before the data is checked, and missing data before any pretraining or cell.
+
+examples:
+  transferbench run vtab --backbone b32,b32_dpn
+  transferbench run vtab --suite embedded --backbone mu4@ckpt.safetensors --set steps=100
+  transferbench run my_task.yaml --backbone s16 --datasets cifar100 --seeds 0
+  transferbench run vtab --backbone b16@deit_b16.pth --set pixels=imagenet   # ImageNet mean/std input
+  transferbench run vtab --backbone b32@b32.npz --set final=retrain        # VPT's retrain on train+val
+
+  transferbench run vtab --backbone timm:vit_base_patch16_224.augreg_in21k,b16_dpn@mine.safetensors \\
+      --reference timm:vit_base_patch16_224.augreg_in21k   # a tag from the local Hugging Face cache
+  transferbench run fewshot --backbone py:mypkg.models:make_model@weights.safetensors
+
+backbones: NAME (random init) or NAME@CHECKPOINT (.safetensors, .pth, big_vision .npz);
+  timm:MODEL[.TAG][@FILE] (any timm ViT); py:MODULE:FACTORY[@FILE] (a factory returning a module with
+  timm's API: docs/backbones.md#the-backbone-api)
+config: a YAML mapping such as {task: vtab, suite: embedded, backbone: [mu4, mu4_dpn], jobs: 2,
+  set: {steps: 100}}
+pixels: every task's `pixels: auto` feeds the normalisation the weights state (ours: in the header;
+  big_vision .npz: [-1, 1]); a file that states none gets inception ([-1, 1]) and the run says so
+"""
 
 
-def add_parser(sub, fmt) -> argparse.ArgumentParser:
-    run = sub.add_parser(
-        "run",
-        help="run a task's cells (skips finished ones)",
-        formatter_class=fmt,
-        description="Plan and run every cell of TASK for each backbone. Each finished cell writes one record "
-        "under --out; a rerun skips finished cells (ok or diverged) and retries failed ones, so an "
-        "interrupted run resumes where it stopped. Bad input (a name, a --set value of the wrong type, "
-        "an unreadable checkpoint, an unwritable --out) stops it with one line before the data is "
-        "checked, and missing data before any pretraining or cell.",
-        epilog=EPILOG,
-    )
+def add_parser(sub) -> argparse.ArgumentParser:
+    run = subcommand(sub, "run", RUN_HELP)
     run.add_argument(
         "task",
         nargs="?",

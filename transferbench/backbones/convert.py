@@ -118,17 +118,17 @@ def convert_big_vision(arrays: dict[str, np.ndarray]) -> Checkpoint:
     if "head/kernel" in rest:
         sd["head.weight"], sd["head.bias"] = t(take("head/kernel").T), t(take("head/bias"))
     sd.update({k: t(v) for k, v in rest.items()})  # unconverted (MAP head, ...): reported as unexpected
-    config = dict(
-        embed_dim=width,
-        depth=depth,
-        num_heads=num_heads,
-        patch_size=patch,
-        in_chans=in_chans,
-        stem=stem,
-        class_token=cls,
-        pool="tok" if cls else "gap",
-        act="gelu_tanh",
-    )
+    config = {
+        "embed_dim": width,
+        "depth": depth,
+        "num_heads": num_heads,
+        "patch_size": patch,
+        "in_chans": in_chans,
+        "stem": stem,
+        "class_token": cls,
+        "pool": "tok" if cls else "gap",
+        "act": "gelu_tanh",
+    }
     if depth:
         config["mlp_dim"] = sd["blocks.0.mlp.fc1.weight"].shape[0]
     if "pre_logits.fc.weight" in sd:

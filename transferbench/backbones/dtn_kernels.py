@@ -68,6 +68,23 @@ def _moments(
 
 
 @_jit
+def _target_block(
+    X, P, h, b, T, C, D,
+    BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """This program's block of target tokens (axis 0) of head h and example b: its tokens and channels with their
+    masks, its elements' addresses and mask, and [P x, P x^2] there."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_t, mask_d = offs_t < T, offs_d < D
+    base = b * T * C + h * D
+    m1, m2 = _moments(X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C, BLOCK_S, PREC, ACC)
+    mask = mask_t[:, None] & mask_d[None, :]
+    at = base + offs_t[:, None] * C + offs_d[None, :]
+    return offs_t, mask_t, offs_d, mask_d, at, mask, m1, m2
+
+
+@_jit
 def _normalised(X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC: tl.constexpr):
     """Eq. 4-6 for a block: (x_hat, 1/sigma, the inter-token variance, mu_LN, sigma^2_LN, l_mu, l_sig)."""
     xt = tl.load(X + at, mask=mask, other=0.0).to(ACC)
@@ -87,14 +104,10 @@ def _fwd(
     T, C, D, eps,
     BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
-    pid_t, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_t, mask_d = offs_t < T, offs_d < D
-    base = b * T * C + h * D
-    m1, m2 = _moments(X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C, BLOCK_S, PREC, ACC)
-    mask = mask_t[:, None] & mask_d[None, :]
-    at = base + offs_t[:, None] * C + offs_d[None, :]
+    h, b = tl.program_id(1), tl.program_id(2)
+    offs_t, mask_t, offs_d, mask_d, at, mask, m1, m2 = _target_block(
+        X, P, h, b, T, C, D, BLOCK_T, BLOCK_S, BLOCK_D, PREC, ACC
+    )
     x_hat = _normalised(X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC)[0]
     w = tl.load(W + h * D + offs_d, mask=mask_d, other=0.0)
     bias = tl.load(BIAS + h * D + offs_d, mask=mask_d, other=0.0)
@@ -109,13 +122,9 @@ def _bwd_stats(
 ):  # fmt: skip
     pid_t, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_t = tl.num_programs(0)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_t, mask_d = offs_t < T, offs_d < D
-    base = b * T * C + h * D
-    m1, m2 = _moments(X, P, base, h, offs_t, mask_t, offs_d, mask_d, T, C, BLOCK_S, PREC, ACC)
-    mask = mask_t[:, None] & mask_d[None, :]
-    at = base + offs_t[:, None] * C + offs_d[None, :]
+    offs_t, mask_t, offs_d, mask_d, at, mask, m1, m2 = _target_block(
+        X, P, h, b, T, C, D, BLOCK_T, BLOCK_S, BLOCK_D, PREC, ACC
+    )
     x_hat, rstd, var_in, mean_ln, var_ln, lam_mu, lam_sig = _normalised(
         X, LN, LAM, at, mask, b, h, offs_t, mask_t, T, m1, m2, eps, ACC
     )

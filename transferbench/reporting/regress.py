@@ -14,6 +14,7 @@ from .regress_text import (
     p_text,
     selection_text,
     setting,
+    table_section,
 )
 
 
@@ -96,62 +97,46 @@ def _summary(g: Gate, failed, title: str, reasons) -> list[str]:
 
 def _protocol_section(g: Gate) -> list[str]:
     """Settings of matched cells that differ."""
-    lines: list[str] = []
-    if g.protocol:
-        lines += [
-            "## Protocol changes",
-            "",
-            "A setting of matched cells differs. Accept a change on purpose with `--accept TASK:SETTING`: the cells "
-            "of an accepted change are still compared by the statistical tier (a change for the worse fails).",
-            "",
-            md_table(
-                [
-                    [
-                        p.task,
-                        f"{p.setting}: {p.before} → {p.after}",
-                        p.cells,
-                        ", ".join(sorted(p.backbones)),
-                        num(p.mean_change),
-                        "accepted" if p.accepted else "FAILS",
-                    ]
-                    for p in g.protocol
-                ],
-                ["task", "change", "cells", "backbones", "mean change", "verdict"],
-            ),
-            "",
-        ]
-    return lines
+    return table_section(
+        "Protocol changes",
+        [
+            [
+                p.task,
+                f"{p.setting}: {p.before} → {p.after}",
+                p.cells,
+                ", ".join(sorted(p.backbones)),
+                num(p.mean_change),
+                "accepted" if p.accepted else "FAILS",
+            ]
+            for p in g.protocol
+        ],
+        ["task", "change", "cells", "backbones", "mean change", "verdict"],
+        "A setting of matched cells differs. Accept a change on purpose with `--accept TASK:SETTING`: the cells "
+        "of an accepted change are still compared by the statistical tier (a change for the worse fails).",
+    )
 
 
 def _pooled_section(g: Gate) -> list[str]:
     """The pooled test of each task and backbone."""
-    lines: list[str] = []
-    pooled = g.of(Kind.POOLED)
-    if pooled:
-        lines += [
-            "## Pooled over each task and backbone",
-            "",
-            md_table(
-                [
-                    [
-                        x.task,
-                        x.backbone,
-                        x.metric,
-                        x.n,
-                        f"{x.baseline:.2f}",
-                        f"{x.current:.2f}",
-                        num(x.change),
-                        f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
-                        p_text(x.p),
-                        x.verdict,
-                    ]
-                    for x in pooled
-                ],
-                ["task", "backbone", "metric", "datasets", "baseline", "current", "change", "95% CI", "p", "verdict"],
-            ),
-            "",
-        ]
-    return lines
+    return table_section(
+        "Pooled over each task and backbone",
+        [
+            [
+                x.task,
+                x.backbone,
+                x.metric,
+                x.n,
+                f"{x.baseline:.2f}",
+                f"{x.current:.2f}",
+                num(x.change),
+                f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
+                p_text(x.p),
+                x.verdict,
+            ]
+            for x in g.of(Kind.POOLED)
+        ],
+        ["task", "backbone", "metric", "datasets", "baseline", "current", "change", "95% CI", "p", "verdict"],
+    )
 
 
 def _model(g: Gate) -> str:
@@ -163,72 +148,57 @@ def _model(g: Gate) -> str:
 
 def _moved_section(g: Gate) -> list[str]:
     """The moved-either-way tests that fired or came close."""
-    lines: list[str] = []
     either = [
         x
         for x in g.of(Kind.MOVED) + g.of(Kind.NOISE)
         if x.verdict in (V.MOVED, V.NOISE, V.SEE_POOLED) or (x.p is not None and x.p < g.alpha)
     ]
-    if either:
-        lines += [
-            "## Moved either way",
-            "",
-            "Runs of one task and backbone (a data set's seed) whose changes, whatever their direction, exceed how "
-            "arithmetic moves them (`noise`: against the noise model measured on benign arithmetic) or, for an "
-            "accepted protocol change or other weights, how their seeds vary (`moved`: an F-test of the per-set mean "
-            "changes); docs/regression.md. Both fail the night.",
-            "",
-            md_table(
-                [
-                    [
-                        x.task,
-                        x.backbone,
-                        x.metric,
-                        "seed spread" if x.kind == Kind.MOVED else "noise model",
-                        x.n,
-                        f"{x.current:.3g}",
-                        f"{x.baseline:.3g}" if x.kind == Kind.NOISE else "",
-                        p_text(x.p),
-                        x.verdict,
-                    ]
-                    for x in either
-                ],
-                ["task", "backbone", "metric", "against", "units", "rms change", "noise rms", "p", "verdict"],
-            ),
-            "",
-        ]
-    return lines
+    return table_section(
+        "Moved either way",
+        [
+            [
+                x.task,
+                x.backbone,
+                x.metric,
+                "seed spread" if x.kind == Kind.MOVED else "noise model",
+                x.n,
+                f"{x.current:.3g}",
+                f"{x.baseline:.3g}" if x.kind == Kind.NOISE else "",
+                p_text(x.p),
+                x.verdict,
+            ]
+            for x in either
+        ],
+        ["task", "backbone", "metric", "against", "units", "rms change", "noise rms", "p", "verdict"],
+        "Runs of one task and backbone (a data set's seed) whose changes, whatever their direction, exceed how "
+        "arithmetic moves them (`noise`: against the noise model measured on benign arithmetic) or, for an "
+        "accepted protocol change or other weights, how their seeds vary (`moved`: an F-test of the per-set mean "
+        "changes); docs/regression.md. Both fail the night.",
+    )
 
 
 def _spread_section(g: Gate) -> list[str]:
     """The seed-spread tests that fired or came close."""
-    lines: list[str] = []
     spreads = [x for x in g.of(Kind.SPREAD) if x.verdict == V.SPREAD or (x.p is not None and x.p < g.alpha)]
-    if spreads:
-        lines += [
-            "## Seed spread",
-            "",
-            md_table(
-                [
-                    [
-                        x.task,
-                        x.backbone,
-                        x.metric,
-                        "seed spread ratio" if x.null == "seeds" else "rms deviation over seeds",
-                        f"{x.baseline:.3g}",
-                        f"{x.current:.3g}",
-                        num(x.change, ".3g"),
-                        x.n,
-                        p_text(x.p),
-                        x.verdict,
-                    ]
-                    for x in spreads
-                ],
-                ["task", "backbone", "metric", "what", "baseline (model rms)", "current", "size", "df", "p", "verdict"],
-            ),
-            "",
-        ]
-    return lines
+    return table_section(
+        "Seed spread",
+        [
+            [
+                x.task,
+                x.backbone,
+                x.metric,
+                "seed spread ratio" if x.null == "seeds" else "rms deviation over seeds",
+                f"{x.baseline:.3g}",
+                f"{x.current:.3g}",
+                num(x.change, ".3g"),
+                x.n,
+                p_text(x.p),
+                x.verdict,
+            ]
+            for x in spreads
+        ],
+        ["task", "backbone", "metric", "what", "baseline (model rms)", "current", "size", "df", "p", "verdict"],
+    )
 
 
 def _cell_sections(g: Gate) -> list[str]:
@@ -248,33 +218,28 @@ def _cell_sections(g: Gate) -> list[str]:
         "n",
         "setting",
     ]
-    for heading, rows in (("Regressions", g.of(Kind.CELL, V.REGRESSED)), ("Improvements", g.of(Kind.CELL, V.IMPROVED))):
-        if rows:
-            lines += [
-                f"## {heading}",
-                "",
-                md_table(
-                    [
-                        [
-                            x.task,
-                            x.dataset,
-                            x.backbone,
-                            x.split,
-                            x.metric,
-                            f"{x.baseline:.2f}",
-                            f"{x.current:.2f}",
-                            num(x.change),
-                            f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
-                            p_text(x.p),
-                            x.n,
-                            setting(x),
-                        ]
-                        for x in rows
-                    ],
-                    head_cells,
-                ),
-                "",
+    for heading, cells in (
+        ("Regressions", g.of(Kind.CELL, V.REGRESSED)),
+        ("Improvements", g.of(Kind.CELL, V.IMPROVED)),
+    ):
+        rows = [
+            [
+                x.task,
+                x.dataset,
+                x.backbone,
+                x.split,
+                x.metric,
+                f"{x.baseline:.2f}",
+                f"{x.current:.2f}",
+                num(x.change),
+                f"[{num(x.low)}, {num(x.high)}]" if x.low is not None else "",
+                p_text(x.p),
+                x.n,
+                setting(x),
             ]
+            for x in cells
+        ]
+        lines += table_section(heading, rows, head_cells)
     return lines
 
 

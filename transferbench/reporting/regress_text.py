@@ -41,6 +41,14 @@ def md_table(rows, head) -> str:
     return tabulate(rows, head, tablefmt="github", disable_numparse=True)
 
 
+def table_section(title: str, rows: list, head: list, *paragraphs: str) -> list[str]:
+    """A report section: its heading, its paragraphs and its table of `rows` under `head`, each followed by a blank
+    line; no section where there are no rows."""
+    if not rows:
+        return []
+    return [f"## {title}", "", *(line for p in paragraphs for line in (p, "")), md_table(rows, head), ""]
+
+
 def num(x: float | None, fmt: str = "+.2f") -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
@@ -60,24 +68,12 @@ def cell_list(cells, tail) -> list[str]:
 
 def failed_section(failed) -> list[str]:
     """The cells of current that failed, or diverged where the baseline did not."""
-    lines: list[str] = []
-    if failed:
-        lines += [
-            "## Failed in current (or diverged where the baseline's cell did not)",
-            "",
-            md_table(
-                [
-                    [
-                        *(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]),
-                        *(r["status"], r.get("reason", "")),
-                    ]
-                    for r in failed
-                ],
-                ["task", "dataset", "backbone", "stage", "seed", "status", "reason"],
-            ),
-            "",
-        ]
-    return lines
+    rows = [
+        [*(r["task"], r["dataset"], r["backbone"], r.get("stage", ""), r["seed"]), *(r["status"], r.get("reason", ""))]
+        for r in failed
+    ]
+    head = ["task", "dataset", "backbone", "stage", "seed", "status", "reason"]
+    return table_section("Failed in current (or diverged where the baseline's cell did not)", rows, head)
 
 
 def dropped_sections(g: Gate) -> list[str]:
@@ -117,22 +113,15 @@ def _shift_section(g: Gate) -> list[str]:
     shifts = [
         x for x in g.of(Kind.SHIFT) if x.verdict in (V.SHIFT, V.SEE_POOLED) or (x.p is not None and x.p < g.alpha)
     ]
-    if not shifts:
-        return []
-    return [
-        "## Consistent shifts",
-        "",
+    return table_section(
+        "Consistent shifts",
+        [[x.task, x.backbone, x.metric, x.n, num(x.change), p_text(x.p), x.verdict] for x in shifts],
+        ["task", "backbone", "metric", "comparisons", "mean change", "p", "verdict"],
         "Comparisons of one task and metric, over every backbone, that moved one way more often than the noise "
         "model allows (the exact sign test, Holm with the broad tests), each change perhaps too small for its own "
         "test; it fails where their mean change passes a fifth of the floor. A comparison whose precision differs "
         "between the sides is expected to get worse as often as the model measured bf16 against fp32 doing so.",
-        "",
-        md_table(
-            [[x.task, x.backbone, x.metric, x.n, num(x.change), p_text(x.p), x.verdict] for x in shifts],
-            ["task", "backbone", "metric", "comparisons", "mean change", "p", "verdict"],
-        ),
-        "",
-    ]
+    )
 
 
 def missing_sections(g: Gate) -> list[str]:

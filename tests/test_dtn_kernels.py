@@ -12,6 +12,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+# the interpreted process (about 15 s of a core) runs once for the module: its tests on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("dtn_kernels")
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "dtn_interpreted.py"
 CASES = ("grid 5x4, 3 heads of 8", "grid 1x7, 2 heads of 16")
 DENSE = ("output", "x", "weight", "bias")  # full tensors: each element is a short, well-conditioned computation

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from kit import cli, mounted_tmpfs
+from kit import cli, embedded_home, mounted_tmpfs
 
 from transferbench.cli import main
 from transferbench.errors import UserError
@@ -55,7 +55,16 @@ def set_aside(path: Path) -> list[Path]:
 
 @pytest.fixture
 def home(suite_home, tmp_path, monkeypatch):
-    """A home of this test's own with a copy of the embedded data (faults are injected into it, not the shared one)."""
+    """A home of this test's own whose embedded data are links to the shared sets (faults go into its caches and
+    records, which are its own)."""
+    h = embedded_home(suite_home, tmp_path / "home")
+    monkeypatch.setenv("TRANSFERBENCH_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def own_home(suite_home, tmp_path, monkeypatch):
+    """A home with a copy of the embedded data, for a test that damages a set in place (not the shared one)."""
     h = tmp_path / "home"
     shutil.copytree(suite_home / "embedded", h / "embedded")
     monkeypatch.setenv("TRANSFERBENCH_HOME", str(h))
@@ -217,10 +226,10 @@ def test_truncated_bf16_probe_entry_is_set_aside(tmp_path, monkeypatch, caplog):
     assert len(damaged_warnings(caplog)) == 1
 
 
-def test_damaged_embedded_set_is_set_aside_and_generated_again(home, caplog):
+def test_damaged_embedded_set_is_set_aside_and_generated_again(own_home, caplog):
     from transferbench.data.sources import open_split
 
-    folder = home / "embedded" / "digits"
+    folder = own_home / "embedded" / "digits"
     manifest = (folder / "MANIFEST.sha256").read_text()
     png = sorted((folder / "images" / "test").glob("*.png"))[3]
     truncate(png, 20)

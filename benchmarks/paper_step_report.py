@@ -22,6 +22,11 @@ def _failed(row: str, value: dict) -> str | None:
     return None
 
 
+def _rows(label: str, rows: list, row) -> list[str]:
+    """A table's lines: `row(t)` for each row, or its one line where it failed or was skipped."""
+    return [f"| {why} |" if (why := _failed(label, t)) else row(t) for t in rows]
+
+
 def _mfu(r: dict):
     pk = r.get("peak")
     return lambda s, k: f"{100 * s['flops'] / s[k] / pk[0]:.0f}%" if pk and s.get(k) else "-"
@@ -59,15 +64,15 @@ def _step_lines(r: dict) -> list[str]:
         "compiled vs timm | MFU eager / compiled (b16 >= 40%, b32 >= 35%) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for s in r["step"]:
-        if _failed("step row", s):
-            lines.append(f"| {_failed('step row', s)} |")
-            continue
+
+    def row(s: dict) -> str:
         best = s.get("compiled") or s["ours"]
-        lines.append(
+        return (
             f"| {s['size']} | {s['batch']} | {_ms(s['ours'])} | {_ms(s.get('compiled'))} | {_ms(s.get('cudnn'))} | "
             f"{_ms(s['timm'])} | {s['timm'] / best:.2f}x | {mfu(s, 'ours')} / {mfu(s, 'compiled')} |"
         )
+
+    lines += _rows("step row", r["step"], row)
     if pk:
         lines.append(f"\nMFU: the step's FLOPs per second over {pk[0] / 1e12:.1f} TFLOP/s ({pk[1]}).")
     return lines
@@ -81,17 +86,16 @@ def _dtn_lines(rows: list) -> list[str]:
         "DTN eager ms (fused) | DTN eager ms (torch) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for t in rows:
-        if _failed("DTN row", t):
-            lines.append(f"| {_failed('DTN row', t)} |")
-            continue
-        over = lambda k: f"{t[k] / t['plain_compiled']:.2f}x" if t.get(k) else "-"  # noqa: E731
-        lines.append(
-            f"| {t['size']} | {t['batch']} | {_ms(t.get('plain_compiled'))} | {_ms(t.get('dtn_compiled'))} | "
-            f"**{over('dtn_compiled')}** | {_ms(t.get('torch_compiled'))} | {over('torch_compiled')} | "
-            f"{_ms(t['plain'])} | {_ms(t['dtn'])} | {_ms(t.get('torch_eager'))} |"
-        )
-    return lines
+    return lines + _rows("DTN row", rows, _dtn_row)
+
+
+def _dtn_row(t: dict) -> str:
+    over = lambda k: f"{t[k] / t['plain_compiled']:.2f}x" if t.get(k) else "-"  # noqa: E731
+    return (
+        f"| {t['size']} | {t['batch']} | {_ms(t.get('plain_compiled'))} | {_ms(t.get('dtn_compiled'))} | "
+        f"**{over('dtn_compiled')}** | {_ms(t.get('torch_compiled'))} | {over('torch_compiled')} | "
+        f"{_ms(t['plain'])} | {_ms(t['dtn'])} | {_ms(t.get('torch_eager'))} |"
+    )
 
 
 def _cell_lines(c: dict) -> list[str]:
@@ -139,13 +143,13 @@ def _lever_lines(r: dict) -> list[str]:
     rows, mfu = r.get("levers") or [], _mfu(r)
     lines = [] if not rows else ["", "| MFU lever: compiled step | batch | mode | ms | MFU | compile + timing s |"]
     lines += ["|---|---|---|---|---|---|"] if rows else []
-    for t in rows:
-        if _failed("lever", t):
-            lines.append(f"| {_failed('lever', t)} |")
-            continue
-        lines.append(
+    lines += _rows(
+        "lever",
+        rows,
+        lambda t: (
             f"| {t['size']} | {t['batch']} | {t['mode']} | {_ms(t['compiled'])} | {mfu(t, 'compiled')} | {t['row_s']} |"
-        )
+        ),
+    )
     for d in r.get("data_levers") or []:
         if _failed("data lever", d):
             lines.append(f"\n{_failed('data lever', d)}")

@@ -8,9 +8,9 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # pytest-xdist: the cores shared among the workers, none oversubscribed. The share is set before numpy and torch
-# load (their thread pools read it then) and is inherited by every process a test starts (a command, its pool
-# workers): OpenMP threads that outnumber the cores spin against each other, and two 2-thread runs side by side on
-# 2 cores took 6.5 minutes where one thread each took 52 s.
+# load (their thread pools, torch's intra-op threads among them, read it then) and is inherited by every process a
+# test starts (a command, its pool workers): OpenMP threads that outnumber the cores spin against each other, and two
+# 2-thread runs side by side on 2 cores took 6.5 minutes where one thread each took 52 s.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(_share)
@@ -18,9 +18,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(_share)
 
 
 def pytest_collection_modifyitems(config, items):

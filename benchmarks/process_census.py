@@ -2,15 +2,15 @@
 
     python -m benchmarks.process_census [--out FILE] [pytest arguments ...]
 
-Runs `python3 -m pytest -q --durations=0` (the README's test command with every test's time) with a hook that
-every Python process of this interpreter runs at start while the census is on (a `.pth` file in site-packages,
-removed at the end; it does nothing where TB_CENSUS is unset): each one writes, as it exits, its
-lifetime, whether it imported torch and timm, its command line and the test that started it
-(PYTEST_CURRENT_TEST). A process killed with SIGKILL (the soak and kill tests) writes nothing, nor do the
-processes Ray starts for itself; so the census counts at least the processes it names. Prints a markdown summary:
-the command's wall and CPU time, the processes that imported torch by test, and the share of the tests' time
-spent in the tests that start a process, and pytest's own summary of any test that failed. About 10 minutes on
-2 cores. CI does not run this.
+Runs `python3 -m pytest -q --durations=0` (the README's test command with every test's time) with a hook that every
+Python process of this interpreter runs at start while the census is on (a `.pth` file in site-packages, removed at
+the end; it does nothing where TB_CENSUS, the census's folder, is unset): each one writes, as it exits, its
+lifetime, whether it imported torch and the test that started it (PYTEST_CURRENT_TEST). pytest runs without its
+cache folder, so that the census leaves nothing behind. A process killed with SIGKILL (the soak and kill tests)
+writes nothing, nor do the processes Ray starts for itself; so the census counts at least the processes it names.
+Prints a markdown summary: the command's wall and CPU time, the processes that imported torch by test, the share
+of the tests' time spent in the tests that start a process, and pytest's own summary of any test that failed. About
+10 minutes on 2 cores. CI does not run this.
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ from pathlib import Path
 
 HOOK = """
 import atexit, os, sys, time
-_log, _t0 = os.environ.get("TB_CENSUS"), time.time()
+_log, _t0 = os.path.join(os.environ["TB_CENSUS"], "census.tsv"), time.time()
 def _written():
-    fields = (os.getpid(), round(time.time() - _t0, 2), int("torch" in sys.modules), int("timm" in sys.modules),
-              os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0], " ".join(sys.argv)[:200])
+    fields = (round(time.time() - _t0, 2), int("torch" in sys.modules),
+              os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0])
     try:
         with open(_log, "a") as f:
             f.write("\\t".join(map(str, fields)) + "\\n")
     except Exception:  # a census never breaks the process it counts
         pass
-if _log:
-    atexit.register(_written)
+atexit.register(_written)
 """
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,13 +47,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def census(pytest_args: list[str]) -> dict:
     pth = Path(site.getsitepackages()[0]) / "_transferbench_census.pth"
     with tempfile.TemporaryDirectory() as tmp:
-        hook, log = Path(tmp) / "hook.py", Path(tmp) / "census.tsv"
-        hook.write_text(HOOK)
+        (Path(tmp) / "hook.py").write_text(HOOK)
+        log = Path(tmp) / "census.tsv"  # the hook's
         pth.write_text(  # one line, run by `site` at every start; its own globals, so that atexit finds them
-            'import os; exec(compile(open(os.environ["TB_CENSUS_HOOK"]).read(), "census", "exec"), {}) '
-            'if "TB_CENSUS_HOOK" in os.environ else 0\n'
+            'import os; exec(compile(open(os.path.join(os.environ["TB_CENSUS"], "hook.py")).read(), "census", '
+            '"exec"), {}) if "TB_CENSUS" in os.environ else 0\n'
         )
-        env = dict(os.environ, TB_CENSUS=str(log), TB_CENSUS_HOOK=str(hook))
+        env = dict(os.environ, TB_CENSUS=tmp)
         cmd = [sys.executable, "-m", "pytest", "-q", "--durations=0", "-p", "no:cacheprovider", *pytest_args]
         started = time.monotonic()
         try:
@@ -86,7 +85,7 @@ def report(c: dict) -> str:
     ]
     by_test: dict = defaultdict(lambda: [0, 0.0])
     tests = set()
-    for _pid, seconds, torch, _timm, test, _argv in c["rows"]:
+    for seconds, torch, test in c["rows"]:
         if not test:
             continue  # pytest's own workers
         tests.add(test)
